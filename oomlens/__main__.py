@@ -1,0 +1,6 @@
+"""``python -m oomlens``."""
+
+from oomlens.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Byte sizes as the tools print them, and back.
+
+torch's allocator prints with ``format_size`` (``512 bytes``, ``2.00 MiB``, ``139.80 GiB``);
+DeepSpeed prints GiB labelled ``GB``; ``memory_summary`` uses ``MiB``/``KiB`` with integer
+counts, older builds ``MB``/``KB``.  Every unit here is binary (1 KiB = 1 KB = 1024 bytes),
+because that is what all of these tools mean, whatever the label.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_UNIT_FACTORS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "byte": 1,
+    "bytes": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+    "p": 1024**5,
+    "pb": 1024**5,
+    "pib": 1024**5,
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"1.50 GiB"``, ``"512 bytes"``, ``"80GiB"``, ``"5e8"`` into bytes (binary units).
+
+    The result is the printed value times the unit, rounded to the nearest byte; a value
+    printed with two decimals is only that precise (``1.29 GiB`` is +-5 MiB).
+
+    Raises ValueError for anything else.
+    """
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    number_text, unit = match.group(1).replace(",", "").replace("_", ""), match.group(2).lower()
+    factor = _UNIT_FACTORS.get(unit)
+    if factor is None:
+        raise ValueError(f"unknown size unit {match.group(2)!r} in {text!r}")
+    try:
+        value = Decimal(number_text) * factor
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
+        raise ValueError(f"not a size: {text!r}") from exc
+    return int(value.to_integral_value())
+
+
+def format_size(num_bytes: float) -> str:
+    """Human-readable binary size: ``"1.50 GiB"``, ``"20.00 MiB"``, ``"512 B"``."""
+    sign = "-" if num_bytes < 0 else ""
+    value = abs(float(num_bytes))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{sign}{int(value)} B"
+            return f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
