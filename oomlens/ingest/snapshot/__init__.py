@@ -1,0 +1,68 @@
+"""Load ``torch.cuda.memory._snapshot()`` pickles safely into ``Snapshot`` facts.
+
+Public API:
+
+* :func:`load_snapshot(path, *, limits, rank, host) <load_snapshot>` -> ``Snapshot``.  Reads a
+  snapshot pickle (or a gzip of one) through the restricted unpickler
+  (:mod:`.unpickler`: no import, no call, bounded input, item size, time and memory) and
+  recognises its layout (:mod:`.layout`: every layout torch has written).  Raises
+  :class:`~oomlens.errors.InputError` (one line: file, what is wrong, what to do) or
+  :class:`~oomlens.errors.ResourceLimitError` when a limit in ``limits`` would be exceeded.
+* :func:`looks_like_snapshot_pickle(head) <looks_like_snapshot_pickle>` -> bool: cheap
+  content sniff on the first bytes of a file (``PROTO`` 2..5, or gzip of that).
+* :class:`SnapshotLimits`: the bounds, all configurable.
+
+The returned ``Snapshot`` carries the raw data for :mod:`oomlens.analysis.allocator`, which
+turns it into per-device facts; rules read those facts, never the raw data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomlens.facts import SourceRef
+from oomlens.facts.snapshot import Snapshot
+from oomlens.ingest.snapshot.layout import build_snapshot, rank_from_filename
+from oomlens.ingest.snapshot.unpickler import (
+    FORBIDDEN_OPCODES,
+    SnapshotLimits,
+    looks_like_snapshot_pickle,
+    restricted_load,
+)
+
+__all__ = [
+    "FORBIDDEN_OPCODES",
+    "SnapshotLimits",
+    "load_snapshot",
+    "looks_like_snapshot_pickle",
+]
+
+
+def load_snapshot(
+    path: str | Path,
+    *,
+    limits: SnapshotLimits | None = None,
+    rank: int | None = None,
+    host: str | None = None,
+) -> Snapshot:
+    """Load one snapshot file.
+
+    ``rank`` defaults to the number in a ``rank<N>`` part of the file name
+    (``snapshot_rank3.pickle``, torchtitan's ``rank3_memory_snapshot.pickle``), else None; it
+    and ``host`` go into the snapshot's :class:`~oomlens.facts.SourceRef`.
+
+    Raises ``InputError`` / ``ResourceLimitError`` as described in the module docstring.
+    """
+    where = str(path)
+    loaded = restricted_load(path, limits=limits)
+    source = SourceRef(
+        path=where, rank=rank if rank is not None else rank_from_filename(where), host=host
+    )
+    return build_snapshot(
+        loaded.data,
+        source=source,
+        protocol=loaded.protocol,
+        compressed=loaded.compressed,
+        file_bytes=loaded.file_bytes,
+        pickle_bytes=loaded.pickle_bytes,
+    )

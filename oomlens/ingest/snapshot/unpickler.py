@@ -1,0 +1,634 @@
+"""Restricted, bounded unpickling for untrusted snapshot files.
+
+A torch memory snapshot is a pickle of builtin containers and scalars only: torch builds it
+from plain ``dict``/``list``/``str``/``int``/``tuple``/``bool``/``float`` objects and dumps it
+with the stdlib pickler, and an opcode scan of every 2.11 layout finds no ``GLOBAL``,
+``STACK_GLOBAL``, ``REDUCE``, ``BUILD``, ``INST`` or ``OBJ``.  So the loader allows no import and
+no call at all:
+
+* it subclasses the C ``pickle.Unpickler`` (full speed) with a ``find_class`` that refuses every
+  name (reached by ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` and ``EXT1/2/4``) and a
+  ``persistent_load`` that refuses every id (``PERSID``, ``BINPERSID``).  Without an importable
+  name the stream can hold no callable, so ``REDUCE``, ``OBJ``, ``NEWOBJ`` and ``BUILD`` can
+  only fail; the loader then names the opcode by scanning the stream with
+  :func:`pickletools.genops`, which parses and never executes.
+* One hole remains in the C unpickler: ``EXT*`` codes already resolved once in this process are
+  served from ``copyreg._extension_cache`` without calling ``find_class``.  When that cache is
+  not empty, the loader switches to the pure-Python unpickler with every forbidden opcode
+  removed from its dispatch table (slower, equally strict).
+* The stream is read through a guard that bounds the bytes read (``max_input_bytes``, applied
+  after gzip so a compression bomb stops too), the size of any one item (``max_item_bytes``:
+  a declared 2**60-byte string is refused before anything is allocated), the wall-clock time
+  (``max_seconds``) and this process's memory growth (``max_memory_bytes``, checked every
+  few MiB of input against the resident set size).
+
+Entry point: :func:`restricted_load`.  Errors are :class:`oomlens.errors.InputError` (refused,
+corrupt, truncated, not a pickle) or :class:`oomlens.errors.ResourceLimitError` (a limit hit),
+each one line naming the file, what is wrong and what to do.  Nothing else escapes, except
+``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import gc
+import gzip
+import io
+import os
+import pickle
+import pickletools
+import resource
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
+
+from oomlens.errors import InputError, ResourceLimitError
+from oomlens.units import format_size
+
+MiB = 1024**2
+GiB = 1024**3
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_READ_BUFFER = 1 * MiB
+_CHECK_EVERY_BYTES = 4 * MiB
+# A pickle never unpickles into less memory than it occupies on disk; a real 2.11 snapshot
+# inflates about 3x.  Used only to refuse up front what cannot fit.
+_MIN_INFLATION = 1.5
+
+FORBIDDEN_OPCODES: dict[str, str] = {
+    "GLOBAL": "imports a Python name",
+    "STACK_GLOBAL": "imports a Python name",
+    "INST": "imports a class and calls it",
+    "OBJ": "calls a class",
+    "REDUCE": "calls a function",
+    "BUILD": "sets the state of an object (may call __setstate__)",
+    "NEWOBJ": "creates an instance of a class",
+    "NEWOBJ_EX": "creates an instance of a class",
+    "EXT1": "imports a name through the copyreg extension registry",
+    "EXT2": "imports a name through the copyreg extension registry",
+    "EXT4": "imports a name through the copyreg extension registry",
+    "PERSID": "asks for an external object (persistent id)",
+    "BINPERSID": "asks for an external object (persistent id)",
+}
+"""Opcodes that import or call something, and what each would do; no real snapshot has any."""
+
+_MEMORY_HINT = (
+    "load it on a machine with more free memory, or raise SnapshotLimits.max_memory_bytes"
+)
+_REFUSAL_HINT = (
+    "a torch memory snapshot holds only plain data, so this file was not written by "
+    "torch.cuda.memory._snapshot() or was altered; nothing in it was run. Get the snapshot "
+    "from the job again, and do not open this file with pickle.load or "
+    "'python -m torch.cuda._memory_viz', which would run it"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotLimits:
+    """Bounds on what loading one snapshot may cost.
+
+    ``max_input_bytes``: pickle bytes read (after gunzip).  ``max_item_bytes``: the largest
+    single read the unpickler may ask for (one string, bytes object or frame; real snapshots
+    need well under 1 MiB).  ``max_seconds``: wall-clock time of the load (None: no limit).
+    ``max_memory_bytes``: growth of this process's resident memory during the load (None: no
+    fixed limit).  ``available_memory_fraction``: also refuse to grow past this share of the
+    memory the OS reports available when the load starts (None: ignore it).
+    """
+
+    max_input_bytes: int = 64 * GiB
+    max_item_bytes: int = 256 * MiB
+    max_seconds: float | None = 3600.0
+    max_memory_bytes: int | None = None
+    available_memory_fraction: float | None = 0.8
+
+    def effective_memory_limit(self) -> int | None:
+        """The memory-growth limit now: the smaller of the fixed and the available-based one."""
+        limits: list[int] = []
+        if self.max_memory_bytes is not None:
+            limits.append(self.max_memory_bytes)
+        if self.available_memory_fraction is not None:
+            available = _available_memory_bytes()
+            if available is not None:
+                limits.append(int(available * self.available_memory_fraction))
+        return min(limits) if limits else None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPickle:
+    """What :func:`restricted_load` returns: the data plus how it was stored."""
+
+    data: object
+    protocol: int | None
+    compressed: bool
+    file_bytes: int
+    pickle_bytes: int
+
+
+def looks_like_snapshot_pickle(head: bytes) -> bool:
+    """Cheap content sniff: does ``head`` (the first bytes of a file) start a snapshot pickle?
+
+    True for a pickle that opens with the ``PROTO`` opcode and protocol 2 to 5 (every pickle
+    torch has written), or for a gzip stream whose first decompressible bytes do.  Reads
+    nothing but ``head``; never unpickles.
+    """
+    if head[:2] == _GZIP_MAGIC:
+        try:
+            inflated = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 8)
+        except zlib.error:
+            return False
+        return _is_proto_2_to_5(inflated)
+    return _is_proto_2_to_5(head)
+
+
+def _is_proto_2_to_5(head: bytes) -> bool:
+    return len(head) >= 2 and head[0] == pickle.PROTO[0] and 2 <= head[1] <= 5
+
+
+# --------------------------------------------------------------------------------------------
+# Internal signals raised from inside the unpickler
+# --------------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Base of the signals the guard and the hooks raise through the unpickler."""
+
+
+class _ImportRefused(_Stop):
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name}")
+        self.module = module
+        self.name = name
+
+
+class _OpcodeRefused(_Stop):
+    def __init__(self, opcode: str) -> None:
+        super().__init__(opcode)
+        self.opcode = opcode
+
+
+class _LimitHit(_Stop):
+    def __init__(self, problem: str, hint: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.hint = hint
+
+
+class _Truncated(_Stop):
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(f"needs {needed} more bytes, {available} left")
+        self.needed = needed
+        self.available = available
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """The C unpickler with every import and persistent id refused."""
+
+    def find_class(self, module: str, name: str, /) -> NoReturn:
+        raise _ImportRefused(module, name)
+
+    def persistent_load(self, pid: object, /) -> NoReturn:
+        raise _OpcodeRefused("PERSID/BINPERSID")
+
+
+def _refuse(opcode: str) -> Callable[[Any], None]:
+    def refuse(_unpickler: Any) -> None:
+        raise _OpcodeRefused(opcode)
+
+    return refuse
+
+
+def _restricted_dispatch() -> dict[int, Callable[[Any], None]]:
+    table: dict[int, Callable[[Any], None]] = dict(pickle._Unpickler.dispatch)
+    for name in FORBIDDEN_OPCODES:
+        table[getattr(pickle, name)[0]] = _refuse(name)
+    return table
+
+
+class _PurePythonRestrictedUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler with the forbidden opcodes removed from its dispatch table.
+
+    Used only when ``copyreg._extension_cache`` is not empty (see the module docstring).
+    """
+
+    dispatch = _restricted_dispatch()
+
+    def find_class(self, module: str, name: str, /) -> NoReturn:
+        raise _ImportRefused(module, name)
+
+    def persistent_load(self, pid: object, /) -> NoReturn:
+        raise _OpcodeRefused("PERSID/BINPERSID")
+
+
+# --------------------------------------------------------------------------------------------
+# Guarded reading
+# --------------------------------------------------------------------------------------------
+
+
+class _Stream(Protocol):
+    """What the guard needs from the file: a buffered reader or a GzipFile."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: Any, /) -> int: ...
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+    def peek(self, size: int, /) -> bytes: ...
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _MemoryProbe:
+    """Resident set size of this process: /proc/self/statm where it exists, else peak RSS."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def rss(self) -> int:
+        if self._fd is not None:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+            except (OSError, ValueError, IndexError):
+                pass
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _GuardedReader:
+    """File-like object handed to the unpickler; every byte it reads passes the limits.
+
+    The C unpickler peeks ahead a buffer at a time and reads what it consumed, so these
+    methods run about once per MiB of input: the checks cost nothing measurable.
+    ``consumed`` is how far the unpickler has got (used to place errors).
+    """
+
+    def __init__(
+        self,
+        inner: _Stream,
+        *,
+        known_size: int | None,
+        limits: SnapshotLimits,
+        memory_limit: int | None,
+        probe: _MemoryProbe,
+    ) -> None:
+        self._inner = inner
+        self._remaining = known_size
+        self._max_input = limits.max_input_bytes
+        self._max_item = limits.max_item_bytes
+        self._deadline = (
+            None if limits.max_seconds is None else time.monotonic() + limits.max_seconds
+        )
+        self._max_seconds = limits.max_seconds
+        self._memory_limit = memory_limit
+        self._probe = probe
+        self._rss_start = probe.rss()
+        self._next_check = _CHECK_EVERY_BYTES
+        self.consumed = 0
+
+    def _advance(self, count: int) -> None:
+        self.consumed += count
+        if self._remaining is not None:
+            self._remaining -= count
+        if self.consumed > self._max_input:
+            raise _LimitHit(
+                f"the pickle is larger than the input limit of {format_size(self._max_input)}",
+                "raise SnapshotLimits.max_input_bytes if this file is a genuine snapshot",
+            )
+        if self.consumed >= self._next_check:
+            self._next_check = self.consumed + _CHECK_EVERY_BYTES
+            self.check_memory()
+
+    def _check_item(self, wanted: int) -> None:
+        if wanted > self._max_item:
+            raise _LimitHit(
+                f"the pickle declares a single {format_size(wanted)} item at about byte "
+                f"{self.consumed}, over the {format_size(self._max_item)} limit; a real snapshot "
+                "holds nothing that large, so the file is corrupt or crafted",
+                "check where the file came from",
+            )
+        if self._remaining is not None and wanted > self._remaining:
+            raise _Truncated(wanted, self._remaining)
+
+    def _check_time(self) -> None:
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise _LimitHit(
+                f"loading took longer than the {self._max_seconds:g} s limit",
+                "raise SnapshotLimits.max_seconds if the file is a genuine (very large) snapshot",
+            )
+
+    def check_memory(self) -> None:
+        self._check_time()
+        if self._memory_limit is None:
+            return
+        grown = self._probe.rss() - self._rss_start
+        if grown > self._memory_limit:
+            raise _LimitHit(
+                f"loading needs more than the {format_size(self._memory_limit)} of memory allowed "
+                f"(stopped after {format_size(self.consumed)} of the pickle)",
+                _MEMORY_HINT,
+            )
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if size is None or size < 0:
+            raise ValueError("the unpickler asked for an unbounded read")
+        self._check_item(size)
+        data = self._inner.read(size)
+        self._advance(len(data))
+        return data
+
+    def readinto(self, buffer: Any, /) -> int:
+        wanted = memoryview(buffer).nbytes
+        self._check_item(wanted)
+        count = self._inner.readinto(buffer)
+        self._advance(count)
+        return count
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        line = self._inner.readline(self._max_item + 1)
+        if len(line) > self._max_item:
+            self._check_item(len(line))
+        self._advance(len(line))
+        return line
+
+    def peek(self, size: int = 0, /) -> bytes:
+        self._check_time()
+        return self._inner.peek(size)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Cyclic GC off while millions of containers are built; they hold no cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def restricted_load(path: str | Path, *, limits: SnapshotLimits | None = None) -> LoadedPickle:
+    """Unpickle ``path`` (a pickle, optionally gzip'd) allowing plain data only.
+
+    Returns the data (builtin containers and scalars) with the pickle protocol, whether the
+    file was gzip'd, its size on disk and the pickle's size.  Raises ``InputError`` when the
+    file cannot be read, is not a pickle, is truncated or corrupt, or wants to import or call
+    anything (nothing is executed); ``ResourceLimitError`` when a limit of ``limits`` would be
+    exceeded.
+    """
+    limits = limits or SnapshotLimits()
+    where = str(path)
+    try:
+        file_bytes = os.stat(path).st_size
+        raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=_READ_BUFFER)
+    except FileNotFoundError:
+        raise InputError(where, "no such file", "check the path") from None
+    except IsADirectoryError:
+        raise InputError(
+            where, "is a directory, not a snapshot file", "give the .pickle file"
+        ) from None
+    except OSError as exc:
+        raise InputError(
+            where, f"cannot be read: {exc.strerror or exc}", "check the path and permissions"
+        ) from None
+    probe = _MemoryProbe()
+    try:
+        return _load_open_file(where, raw, file_bytes, limits, probe)
+    finally:
+        probe.close()
+        raw.close()
+
+
+def _load_open_file(
+    where: str,
+    raw: io.BufferedReader[io.FileIO],
+    file_bytes: int,
+    limits: SnapshotLimits,
+    probe: _MemoryProbe,
+) -> LoadedPickle:
+    if file_bytes == 0:
+        raise InputError(where, "is empty (0 bytes)", "the snapshot was not written; dump it again")
+    compressed = raw.peek(2)[:2] == _GZIP_MAGIC
+    stream: _Stream
+    if compressed:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+        known_size = None
+    else:
+        stream = raw
+        known_size = file_bytes
+        if file_bytes > limits.max_input_bytes:
+            raise ResourceLimitError(
+                where,
+                f"is {format_size(file_bytes)}, over the input limit of "
+                f"{format_size(limits.max_input_bytes)}",
+                "raise SnapshotLimits.max_input_bytes if this is a genuine snapshot",
+            )
+    memory_limit = limits.effective_memory_limit()
+    if (
+        memory_limit is not None
+        and known_size is not None
+        and known_size * _MIN_INFLATION > memory_limit
+    ):
+        raise ResourceLimitError(
+            where,
+            f"a {format_size(known_size)} pickle needs at least "
+            f"{format_size(known_size * _MIN_INFLATION)} of memory to load, more than the "
+            f"{format_size(memory_limit)} allowed",
+            _MEMORY_HINT,
+        )
+    try:
+        head = stream.peek(2)[:2]
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(
+            where, f"is not a readable gzip file ({exc})", "check that the file is complete"
+        ) from None
+    protocol = head[1] if len(head) == 2 and head[0] == pickle.PROTO[0] else None
+    if protocol is not None and protocol > pickle.HIGHEST_PROTOCOL:
+        raise InputError(
+            where,
+            f"uses pickle protocol {protocol}, newer than this Python reads "
+            f"(up to {pickle.HIGHEST_PROTOCOL})",
+            "run oomlens with a newer Python",
+        )
+    reader = _GuardedReader(
+        stream, known_size=known_size, limits=limits, memory_limit=memory_limit, probe=probe
+    )
+    unpickler: pickle.Unpickler | pickle._Unpickler
+    if copyreg._extension_cache:  # type: ignore[attr-defined]
+        unpickler = _PurePythonRestrictedUnpickler(reader)
+    else:
+        unpickler = _RestrictedUnpickler(reader)
+    try:
+        with _gc_paused():
+            data = unpickler.load()
+            reader.check_memory()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one clear InputError
+        data = None
+        raise _explain_failure(where, exc, reader.consumed, compressed, head) from None
+    return LoadedPickle(
+        data=data,
+        protocol=protocol,
+        compressed=compressed,
+        file_bytes=file_bytes,
+        pickle_bytes=reader.consumed,
+    )
+
+
+def _explain_failure(
+    where: str, exc: BaseException, consumed: int, compressed: bool, head: bytes
+) -> InputError:
+    """Turn whatever stopped the unpickler into one clear error."""
+    if isinstance(exc, _LimitHit):
+        return ResourceLimitError(where, exc.problem, exc.hint)
+    if isinstance(exc, MemoryError):
+        return ResourceLimitError(
+            where,
+            f"ran out of memory while loading (after {format_size(consumed)} of the pickle)",
+            "load it on a machine with more free memory",
+        )
+    if isinstance(exc, _ImportRefused | _OpcodeRefused):
+        found = _find_forbidden_opcode(where, compressed, consumed)
+        if isinstance(exc, _ImportRefused):
+            where_op = (
+                f"byte {found.position} holds a {found.opcode} opcode"
+                if found
+                else "it holds a GLOBAL, STACK_GLOBAL, INST or EXT opcode"
+            )
+            return InputError(
+                where,
+                f"refused to load: {where_op}, which wants to import {exc.module}.{exc.name}",
+                _REFUSAL_HINT,
+            )
+        if found is not None:
+            return _opcode_error(where, found)
+        return InputError(
+            where,
+            f"refused to load: it holds a {exc.opcode} opcode, which {FORBIDDEN_OPCODES['PERSID']}",
+            _REFUSAL_HINT,
+        )
+    if isinstance(exc, _Truncated) or isinstance(exc, EOFError) or "truncated" in str(exc):
+        return InputError(
+            where,
+            f"is truncated: the pickle stops after about {consumed} bytes, in the middle of "
+            "the data",
+            "the dump was cut short (job killed while writing, disk full); dump the snapshot again",
+        )
+    if isinstance(exc, gzip.BadGzipFile | zlib.error):
+        return InputError(
+            where, f"is a corrupt gzip file ({exc})", "check that the file was copied completely"
+        )
+    if isinstance(exc, OSError):
+        return InputError(
+            where, f"cannot be read: {exc.strerror or exc}", "check the file and the disk"
+        )
+    # The C unpickler fails on REDUCE/OBJ/NEWOBJ/BUILD without naming them: look for one.
+    found = _find_forbidden_opcode(where, compressed, consumed)
+    if found is not None:
+        return _opcode_error(where, found)
+    if consumed == 0 or "invalid load key" in str(exc):
+        return InputError(
+            where,
+            f"is not a pickle file (it starts with {head!r})",
+            "give the file written by torch.cuda.memory._dump_snapshot() or "
+            "pickle.dump(torch.cuda.memory._snapshot(), f)",
+        )
+    detail = f"{type(exc).__name__}: {exc}"
+    if len(detail) > 200:
+        detail = detail[:200] + "..."
+    return InputError(
+        where,
+        f"is a corrupt pickle (failed near byte {consumed}: {detail})",
+        "check that the file was copied completely, or dump the snapshot again",
+    )
+
+
+def _opcode_error(where: str, found: _Forbidden) -> InputError:
+    what = FORBIDDEN_OPCODES.get(found.opcode, "is not plain data")
+    detail = f" ({found.detail})" if found.detail else ""
+    return InputError(
+        where,
+        f"refused to load: byte {found.position} holds a {found.opcode} opcode, "
+        f"which {what}{detail}",
+        _REFUSAL_HINT,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Forbidden:
+    opcode: str
+    position: int
+    detail: str
+
+
+_DIAGNOSE_MAX_BYTES = 16 * MiB
+_DIAGNOSE_MAX_SECONDS = 5.0
+_SLACK_BYTES = 2 * _READ_BUFFER
+
+
+def _find_forbidden_opcode(where: str, compressed: bool, consumed: int) -> _Forbidden | None:
+    """The first import/call opcode in the stream, found by parsing alone (never executing).
+
+    Looks at most at the bytes the unpickler had reached (plus its read-ahead), within a small
+    time and size budget; None when there is none there or the budget runs out.
+    """
+    budget = min(consumed + _SLACK_BYTES, _DIAGNOSE_MAX_BYTES)
+    try:
+        with open(where, "rb") as raw:
+            prefix = (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw).read(budget)
+    except (OSError, EOFError, zlib.error):
+        return None
+    deadline = time.monotonic() + _DIAGNOSE_MAX_SECONDS
+    recent_strings: list[str] = []
+    try:
+        for count, (opcode, arg, position) in enumerate(pickletools.genops(io.BytesIO(prefix))):
+            name = opcode.name
+            if name in FORBIDDEN_OPCODES:
+                return _Forbidden(name, position or 0, _describe_arg(name, arg, recent_strings))
+            if isinstance(arg, str):
+                recent_strings = [*recent_strings[-1:], arg]
+            if count % 4096 == 0 and time.monotonic() > deadline:
+                return None
+    except Exception:  # noqa: BLE001 - a parse error past this point is not what we look for
+        return None
+    return None
+
+
+def _describe_arg(opcode: str, arg: object, recent_strings: list[str]) -> str:
+    if opcode in ("GLOBAL", "INST") and isinstance(arg, str):
+        return "imports " + arg.replace(" ", ".", 1)
+    if opcode == "STACK_GLOBAL" and len(recent_strings) == 2:
+        return f"imports {recent_strings[0]}.{recent_strings[1]}"
+    if opcode in ("EXT1", "EXT2", "EXT4"):
+        return f"extension code {arg}"
+    return ""
