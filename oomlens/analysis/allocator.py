@@ -119,7 +119,7 @@ class AnalysisOptions:
     timeline_points: int = 256
     min_leak_iterations: int = 3
     leak_growing_fraction: float = 0.75
-    min_leak_bytes_per_iteration: int = 1 * MiB
+    min_leak_bytes_per_iteration: int = 512
     max_boundaries: int = 64
 
 
@@ -283,35 +283,36 @@ def _analyze_device(
         history = HistoryMode.STATE_ONLY
         notes.append("state_only")
 
-    oom_index = _last_oom_index(trace)
     timeline = growth = iteration_growth = None
     iterations = leak = None
     if history is HistoryMode.ALLOC_HISTORY:
         if trace and trace[0].get("time_us") is None:
             notes.append("no_timestamps")
-        history_facts = _analyze_history(
-            snapshot.source.path,
-            device,
-            trace,
-            held,
-            annotations,
-            oom_index,
-            resolver,
-            divisions,
-            options,
+        found = _analyze_history(
+            snapshot.source.path, device, trace, held, annotations, resolver, divisions, options
         )
-        timeline, growth, iteration_growth, iterations, leak = history_facts
+        timeline, growth, iteration_growth = found.timeline, found.growth, found.iteration_growth
+        iterations, leak = found.iterations, found.leak
+        oom_index, ooms, changed_after_oom = found.oom_index, timeline.ooms, found.changed_after_oom
         if timeline.unmatched_frees:
             notes.append("history_wrapped")
+    else:
+        # A state-only trace holds one or two entries: scanning it costs nothing.
+        oom_index = _last_oom_index(trace)
+        ooms = sum(1 for item in trace if type(item) is dict and item.get("action") == "oom")
+        changed_after_oom = oom_index is not None and any(
+            type(later) is dict and later.get("action") in _STATE_CHANGING
+            for later in trace[oom_index + 1 :]
+        )
 
     oom = None
-    earlier_ooms = 0
     if oom_index is not None:
-        oom, earlier_ooms = _oom_event(
-            snapshot.source.path, device, trace, oom_index, held, resolver
+        oom = _oom_event(
+            snapshot.source.path, device, trace, oom_index, held, resolver, not changed_after_oom
         )
         if not oom.snapshot_at_oom:
             notes.append("oom_not_at_snapshot")
+    earlier_ooms = max(ooms - 1, 0)
 
     return DeviceAnalysis(
         device=device,
@@ -648,8 +649,14 @@ _STATE_CHANGING = frozenset(
 
 
 def _oom_event(
-    path: str, device: int, trace: list[Any], index: int, held: _Held, resolver: StackResolver
-) -> tuple[OomEvent, int]:
+    path: str,
+    device: int,
+    trace: list[Any],
+    index: int,
+    held: _Held,
+    resolver: StackResolver,
+    at_snapshot: bool,
+) -> OomEvent:
     entry = trace[index]
     size = entry.get("size")
     if type(size) is not int or size < 0:
@@ -664,31 +671,23 @@ def _oom_event(
     time_us = entry.get("time_us")
     frames = entry.get("frames")
     attribution = resolver.resolve(frames) if frames else NO_STACK
-    at_snapshot = not any(
-        type(later) is dict and later.get("action") in _STATE_CHANGING
-        for later in trace[index + 1 :]
-    )
     pool = pool_for(size)
     usable = held.free_space.get((pool, stream, DEFAULT_POOL))
     largest = usable.largest_free_block if usable else 0
-    ooms = sum(1 for item in trace if type(item) is dict and item.get("action") == "oom")
-    return (
-        OomEvent(
-            trace_index=index,
-            time_us=time_us if type(time_us) is int else None,
-            request_bytes=size,
-            alloc_size_bytes=allocation_size(size),
-            pool=pool,
-            stream=stream,
-            device_free_bytes=device_free if type(device_free) is int else None,
-            site=attribution.site,
-            category=attribution.category,
-            snapshot_at_oom=at_snapshot,
-            largest_free_block=largest,
-            free_bytes=usable.free_bytes if usable else 0,
-            fits_largest_free_block=largest >= size,
-        ),
-        ooms - 1,
+    return OomEvent(
+        trace_index=index,
+        time_us=time_us if type(time_us) is int else None,
+        request_bytes=size,
+        alloc_size_bytes=allocation_size(size),
+        pool=pool,
+        stream=stream,
+        device_free_bytes=device_free if type(device_free) is int else None,
+        site=attribution.site,
+        category=attribution.category,
+        snapshot_at_oom=at_snapshot,
+        largest_free_block=largest,
+        free_bytes=usable.free_bytes if usable else 0,
+        fits_largest_free_block=largest >= size,
     )
 
 
@@ -714,14 +713,25 @@ class _Replay:
     end_reserved: int
     samples: list[tuple[int, int, int]]  # (index, relative active, relative reserved)
     at_boundaries: list[tuple[int, int]]  # (relative active, relative reserved) at each boundary
-    oom_state: (
-        tuple[int, int, int, int, int] | None
-    )  # (active, reserved, low active, low index, low reserved)
+    # At the last oom entry: (index, active, reserved, low active, low index, low reserved).
+    last_oom: tuple[int, int, int, int, int, int] | None
+    changed_after_oom: bool  # any allocator event after the last oom
     low: tuple[int, int]  # (relative active, index) over the whole trace
     reserved_at_low: int
     live: dict[int, int]  # address -> index of the alloc entry, at the end
     live_changed_after_oom: bool
     pattern: dict[tuple[int, int], array[int]] | None
+
+
+@dataclass(slots=True)
+class _History:
+    timeline: Timeline
+    growth: Growth | None
+    iteration_growth: Growth | None
+    iterations: Iterations | None
+    leak: Leak | None
+    oom_index: int | None
+    changed_after_oom: bool
 
 
 def _analyze_history(
@@ -730,11 +740,10 @@ def _analyze_history(
     trace: list[Any],
     held: _Held,
     annotations: list[tuple[int, str]],
-    oom_index: int | None,
     resolver: StackResolver,
     divisions: tuple[int, ...],
     options: AnalysisOptions,
-) -> tuple[Timeline, Growth | None, Growth | None, Iterations | None, Leak | None]:
+) -> _History:
     rounder = _rounder(divisions)
     marker, boundaries = _annotation_boundaries(trace, annotations)
     try:
@@ -742,7 +751,6 @@ def _analyze_history(
             trace,
             rounder,
             boundaries,
-            oom_index,
             options.timeline_points,
             collect_pattern=not boundaries,
         )
@@ -788,10 +796,11 @@ def _analyze_history(
     )
 
     live = replay.live
+    oom_index = replay.last_oom[0] if replay.last_oom is not None else None
     if oom_index is not None and replay.live_changed_after_oom:
         live = _live_at(trace, oom_index)
-    if oom_index is not None and replay.oom_state is not None:
-        end_active, end_reserved, low_active, low_index, low_reserved = replay.oom_state
+    if replay.last_oom is not None:
+        oom_index, end_active, end_reserved, low_active, low_index, low_reserved = replay.last_oom
         end_point = point(oom_index, end_active, end_reserved)
     else:
         low_active, low_index = replay.low
@@ -850,7 +859,15 @@ def _analyze_history(
                 resolver,
                 options,
             )
-    return timeline, growth, iteration_growth, iterations, leak
+    return _History(
+        timeline,
+        growth,
+        iteration_growth,
+        iterations,
+        leak,
+        oom_index,
+        replay.changed_after_oom,
+    )
 
 
 def _time_of(trace: list[Any], index: int) -> int | None:
@@ -869,7 +886,6 @@ def _replay(
     trace: list[Any],
     rounder: Callable[[int], int] | None,
     boundaries: list[int],
-    oom_index: int | None,
     points: int,
     *,
     collect_pattern: bool,
@@ -895,9 +911,8 @@ def _replay(
     next_boundary = next(boundary_iter, -1)
     at_boundaries: list[tuple[int, int]] = []
     pattern: dict[tuple[int, int], array[int]] | None = {} if collect_pattern else None
-    oom_state: tuple[int, int, int, int, int] | None = None
-    last_change = -1
-    oom_at = -2 if oom_index is None else oom_index
+    last_oom: tuple[int, int, int, int, int, int] | None = None
+    last_change = last_live_change = -1
     for i, entry in enumerate(trace):
         if i == next_boundary:
             at_boundaries.append((active, reserved))
@@ -924,7 +939,7 @@ def _replay(
             active += size
             live[entry["addr"]] = i
             allocs += 1
-            last_change = i
+            last_change = last_live_change = i
             if active > peak_a:
                 peak_a = active
                 peak_a_i = i
@@ -943,7 +958,7 @@ def _replay(
                 size = rounder(size)
             active -= size
             frees += 1
-            last_change = i
+            last_change = last_live_change = i
             free_requested.discard(address)
             if active < low_a:
                 low_a = active
@@ -951,9 +966,11 @@ def _replay(
                 low_r = reserved
         elif action == "free_requested":
             free_requested.add(entry["addr"])
+            last_change = i
         elif action == "segment_alloc" or action == "segment_map":
             reserved += entry["size"]
             seg_allocs += 1
+            last_change = i
             if reserved > peak_r:
                 peak_r = reserved
                 peak_r_i = i
@@ -961,10 +978,10 @@ def _replay(
         elif action == "segment_free" or action == "segment_unmap":
             reserved -= entry["size"]
             seg_frees += 1
+            last_change = i
         elif action == "oom":
             ooms += 1
-            if i == oom_at:
-                oom_state = (active, reserved, low_a, low_i, low_r)
+            last_oom = (i, active, reserved, low_a, low_i, low_r)
         if active > stretch_max:
             stretch_max = active
             stretch_i = i
@@ -991,11 +1008,12 @@ def _replay(
         end_reserved=reserved,
         samples=samples,
         at_boundaries=at_boundaries,
-        oom_state=oom_state,
+        last_oom=last_oom,
         low=(low_a, low_i),
         reserved_at_low=low_r,
         live=live,
-        live_changed_after_oom=oom_index is not None and last_change > oom_index,
+        live_changed_after_oom=last_oom is not None and last_live_change > last_oom[0],
+        changed_after_oom=last_oom is not None and last_change > last_oom[0],
         pattern=pattern,
     )
 

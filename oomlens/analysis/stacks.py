@@ -335,25 +335,33 @@ def _short(name: str) -> str:
 class StackResolver:
     """Resolves frame lists to :class:`Attribution`, caching by object identity.
 
-    A stack is keyed by the identities of its frame dicts (the pickle shares them), and the
-    resolver keeps a reference to every distinct frame dict it has seen so that an ``id()``
-    cannot be reused while it lives.  Create one per analysis.
+    A stack is keyed by the identities of its frame dicts (the pickle shares them) and, for a
+    list seen before, by the list's identity; the resolver keeps a reference to every frame
+    dict and list it has keyed so that an ``id()`` cannot be reused while it lives.  Create one
+    per analysis and drop it with the analysis.
     """
 
     def __init__(self) -> None:
         self._frames: dict[int, _FrameInfo] = {}
         self._stacks: dict[tuple[int, ...], Attribution] = {}
+        self._lists: dict[int, Attribution] = {}
         self._pinned: list[Any] = []
 
     def resolve(self, frames: object) -> Attribution:
         """Attribution of one frame list (innermost first); :data:`NO_STACK` for ``[]`` / None."""
         if type(frames) is not list or not frames:
             return NO_STACK
+        found = self._lists.get(id(frames))
+        if found is not None:
+            return found
         key = tuple(map(id, frames))
         found = self._stacks.get(key)
         if found is None:
             found = self._resolve_new(frames)
             self._stacks[key] = found
+        # A block and its alloc event share one list: remember the list itself too.
+        self._lists[id(frames)] = found
+        self._pinned.append(frames)
         return found
 
     def _info(self, frame: object) -> _FrameInfo:

@@ -133,15 +133,18 @@ def looks_like_snapshot_pickle(head: bytes) -> bool:
     """Cheap content sniff: does ``head`` (the first bytes of a file) start a snapshot pickle?
 
     True for a pickle that opens with the ``PROTO`` opcode and protocol 2 to 5 (every pickle
-    torch has written), or for a gzip stream whose first decompressible bytes do.  Reads
-    nothing but ``head``; never unpickles.
+    torch has written), or for a gzip (deflate) stream whose first bytes do, or whose first
+    bytes ``head`` is too short to inflate (a dynamic Huffman header can take a hundred bytes).
+    Reads nothing but ``head``; never unpickles.
     """
     if head[:2] == _GZIP_MAGIC:
+        if len(head) < 3 or head[2] != 8:  # 8: deflate, the only method gzip defines
+            return False
         try:
             inflated = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 8)
         except zlib.error:
             return False
-        return _is_proto_2_to_5(inflated)
+        return len(inflated) < 2 or _is_proto_2_to_5(inflated)
     return _is_proto_2_to_5(head)
 
 
@@ -495,7 +498,7 @@ def _load_open_file(
         raise
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one clear InputError
         data = None
-        raise _explain_failure(where, exc, reader.consumed, compressed, head) from None
+        raise _explain_failure(where, exc, reader.consumed, compressed, head, known_size) from None
     return LoadedPickle(
         data=data,
         protocol=protocol,
@@ -506,7 +509,12 @@ def _load_open_file(
 
 
 def _explain_failure(
-    where: str, exc: BaseException, consumed: int, compressed: bool, head: bytes
+    where: str,
+    exc: BaseException,
+    consumed: int,
+    compressed: bool,
+    head: bytes,
+    known_size: int | None,
 ) -> InputError:
     """Turn whatever stopped the unpickler into one clear error."""
     if isinstance(exc, _LimitHit):
@@ -514,8 +522,9 @@ def _explain_failure(
     if isinstance(exc, MemoryError):
         return ResourceLimitError(
             where,
-            f"ran out of memory while loading (after {format_size(consumed)} of the pickle)",
-            "load it on a machine with more free memory",
+            f"asks for more memory than this machine can give (after {format_size(consumed)} "
+            "of the pickle): a corrupt or crafted file, or a snapshot too large for this machine",
+            _MEMORY_HINT,
         )
     if isinstance(exc, _ImportRefused | _OpcodeRefused):
         found = _find_forbidden_opcode(where, compressed, consumed)
@@ -537,11 +546,19 @@ def _explain_failure(
             f"refused to load: it holds a {exc.opcode} opcode, which {FORBIDDEN_OPCODES['PERSID']}",
             _REFUSAL_HINT,
         )
-    if isinstance(exc, _Truncated) or isinstance(exc, EOFError) or "truncated" in str(exc):
+    if head[:1] != pickle.PROTO and not isinstance(exc, gzip.BadGzipFile | zlib.error | OSError):
+        # Every pickle torch writes opens with PROTO; a file that does not and fails is not one.
         return InputError(
             where,
-            f"is truncated: the pickle stops after about {consumed} bytes, in the middle of "
-            "the data",
+            f"is not a pickle file (it starts with {head!r})",
+            "give the file written by torch.cuda.memory._dump_snapshot() or "
+            "pickle.dump(torch.cuda.memory._snapshot(), f)",
+        )
+    if isinstance(exc, _Truncated) or isinstance(exc, EOFError) or "truncated" in str(exc):
+        length = f"{known_size} bytes" if known_size is not None else f"about {consumed} bytes"
+        return InputError(
+            where,
+            f"is truncated: the pickle stops after {length}, in the middle of the data",
             "the dump was cut short (job killed while writing, disk full); dump the snapshot again",
         )
     if isinstance(exc, gzip.BadGzipFile | zlib.error):
