@@ -145,8 +145,8 @@ def generate_snapshot(
 
     Ground truth planted for the tests: every complete iteration leaks ``leak_per_iteration``
     512-byte tensors allocated at one call site (``LEAK_SITE_LINE`` of the template's user
-    file); the history keeps the last ``keep_fraction`` of the events (a wrapped ring
-    buffer); the last event is an ``oom``.
+    file); the history keeps about the last ``keep_fraction`` of the events (a ring buffer that
+    wrapped in the middle of an iteration); the last event is an ``oom``.
     """
     rng = random.Random(seed)
     template = _load_template(stacks)
@@ -279,7 +279,11 @@ def generate_snapshot(
             "frames": oom_frames,
         }
     )
-    kept = trace[int(len(trace) * (1.0 - keep_fraction)) :]
+    # The ring buffer keeps the newest events; the cut falls inside an iteration's forward
+    # pass, so some kept frees belong to allocations that were dropped.
+    first = min(int(len(ends) * (1.0 - keep_fraction)), len(ends) - 2)
+    cut = ends[first] + (ends[first + 1] - ends[first]) // 3
+    kept = trace[cut:]
     segments = _segments_from_live(live, template)
     active = sum(block for block, _, _ in live.values())
     kept.append(
