@@ -39,7 +39,7 @@ import heapq
 import statistics
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -363,32 +363,36 @@ class _Tally:
     def add(self, attribution: Attribution, size: int) -> None:
         slot = self.by_attribution.get(id(attribution))
         if slot is None:
-            self.by_attribution[id(attribution)] = [attribution, size, 1]
+            self.by_attribution[id(attribution)] = [attribution, size, 1, {size: 1}]
         else:
             slot[1] += size
             slot[2] += 1
+            sizes = slot[3]
+            sizes[size] = sizes.get(size, 0) + 1
 
     def total(self) -> int:
         return sum(slot[1] for slot in self.by_attribution.values())
 
     def by_site(self, top_n: int) -> tuple[SiteBytes, ...]:
         sites: dict[CallSite | None, list[Any]] = {}
-        for attribution, size, blocks in self.by_attribution.values():
-            slot = sites.setdefault(attribution.site, [0, 0, {}])
+        for attribution, size, blocks, block_sizes in self.by_attribution.values():
+            slot = sites.setdefault(attribution.site, [0, 0, {}, {}])
             slot[0] += size
             slot[1] += blocks
             slot[2][attribution.category] = slot[2].get(attribution.category, 0) + size
+            for block_size, count in block_sizes.items():
+                slot[3][block_size] = slot[3].get(block_size, 0) + count
         ranked = sorted(sites.items(), key=lambda item: (-item[1][0], _site_key(item[0])))
-        return tuple(
-            SiteBytes(
-                site, size, blocks, max(categories.items(), key=lambda kv: (kv[1], kv[0].value))[0]
-            )
-            for site, (size, blocks, categories) in ranked[:top_n]
-        )
+        result = []
+        for site, (size, blocks, categories, block_sizes) in ranked[:top_n]:
+            category = max(categories.items(), key=lambda kv: (kv[1], kv[0].value))[0]
+            common_size, common_count = max(block_sizes.items(), key=lambda kv: (kv[1], kv[0]))
+            result.append(SiteBytes(site, size, blocks, category, common_size, common_count))
+        return tuple(result)
 
     def by_category(self) -> tuple[CategoryBytes, ...]:
         categories: dict[MemoryCategory, list[Any]] = {}
-        for attribution, size, blocks in self.by_attribution.values():
+        for attribution, size, blocks, _ in self.by_attribution.values():
             slot = categories.setdefault(attribution.category, [0, 0, {}])
             slot[0] += size
             slot[1] += blocks
@@ -448,6 +452,8 @@ def _segment_pass(
     pinned: list[tuple[int, int, SegmentInfo]] = []
     top_n = options.top_n
     order = 0
+    tally_add = tally.add
+    resolve = resolver.resolve
     for seg_index, segment in enumerate(segments):
         total = segment["total_size"]
         pool = Pool.SMALL if segment.get("segment_type") == "small" else Pool.LARGE
@@ -479,7 +485,11 @@ def _segment_pass(
                 continue
             seg_live += 1
             seg_active += size
-            frames, block_requested = _block_frames_and_requested(block, legacy)
+            if legacy:
+                frames, block_requested = _block_frames_and_requested(block, legacy)
+            else:
+                frames = block.get("frames")
+                block_requested = block.get("requested_size", size)
             requested += block_requested
             if state == "active_allocated":
                 seg_allocated += size
@@ -487,13 +497,12 @@ def _segment_pass(
             else:
                 pending += size
                 pending_blocks += 1
-            tally.add(resolver.resolve(frames) if frames else NO_STACK, size)
+            tally_add(resolve(frames) if frames else NO_STACK, size)
             order += 1
-            entry = (size, -order, seg_index, block_index)
             if len(top_blocks) < top_n:
-                heapq.heappush(top_blocks, entry)
-            elif entry > top_blocks[0]:
-                heapq.heapreplace(top_blocks, entry)
+                heapq.heappush(top_blocks, (size, -order, seg_index, block_index))
+            elif size > top_blocks[0][0]:
+                heapq.heapreplace(top_blocks, (size, -order, seg_index, block_index))
         if block_sum != total:
             size_mismatch = True
         blocks_total += len(blocks)
@@ -706,7 +715,6 @@ class _Replay:
     segment_frees: int
     ooms: int
     unmatched_frees: int
-    pending_at_end: int
     peak_active: tuple[int, int, int]  # (index, relative active, relative reserved)
     peak_reserved: tuple[int, int, int]
     end_active: int
@@ -718,7 +726,7 @@ class _Replay:
     changed_after_oom: bool  # any allocator event after the last oom
     low: tuple[int, int]  # (relative active, index) over the whole trace
     reserved_at_low: int
-    live: dict[int, int]  # address -> index of the alloc entry, at the end
+    live: dict[int, int]  # address -> index << 56 | rounded size of the alloc, at the end
     live_changed_after_oom: bool
     pattern: dict[tuple[int, int], array[int]] | None
 
@@ -786,7 +794,6 @@ def _analyze_history(
         segment_frees=replay.segment_frees,
         ooms=replay.ooms,
         unmatched_frees=replay.unmatched_frees,
-        pending_frees_at_end=replay.pending_at_end,
         baseline_active_bytes=base_active,
         baseline_reserved_bytes=base_reserved,
         peak_active=point(*replay.peak_active),
@@ -798,7 +805,7 @@ def _analyze_history(
     live = replay.live
     oom_index = replay.last_oom[0] if replay.last_oom is not None else None
     if oom_index is not None and replay.live_changed_after_oom:
-        live = _live_at(trace, oom_index)
+        live = _live_at(trace, oom_index, rounder)
     if replay.last_oom is not None:
         oom_index, end_active, end_reserved, low_active, low_index, low_reserved = replay.last_oom
         end_point = point(oom_index, end_active, end_reserved)
@@ -811,53 +818,26 @@ def _analyze_history(
         if low_index >= 0
         else TimelinePoint(-1, timeline.first_time_us, base_active + low_active, base_reserved)
     )
-    growth = _growth(
-        "since_lowest_point",
-        low_point,
-        end_point,
-        low_index + 1,
-        trace,
-        live,
-        rounder,
-        resolver,
-        options,
-    )
+    # Every window below starts at the lowest point or at an iteration boundary: attribute
+    # the allocations still live at the end of the window once, from the earliest of them.
+    earliest = min([low_index + 1, *boundaries[:1]])
+    survivors = _Survivors(trace, live, earliest, resolver)
+    growth = _growth("since_lowest_point", low_point, end_point, low_index + 1, survivors, options)
 
     iterations = leak = iteration_growth = None
+    at_boundary_active = [value for value, _ in at_boundaries]
     if len(boundaries) >= 2:
         iterations = _iterations(
-            source,
-            marker,
-            trace,
-            boundaries,
-            [value for value, _ in at_boundaries],
-            base_active,
-            options,
+            source, marker, trace, boundaries, at_boundary_active, base_active, options
         )
-        leak = _leak(
-            trace,
-            boundaries,
-            [value for value, _ in at_boundaries],
-            live,
-            rounder,
-            resolver,
-            options,
-        )
+        leak = _leak(boundaries, at_boundary_active, survivors, options)
     if boundaries:
         position = bisect_right(boundaries, end_point.index) - 1
         if position >= 0:
             start_index = boundaries[position]
             start_point = point(start_index, *at_boundaries[position])
             iteration_growth = _growth(
-                "last_iteration",
-                start_point,
-                end_point,
-                start_index,
-                trace,
-                live,
-                rounder,
-                resolver,
-                options,
+                "last_iteration", start_point, end_point, start_index, survivors, options
             )
     return _History(
         timeline,
@@ -882,6 +862,12 @@ def _rounder(divisions: tuple[int, ...]) -> Callable[[int], int] | None:
     return None
 
 
+_PACK_SHIFT = 56
+_SIZE_MASK = (1 << _PACK_SHIFT) - 1
+"""Live allocations are stored as ``index << 56 | rounded size``: one int per address, so a
+free never has to go back to its alloc entry (a cache miss per event on a large trace)."""
+
+
 def _replay(
     trace: list[Any],
     rounder: Callable[[int], int] | None,
@@ -890,11 +876,13 @@ def _replay(
     *,
     collect_pattern: bool,
 ) -> _Replay:
-    """One pass over the trace.  Kept flat and local-variable heavy: it runs per event."""
+    """One pass over the trace, in stretches between the points where something is recorded
+    (timeline samples, iteration boundaries), so that the per-event loop does only the
+    bookkeeping of the event itself.  Kept flat and local-variable heavy: it runs per event.
+    """
     n = len(trace)
     live: dict[int, int] = {}
     live_pop = live.pop
-    free_requested: set[int] = set()
     active = reserved = 0
     peak_a = peak_r = 0
     peak_a_i = peak_r_i = -1
@@ -903,95 +891,97 @@ def _replay(
     low_r = 0
     allocs = frees = seg_allocs = seg_frees = ooms = unmatched = 0
     step = max(1, -(-n // max(points, 1)))
-    stretch_end = step - 1
-    stretch_max = -(1 << 62)
-    stretch_i = stretch_r = 0
+    sample_ends = set(range(step, n, step))
+    stops = sorted(sample_ends.union(index for index in boundaries if 0 <= index < n))
+    stops.append(n)
+    boundary_count: dict[int, int] = {}
+    for index in boundaries:
+        boundary_count[index] = boundary_count.get(index, 0) + 1
     samples: list[tuple[int, int, int]] = []
-    boundary_iter = iter(boundaries)
-    next_boundary = next(boundary_iter, -1)
     at_boundaries: list[tuple[int, int]] = []
     pattern: dict[tuple[int, int], array[int]] | None = {} if collect_pattern else None
     last_oom: tuple[int, int, int, int, int, int] | None = None
     last_change = last_live_change = -1
-    for i, entry in enumerate(trace):
-        if i == next_boundary:
-            at_boundaries.append((active, reserved))
-            next_boundary = next(boundary_iter, -1)
-            while next_boundary == i:  # duplicate boundaries share the value
-                at_boundaries.append((active, reserved))
-                next_boundary = next(boundary_iter, -1)
-        action = entry["action"]
-        if action == "alloc":
-            size = entry["size"]
-            if rounder is None:
-                size = 512 if size < 512 else (size + 511) & -512
-            else:
-                size = rounder(size)
-            if pattern is not None and size >= 1048576:
-                frames = entry.get("frames")
-                signature = (size, len(frames) if type(frames) is list else -1)
-                series = pattern.get(signature)
-                if series is None:
-                    series = pattern[signature] = array("q")
-                series.append(i)
-                series.append(active)
-                series.append(reserved)
-            active += size
-            live[entry["addr"]] = i
-            allocs += 1
-            last_change = last_live_change = i
-            if active > peak_a:
-                peak_a = active
-                peak_a_i = i
-                peak_a_r = reserved
-        elif action == "free_completed":
-            address = entry["addr"]
-            index = live_pop(address, None)
-            if index is None:
-                unmatched += 1
-                size = entry["size"]
-            else:
-                size = trace[index]["size"]
-            if rounder is None:
-                size = 512 if size < 512 else (size + 511) & -512
-            else:
-                size = rounder(size)
-            active -= size
-            frees += 1
-            last_change = last_live_change = i
-            free_requested.discard(address)
-            if active < low_a:
-                low_a = active
-                low_i = i
-                low_r = reserved
-        elif action == "free_requested":
-            free_requested.add(entry["addr"])
-            last_change = i
-        elif action == "segment_alloc" or action == "segment_map":
-            reserved += entry["size"]
-            seg_allocs += 1
-            last_change = i
-            if reserved > peak_r:
-                peak_r = reserved
-                peak_r_i = i
-                peak_r_a = active
-        elif action == "segment_free" or action == "segment_unmap":
-            reserved -= entry["size"]
-            seg_frees += 1
-            last_change = i
-        elif action == "oom":
-            ooms += 1
-            last_oom = (i, active, reserved, low_a, low_i, low_r)
-        if active > stretch_max:
+    start = 0
+    new_stretch = True
+    stretch_max = stretch_i = stretch_r = 0
+    for stop in stops:
+        at_boundaries.extend([(active, reserved)] * boundary_count.get(start, 0))
+        if new_stretch:
             stretch_max = active
-            stretch_i = i
+            stretch_i = max(start - 1, 0)
             stretch_r = reserved
-        if i == stretch_end:
+        for i, entry in enumerate(trace[start:stop], start):
+            action = entry["action"]
+            if action == "alloc":
+                size = entry["size"]
+                if rounder is None:
+                    size = 512 if size < 512 else (size + 511) & -512
+                else:
+                    size = rounder(size)
+                if size > _SIZE_MASK:
+                    raise ValueError("allocation size out of range")
+                if pattern is not None and size >= 1048576:
+                    frames = entry.get("frames")
+                    signature = (size, len(frames) if type(frames) is list else -1)
+                    series = pattern.get(signature)
+                    if series is None:
+                        series = pattern[signature] = array("q")
+                    series.append(i)
+                    series.append(active)
+                    series.append(reserved)
+                active += size
+                live[entry["addr"]] = (i << _PACK_SHIFT) | size
+                allocs += 1
+                last_change = last_live_change = i
+                if active > stretch_max:
+                    stretch_max = active
+                    stretch_i = i
+                    stretch_r = reserved
+                    if active > peak_a:
+                        peak_a = active
+                        peak_a_i = i
+                        peak_a_r = reserved
+            elif action == "free_completed":
+                packed = live_pop(entry["addr"], None)
+                if packed is None:
+                    unmatched += 1
+                    size = entry["size"]
+                    size = (
+                        (512 if size < 512 else (size + 511) & -512)
+                        if rounder is None
+                        else rounder(size)
+                    )
+                else:
+                    size = packed & _SIZE_MASK
+                active -= size
+                frees += 1
+                last_change = last_live_change = i
+                if active < low_a:
+                    low_a = active
+                    low_i = i
+                    low_r = reserved
+            elif action == "free_requested":
+                last_change = i
+            elif action == "segment_alloc" or action == "segment_map":
+                reserved += entry["size"]
+                seg_allocs += 1
+                last_change = i
+                if reserved > peak_r:
+                    peak_r = reserved
+                    peak_r_i = i
+                    peak_r_a = active
+            elif action == "segment_free" or action == "segment_unmap":
+                reserved -= entry["size"]
+                seg_frees += 1
+                last_change = i
+            elif action == "oom":
+                ooms += 1
+                last_oom = (i, active, reserved, low_a, low_i, low_r)
+        new_stretch = stop in sample_ends or stop == n
+        if new_stretch and stop > 0:
             samples.append((stretch_i, stretch_max, stretch_r))
-            stretch_max = -(1 << 62)
-            stretch_end += step
-    if n and (not samples or samples[-1][0] != n - 1) and stretch_max > -(1 << 62):
-        samples.append((stretch_i, stretch_max, stretch_r))
+        start = stop
     while len(at_boundaries) < len(boundaries):
         at_boundaries.append((active, reserved))
     return _Replay(
@@ -1001,7 +991,6 @@ def _replay(
         segment_frees=seg_frees,
         ooms=ooms,
         unmatched_frees=unmatched,
-        pending_at_end=len(free_requested),
         peak_active=(peak_a_i, peak_a, peak_a_r),
         peak_reserved=(peak_r_i, peak_r_a, peak_r),
         end_active=active,
@@ -1018,14 +1007,18 @@ def _replay(
     )
 
 
-def _live_at(trace: list[Any], stop: int) -> dict[int, int]:
-    """Live allocations (address -> alloc index) just before entry ``stop``."""
+def _live_at(trace: list[Any], stop: int, rounder: Callable[[int], int] | None) -> dict[int, int]:
+    """Live allocations (address -> packed alloc index and size) just before entry ``stop``."""
     live: dict[int, int] = {}
     for i in range(stop):
         entry = trace[i]
         action = entry["action"]
         if action == "alloc":
-            live[entry["addr"]] = i
+            size = entry["size"]
+            size = (
+                (512 if size < 512 else (size + 511) & -512) if rounder is None else rounder(size)
+            )
+            live[entry["addr"]] = (i << _PACK_SHIFT) | min(size, _SIZE_MASK)
         elif action == "free_completed":
             live.pop(entry["addr"], None)
     return live
@@ -1061,6 +1054,10 @@ def _malformed_entry(path: str, device: int, trace: list[Any]) -> InputError:
                 what = "is missing" if value is None else f"is a {type(value).__name__}, not an int"
                 return InputError(
                     path, f"{where}.{key} {what}", "the file is corrupt or not a torch snapshot"
+                )
+            if key == "size" and not 0 <= value <= _SIZE_MASK:
+                return InputError(
+                    path, f"{where}.size is out of range ({value})", "the file is corrupt"
                 )
     return InputError(
         path,
@@ -1171,20 +1168,26 @@ def _iterations(
     )
 
 
-def _live_allocations(
-    trace: list[Any], live: dict[int, int], first_index: int, rounder: Callable[[int], int] | None
-) -> Iterable[tuple[int, int, Any]]:
-    """(alloc index, rounded size, frames) of live allocations made at or after ``first_index``."""
-    for index in live.values():
-        if index >= first_index:
-            entry = trace[index]
-            size = entry["size"]
-            rounded = (
-                rounder(size)
-                if rounder is not None
-                else (512 if size < 512 else (size + 511) & -512)
-            )
-            yield index, rounded, entry.get("frames")
+class _Survivors:
+    """Allocations still live at the end of the window, sorted by index, each attributed once."""
+
+    def __init__(
+        self, trace: list[Any], live: dict[int, int], first_index: int, resolver: StackResolver
+    ) -> None:
+        first = max(first_index, 0) << _PACK_SHIFT
+        packed = sorted(value for value in live.values() if value >= first)
+        self.indices = [value >> _PACK_SHIFT for value in packed]
+        self.sizes = [value & _SIZE_MASK for value in packed]
+        resolve = resolver.resolve
+        attributions = []
+        for index in self.indices:
+            frames = trace[index].get("frames")
+            attributions.append(resolve(frames) if frames else NO_STACK)
+        self.attributions = attributions
+
+    def between(self, first_index: int, end_index: int) -> range:
+        """Positions of the survivors allocated at indices ``first_index..end_index``."""
+        return range(bisect_left(self.indices, first_index), bisect_right(self.indices, end_index))
 
 
 def _growth(
@@ -1192,16 +1195,14 @@ def _growth(
     start: TimelinePoint,
     end: TimelinePoint,
     first_index: int,
-    trace: list[Any],
-    live: dict[int, int],
-    rounder: Callable[[int], int] | None,
-    resolver: StackResolver,
+    survivors: _Survivors,
     options: AnalysisOptions,
 ) -> Growth:
     tally = _Tally()
-    for index, size, frames in _live_allocations(trace, live, first_index, rounder):
-        if index <= end.index or end.index < 0:
-            tally.add(resolver.resolve(frames) if frames else NO_STACK, size)
+    add = tally.add
+    sizes, attributions = survivors.sizes, survivors.attributions
+    for position in survivors.between(first_index, end.index):
+        add(attributions[position], sizes[position])
     return Growth(
         basis=basis,
         start=start,
@@ -1214,12 +1215,9 @@ def _growth(
 
 
 def _leak(
-    trace: list[Any],
     boundaries: list[int],
     at_boundaries: list[int],
-    live: dict[int, int],
-    rounder: Callable[[int], int] | None,
-    resolver: StackResolver,
+    survivors: _Survivors,
     options: AnalysisOptions,
 ) -> Leak | None:
     complete = len(boundaries) - 1
@@ -1230,18 +1228,19 @@ def _leak(
     median = int(statistics.median(increments))
     if growing < options.leak_growing_fraction or median < options.min_leak_bytes_per_iteration:
         return None
-    first, last = boundaries[0], boundaries[-1]
-    per_site: dict[int, list[Any]] = {}
-    for index, size, frames in _live_allocations(trace, live, first, rounder):
-        if index >= last:
-            continue
-        attribution = resolver.resolve(frames) if frames else NO_STACK
-        iteration = bisect_right(boundaries, index) - 1
+    per_site: dict[int, list[Any]] = {}  # id(attribution) -> [attribution, bytes, iterations]
+    indices, sizes, attributions = survivors.indices, survivors.sizes, survivors.attributions
+    iteration = 0
+    for position in survivors.between(boundaries[0], boundaries[-1] - 1):
+        index = indices[position]
+        while boundaries[iteration + 1] <= index:  # survivors are sorted: walk the boundaries
+            iteration += 1
+        attribution = attributions[position]
         slot = per_site.get(id(attribution))
         if slot is None:
-            per_site[id(attribution)] = [attribution, size, {iteration}]
+            per_site[id(attribution)] = [attribution, sizes[position], {iteration}]
         else:
-            slot[1] += size
+            slot[1] += sizes[position]
             slot[2].add(iteration)
     merged: dict[CallSite | None, list[Any]] = {}
     for attribution, size, iterations in per_site.values():

@@ -251,13 +251,17 @@ class SiteBytes:
     """Live bytes attributed to one call site (the first user frame of the stack).
 
     ``site`` is None for blocks with no recorded stack.  ``category`` is the category of the
-    largest share of these bytes.
+    largest share of these bytes.  ``common_size`` is the block size that occurs most often
+    among them and ``common_size_blocks`` how many blocks have it: many equal blocks from one
+    site are tensors of one shape piling up (kept across steps, or one per layer).
     """
 
     site: CallSite | None
     bytes: int
     blocks: int
     category: MemoryCategory
+    common_size: int
+    common_size_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,7 +451,6 @@ class Timeline:
     segment_frees: int
     ooms: int
     unmatched_frees: int
-    pending_frees_at_end: int
     baseline_active_bytes: int
     baseline_reserved_bytes: int
     peak_active: TimelinePoint

@@ -49,11 +49,13 @@ OBSERVER_DEVICE_FREE = 149060452352
 EXPANDABLE_DEVICE_FREE = 149014315008
 
 
-def _analyze(data: Any, path: str = "snapshot.pickle") -> SnapshotAnalysis:
+def _analyze(
+    data: Any, path: str = "snapshot.pickle", options: AnalysisOptions | None = None
+) -> SnapshotAnalysis:
     snapshot = build_snapshot(
         data, source=SourceRef(path), protocol=4, compressed=False, file_bytes=0, pickle_bytes=0
     )
-    return analyze_snapshot(snapshot)
+    return analyze_snapshot(snapshot, options)
 
 
 def _only(analysis: SnapshotAnalysis) -> DeviceAnalysis:
@@ -539,7 +541,7 @@ def bench() -> Any:
 def test_leak_found_from_annotations(bench: Any, stacks: str) -> None:
     data = bench.generate_snapshot(3 * MiB, stacks=stacks, leak_per_iteration=40)
 
-    device = _only(_analyze(data))
+    device = _only(_analyze(data, options=AnalysisOptions(top_n=500)))
 
     assert device.iterations is not None and device.iterations.source == "annotations"
     assert device.leak is not None
@@ -550,6 +552,10 @@ def test_leak_found_from_annotations(bench: Any, stacks: str) -> None:
     assert (top.site.filename, top.site.line, top.site.name) == bench.LEAK_SITE
     assert top.bytes_per_iteration == 40 * 512
     assert top.iterations_with_survivors == device.leak.iterations
+    # The snapshot state alone shows the pile-up too: one site, many equal small blocks.
+    holder = next(item for item in device.live_by_site if item.site == top.site)
+    assert holder.common_size == 512
+    assert holder.common_size_blocks >= 40 * device.leak.iterations
     assert "history_wrapped" in device.notes  # the ring buffer dropped the oldest events
 
 
