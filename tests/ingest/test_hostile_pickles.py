@@ -259,6 +259,37 @@ def test_memoized_callable_reused(tmp_path: Path, marker: Path) -> None:
     _refused(_write(tmp_path, payload), "GLOBAL")
 
 
+def test_self_referencing_structures(tmp_path: Path) -> None:
+    # Memoized objects put back inside themselves: a segment list that contains itself and a
+    # frame list that contains itself.  Plain data, so it loads; it is no snapshot.
+    segments: list[Any] = []
+    segments.append(segments)
+    path = _write(tmp_path, pickle.dumps({"segments": segments}, protocol=4))
+
+    with pytest.raises(InputError, match=r"segments\[0\] is a list, not a dict"):
+        load_snapshot(path)
+
+
+def test_self_referencing_frames_are_analyzed_without_hanging(tmp_path: Path) -> None:
+    from oomlens.analysis.allocator import analyze_snapshot
+
+    data = variants.load_real("stacks_all")
+    frames = data["segments"][0]["blocks"][0]["frames"]
+    frames.append(frames)  # the list is shared with its alloc trace entry too
+    path = _write(tmp_path, pickle.dumps(data, protocol=4))
+
+    analysis = analyze_snapshot(load_snapshot(path))
+
+    assert analysis.devices[0].state.allocated_bytes > 0
+
+
+def test_unknown_memo_index(tmp_path: Path) -> None:
+    path = _write(tmp_path, b"\x80\x02}h\x07s.")  # BINGET of a memo slot never filled
+
+    with pytest.raises(InputError, match="corrupt pickle"):
+        load_snapshot(path)
+
+
 def test_gzipped_payload(tmp_path: Path, marker: Path) -> None:
     payload = gzip.compress(pickle.dumps(_Reduce(os.system, _touch_command(marker)), protocol=4))
     _refused(_write(tmp_path, payload, "hostile.pickle.gz"), "STACK_GLOBAL")

@@ -90,6 +90,7 @@ def build_snapshot(
                 where, f"the pickle is a dict with {found} 'segments' list", _SHAPE_HINT
             )
         device_traces = _checked_traces(where, data.get("device_traces", data.get("traces", [])))
+        has_traces = "device_traces" in data or "traces" in data
         raw_annotations = data.get("external_annotations", [])
         annotations = raw_annotations if isinstance(raw_annotations, list) else []
         raw_settings = data.get("allocator_settings")
@@ -120,7 +121,7 @@ def build_snapshot(
         history = HistoryMode.NONE
     else:
         layout = SnapshotLayout.BLOCK_HISTORY if block_history else SnapshotLayout.CURRENT
-        history = _history_mode(device_traces)
+        history = _history_mode(device_traces) if has_traces else HistoryMode.NONE
     return Snapshot(
         source=source,
         layout=layout,

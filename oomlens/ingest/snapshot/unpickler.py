@@ -573,19 +573,13 @@ def _explain_failure(
     found = _find_forbidden_opcode(where, compressed, consumed)
     if found is not None:
         return _opcode_error(where, found)
-    if consumed == 0 or "invalid load key" in str(exc):
-        return InputError(
-            where,
-            f"is not a pickle file (it starts with {head!r})",
-            "give the file written by torch.cuda.memory._dump_snapshot() or "
-            "pickle.dump(torch.cuda.memory._snapshot(), f)",
-        )
     detail = f"{type(exc).__name__}: {exc}"
     if len(detail) > 200:
         detail = detail[:200] + "..."
+    near = f" near byte {consumed}" if consumed else ""
     return InputError(
         where,
-        f"is a corrupt pickle (failed near byte {consumed}: {detail})",
+        f"is a corrupt pickle (failed{near}: {detail})",
         "check that the file was copied completely, or dump the snapshot again",
     )
 
