@@ -518,7 +518,7 @@ class Leak:
     ``bytes_per_iteration`` is the median growth of live bytes from one iteration boundary to
     the next; ``increments`` are those growths (the last ones); ``growing_fraction`` is the
     share of them that are > 0.  ``sites`` are the call sites whose allocations made in most
-    complete iterations were still live at the end of the trace.
+    complete iterations were still live at the OOM (or, without one, at the end of the trace).
     """
 
     bytes_per_iteration: int

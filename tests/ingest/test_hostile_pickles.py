@@ -234,6 +234,20 @@ def test_persistent_ids(protocol: int, opcode: str, tmp_path: Path) -> None:
 # ---- hidden inside data that looks right --------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["defaultdict", "numpy"])
+def test_harmless_classes_from_other_tools_are_refused_too(kind: str, tmp_path: Path) -> None:
+    # Tools that re-save snapshots may pickle a defaultdict or numpy arrays: still an import.
+    import collections
+
+    import numpy
+
+    value: Any = collections.defaultdict(list) if kind == "defaultdict" else numpy.zeros(3)
+    payload = pickle.dumps({"segments": [], "device_traces": [value]}, protocol=4)
+
+    error = _refused(_write(tmp_path, payload), "STACK_GLOBAL")
+    assert ("collections.defaultdict" if kind == "defaultdict" else "numpy") in str(error)
+
+
 def test_payload_deep_inside_a_real_snapshot(tmp_path: Path, marker: Path) -> None:
     # GIVEN a real snapshot whose last trace entry's frame name is a callable
     data = variants.load_real("stacks_all")
