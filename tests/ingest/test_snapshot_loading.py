@@ -302,3 +302,18 @@ def test_missing_and_directory_inputs(tmp_path: Path) -> None:
         load_snapshot(tmp_path / "absent.pickle")
     with pytest.raises(InputError, match="is a directory"):
         load_snapshot(tmp_path)
+
+
+def test_loaded_objects_are_frozen_out_of_the_cyclic_collector() -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        load_snapshot(REAL["state"], freeze_gc=False)
+        assert gc.get_freeze_count() == 0
+        snapshot = load_snapshot(REAL["state"])
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()
+        assert snapshot.block_count == 26
+    finally:
+        gc.unfreeze()

@@ -44,6 +44,7 @@ def load_snapshot(
     limits: SnapshotLimits | None = None,
     rank: int | None = None,
     host: str | None = None,
+    freeze_gc: bool = True,
 ) -> Snapshot:
     """Load one snapshot file.
 
@@ -51,10 +52,14 @@ def load_snapshot(
     (``snapshot_rank3.pickle``, torchtitan's ``rank3_memory_snapshot.pickle``), else None; it
     and ``host`` go into the snapshot's :class:`~oomlens.facts.SourceRef`.
 
+    ``freeze_gc``: move the loaded objects out of the cyclic collector's reach afterwards
+    (see :func:`~oomlens.ingest.snapshot.unpickler.restricted_load`); keeps a later full
+    collection from walking millions of snapshot objects.
+
     Raises ``InputError`` / ``ResourceLimitError`` as described in the module docstring.
     """
     where = str(path)
-    loaded = restricted_load(path, limits=limits)
+    loaded = restricted_load(path, limits=limits, freeze_gc=freeze_gc)
     source = SourceRef(
         path=where, rank=rank if rank is not None else rank_from_filename(where), host=host
     )

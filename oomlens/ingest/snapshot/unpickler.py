@@ -399,7 +399,9 @@ def _gc_paused() -> Iterator[None]:
 # --------------------------------------------------------------------------------------------
 
 
-def restricted_load(path: str | Path, *, limits: SnapshotLimits | None = None) -> LoadedPickle:
+def restricted_load(
+    path: str | Path, *, limits: SnapshotLimits | None = None, freeze_gc: bool = True
+) -> LoadedPickle:
     """Unpickle ``path`` (a pickle, optionally gzip'd) allowing plain data only.
 
     Returns the data (builtin containers and scalars) with the pickle protocol, whether the
@@ -407,6 +409,14 @@ def restricted_load(path: str | Path, *, limits: SnapshotLimits | None = None) -
     file cannot be read, is not a pickle, is truncated or corrupt, or wants to import or call
     anything (nothing is executed); ``ResourceLimitError`` when a limit of ``limits`` would be
     exceeded.
+
+    The cyclic garbage collector is paused while the containers are built (they hold no
+    cycles; collecting during the load doubles its time).  With ``freeze_gc`` (the default)
+    the loaded objects are then moved to the collector's permanent generation
+    (:func:`gc.freeze`), so that later collections do not walk them: a full collection over
+    a 1 GB snapshot's objects costs some 15 s.  They are still freed as usual when the last
+    reference goes; only reference cycles made before the freeze would outlive it (call
+    :func:`gc.unfreeze` if that matters to a long-lived process).
     """
     limits = limits or SnapshotLimits()
     where = str(path)
@@ -425,7 +435,7 @@ def restricted_load(path: str | Path, *, limits: SnapshotLimits | None = None) -
         ) from None
     probe = _MemoryProbe()
     try:
-        return _load_open_file(where, raw, file_bytes, limits, probe)
+        return _load_open_file(where, raw, file_bytes, limits, probe, freeze_gc)
     finally:
         probe.close()
         raw.close()
@@ -437,6 +447,7 @@ def _load_open_file(
     file_bytes: int,
     limits: SnapshotLimits,
     probe: _MemoryProbe,
+    freeze_gc: bool,
 ) -> LoadedPickle:
     if file_bytes == 0:
         raise InputError(where, "is empty (0 bytes)", "the snapshot was not written; dump it again")
@@ -494,6 +505,8 @@ def _load_open_file(
         with _gc_paused():
             data = unpickler.load()
             reader.check_memory()
+            if freeze_gc:
+                gc.freeze()
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one clear InputError
