@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from oomlens.analysis.stacks import NO_STACK, Attribution, StackResolver
+from oomlens.analysis.stacks import NO_PYTHON_STACK, NO_STACK, Attribution, StackResolver
 from oomlens.errors import InputError
 from oomlens.facts.snapshot import (
     AllocatorSettings,
@@ -199,7 +199,8 @@ def analyze_snapshot(
     Raises ``InputError`` (naming the snapshot file) when a trace entry is malformed.
     """
     options = options or AnalysisOptions()
-    resolver = StackResolver()
+    python_only = snapshot.stacks is StackDepth.PYTHON
+    resolver = StackResolver(NO_PYTHON_STACK if python_only else NO_STACK)
     divisions = division_table(snapshot.allocator_settings)
     raw = snapshot.raw
     segments_by_device: dict[int, list[Any]] = {}
@@ -497,7 +498,7 @@ def _segment_pass(
             else:
                 pending += size
                 pending_blocks += 1
-            tally_add(resolve(frames) if frames else NO_STACK, size)
+            tally_add(resolve(frames), size)
             order += 1
             if len(top_blocks) < top_n:
                 heapq.heappush(top_blocks, (size, -order, seg_index, block_index))
@@ -600,7 +601,7 @@ def _segment_pass(
         segment = segments[seg_index]
         block = segment["blocks"][block_index]
         frames, block_requested = _block_frames_and_requested(block, legacy)
-        attribution = resolver.resolve(frames) if frames else NO_STACK
+        attribution = resolver.resolve(frames)
         blocks_info.append(
             BlockInfo(
                 address=block.get("address", _block_address(segment, block_index)),
@@ -679,7 +680,7 @@ def _oom_event(
     device_free = entry.get("device_free")
     time_us = entry.get("time_us")
     frames = entry.get("frames")
-    attribution = resolver.resolve(frames) if frames else NO_STACK
+    attribution = resolver.resolve(frames)
     pool = pool_for(size)
     usable = held.free_space.get((pool, stream, DEFAULT_POOL))
     largest = usable.largest_free_block if usable else 0
@@ -1182,7 +1183,7 @@ class _Survivors:
         attributions = []
         for index in self.indices:
             frames = trace[index].get("frames")
-            attributions.append(resolve(frames) if frames else NO_STACK)
+            attributions.append(resolve(frames))
         self.attributions = attributions
 
     def between(self, first_index: int, end_index: int) -> range:

@@ -221,6 +221,14 @@ class Attribution:
 NO_STACK = Attribution(
     None, MemoryCategory.UNKNOWN, Confidence.HIGH, "no stack recorded for this allocation"
 )
+NO_PYTHON_STACK = Attribution(
+    None,
+    MemoryCategory.UNKNOWN,
+    Confidence.MEDIUM,
+    "no stack recorded: with stacks='python' that is an allocation made on the autograd "
+    "(backward) thread, which has no Python stack, or one made before recording began",
+)
+"""What an empty stack means in a ``stacks='python'`` snapshot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,16 +353,17 @@ class StackResolver:
     list it stores, so the ``id()`` keys stay valid while it lives; create one per analysis.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, no_stack: Attribution = NO_STACK) -> None:
+        self.no_stack = no_stack
         self._frames: dict[int, _FrameInfo] = {}
         self._buckets: dict[tuple[int, int, int, int], list[tuple[list[Any], Attribution]]] = {}
         self._exact: dict[tuple[int, ...], Attribution] = {}
         self._pinned: list[Any] = []
 
     def resolve(self, frames: object) -> Attribution:
-        """Attribution of one frame list (innermost first); :data:`NO_STACK` for ``[]`` / None."""
+        """Attribution of one frame list (innermost first); ``no_stack`` for ``[]`` / None."""
         if type(frames) is not list or not frames:
-            return NO_STACK
+            return self.no_stack
         count = len(frames)
         key = (count, id(frames[0]), id(frames[count >> 1]), id(frames[-1]))
         bucket = self._buckets.get(key)
