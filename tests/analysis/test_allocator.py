@@ -230,6 +230,7 @@ def test_python_stacks_leave_backward_allocations_without_a_site() -> None:
         item for item in device.live_by_category if item.category is MemoryCategory.UNKNOWN
     )
     assert unknown.bytes >= expected
+    assert "autograd (backward) thread" in unknown.evidence
 
 
 def test_sites_are_user_frames() -> None:
