@@ -110,9 +110,9 @@ class AnalysisOptions:
 
     ``top_n`` bounds every list (sites, blocks, segments, leak sites); ``timeline_points``
     the downsampled curve.  A leak needs ``min_leak_iterations`` complete iterations, a share
-    ``leak_growing_fraction`` of them growing, and a median growth of at least
-    ``min_leak_bytes_per_iteration``; a leaking site must have survivors in that same share
-    of the iterations.
+    ``leak_growing_fraction`` of them growing, a median growth of at least
+    ``min_leak_bytes_per_iteration``, and at least one call site with survivors in that same
+    share of the iterations.
     """
 
     top_n: int = 20
@@ -768,7 +768,7 @@ def _analyze_history(
     source = "annotations"
     at_boundaries = replay.at_boundaries
     if not boundaries and replay.pattern:
-        found = _pattern_boundaries(replay.pattern)
+        found = _pattern_boundaries(replay.pattern, replay.samples)
         if found is not None:
             source = "alloc_pattern"
             marker, boundaries, at_boundaries = found
@@ -1070,7 +1070,13 @@ def _malformed_entry(path: str, device: int, trace: list[Any]) -> InputError:
 def _annotation_boundaries(
     trace: list[Any], annotations: list[tuple[int, str]]
 ) -> tuple[str, list[int]]:
-    """Iteration starts from START annotations: (marker name, sorted trace indices)."""
+    """Iteration starts from START annotations: (marker name, sorted trace indices).
+
+    Only markers that come once per training step count: ``Optimizer.step#<Class>.step``
+    (torch's optimizers record it by themselves) and the profiler's ``ProfilerStep#<n>``.  Other
+    annotations are ``record_function`` ranges such as ``nccl:all_reduce``, which come many
+    times per step or only at start-up.
+    """
     if not annotations or not trace:
         return "", []
     first_time, last_time = trace[0].get("time_us"), trace[-1].get("time_us")
@@ -1080,16 +1086,17 @@ def _annotation_boundaries(
     for time_us, name in annotations:
         if first_time <= time_us <= last_time:
             by_name.setdefault(_marker_name(name), []).append(time_us)
-    candidates = [(name, times) for name, times in by_name.items() if len(times) >= 2]
+    candidates = [
+        (name, times)
+        for name, times in by_name.items()
+        if len(times) >= 2 and name.startswith(_STEP_MARKERS)
+    ]
     if not candidates:
         return "", []
 
     def preference(item: tuple[str, list[int]]) -> tuple[int, int, str]:
         name, times = item
-        rank = (
-            0 if name.startswith("Optimizer.step") else 1 if name.startswith("ProfilerStep") else 2
-        )
-        return (rank, -len(times), name)
+        return (0 if name.startswith("Optimizer.step") else 1, -len(times), name)
 
     marker, times = min(candidates, key=preference)
     times.sort()
@@ -1099,6 +1106,9 @@ def _annotation_boundaries(
         if index < len(trace):
             indices.append(index)
     return marker, indices
+
+
+_STEP_MARKERS = ("Optimizer.step#", "ProfilerStep")
 
 
 def _entry_time(entry: Any) -> int:
@@ -1114,33 +1124,55 @@ def _marker_name(name: str) -> str:
 
 def _pattern_boundaries(
     pattern: dict[tuple[int, int], array[int]],
+    samples: list[tuple[int, int, int]],
 ) -> tuple[str, list[int], list[tuple[int, int]]] | None:
     """Iterations from an allocation (size, stack depth) recurring at a regular interval.
 
-    Among signatures seen at least 4 times with gaps varying by under 15 %, the one with the
-    longest period wins (per-layer allocations repeat faster than iterations).
+    Candidates: signatures with a stack, seen at least 4 times, with gaps varying by under
+    15 %; the longest period is tried first (per-layer allocations repeat faster than
+    steps).  A candidate counts only if the live bytes rise *and fall back* within its
+    periods, as a training step's activations do: per-layer periods inside one forward or
+    backward pass (memory climbing layer after layer) would otherwise look like a leak.
     """
-    best: tuple[int, int, tuple[int, int]] | None = None
+    candidates = []
     for signature, series in pattern.items():
         count = len(series) // 3
-        if count < 4:
+        if count < 4 or signature[1] <= 0:
             continue
-        indices = series[0::3]
-        gaps = [b - a for a, b in zip(indices, indices[1:], strict=False)]
+        starts = series[0::3]
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
         mean = sum(gaps) / len(gaps)
-        if mean <= 0:
+        if mean <= 0 or statistics.pstdev(gaps) / mean > 0.15:
             continue
-        if statistics.pstdev(gaps) / mean > 0.15:
-            continue
-        candidate = (int(statistics.median(gaps)), count, signature)
-        if best is None or candidate[:2] > best[:2]:
-            best = candidate
-    if best is None:
-        return None
-    series = pattern[best[2]]
-    size, depth = best[2]
-    values = list(zip(series[1::3], series[2::3], strict=True))
-    return f"alloc of {size} bytes, stack depth {depth}", list(series[0::3]), values
+        candidates.append((int(statistics.median(gaps)), count, signature))
+    for _, _, signature in sorted(candidates, reverse=True):
+        series = pattern[signature]
+        indices = list(series[0::3])
+        values = list(zip(series[1::3], series[2::3], strict=True))
+        if _rises_and_falls(indices, [active for active, _ in values], samples):
+            size, depth = signature
+            return f"alloc of {size} bytes, stack depth {depth}", indices, values
+    return None
+
+
+def _rises_and_falls(
+    boundaries: list[int], at_boundaries: list[int], samples: list[tuple[int, int, int]]
+) -> bool:
+    """Whether, in the typical period, live bytes climb above the start and come back down
+    at least half way before the next period (judged on the timeline's stretch maxima)."""
+    sample_indices = [index for index, _, _ in samples]
+    rises = []
+    falls = []
+    for period in range(len(boundaries) - 1):
+        first = bisect_left(sample_indices, boundaries[period])
+        last = bisect_left(sample_indices, boundaries[period + 1])
+        if first >= last:
+            return False  # a period shorter than the sampling step cannot be judged
+        top = max(active for _, active, _ in samples[first:last])
+        rises.append(top - at_boundaries[period])
+        falls.append(top - at_boundaries[period + 1])
+    rise, fall = statistics.median(rises), statistics.median(falls)
+    return rise > 0 and fall >= rise / 2
 
 
 def _iterations(
@@ -1260,6 +1292,8 @@ def _leak(
         for site, (category, size, iterations) in merged.items()
         if len(iterations) >= needed
     ]
+    if not sites:
+        return None  # growth no call site explains is no evidence of a leak
     sites.sort(key=lambda item: (-item.total_bytes, _site_key(item.site)))
     return Leak(
         bytes_per_iteration=median,

@@ -483,9 +483,13 @@ class Growth:
 class Iterations:
     """Training iterations found in the history.
 
-    ``source`` is ``annotations`` (``external_annotations`` START markers named ``marker``,
-    e.g. ``Optimizer.step#Adam.step``) or ``alloc_pattern`` (an allocation of the same size
-    and stack depth recurring at a regular interval; weaker).  ``complete`` is the number of
+    ``source`` is ``annotations`` (``external_annotations`` START markers named ``marker``:
+    ``Optimizer.step#Adam.step``, which torch's optimizers record by themselves, or
+    ``ProfilerStep#<n>``) or ``alloc_pattern`` (an allocation of the same size and stack depth
+    recurring at a regular interval, with live bytes rising and falling back within each
+    period).  ``alloc_pattern`` is weaker: when the history is shorter than one training step
+    (a small ``max_entries``), the cycle found may be one layer of a step (ZeRO-3 gathers and
+    releases each layer's parameters) rather than a step.  ``complete`` is the number of
     whole iterations between the first and last boundary seen in the trace.
     ``active_at_boundaries`` are the live bytes at each boundary (the last
     ``MAX_BOUNDARIES`` of them).
