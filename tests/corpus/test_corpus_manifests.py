@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 
 import pytest
 
+from oomlens.ingest.snapshot import load_snapshot
 from tests._corpus import CORPUS_DIR, DIAGNOSES, VERDICTS, case_dir, case_names, manifest
 
 REQUIRED = ("case", "scenario", "command", "cwd", "launcher", "environment", "emulation", "exit_code",
@@ -76,18 +75,14 @@ def test_gpu_oom_cases_carry_the_oom_message_numbers(name: str) -> None:
     assert m["expected"]["failed_ranks"] == sorted(int(r) for r in ooms)
 
 
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> None:  # type: ignore[override]
-        raise pickle.UnpicklingError(f"global {module}.{name} in a corpus snapshot")
-
-
 @pytest.mark.parametrize("name", case_names())
-def test_snapshots_are_plain_data_with_an_oom_entry(name: str) -> None:
+def test_snapshots_load_through_the_safe_loader_with_one_oom_entry(name: str) -> None:
     m = manifest(name)
     for snap_meta in m["measured"]["snapshots"]:
-        data = (case_dir(name) / snap_meta["file"]).read_bytes()
-        snap = _NoGlobals(io.BytesIO(data)).load()
-        assert set(snap) >= {"segments", "device_traces", "allocator_settings"}
-        oom_entries = [e for t in snap["device_traces"] for e in t if e["action"] == "oom"]
+        snap = load_snapshot(case_dir(name) / snap_meta["file"], freeze_gc=False)
+        assert snap.source.rank == int(snap_meta["file"].removeprefix("snapshot_rank").split(".")[0])
+        oom_entries = [
+            e for t in snap.raw.device_traces for e in t if e["action"] == "oom"
+        ]
         assert len(oom_entries) == 1
         assert oom_entries[0]["size"] == snap_meta["oom_entry"]["size"]
