@@ -1,0 +1,325 @@
+"""DeepSpeed's batch arithmetic, exactly, and the corrections for a batch triple it refuses.
+
+DeepSpeed (``DeepSpeedConfig._set_batch_related_parameters`` then ``_batch_assertion``,
+deepspeed/runtime/config.py) derives the missing one of ``train_batch_size``,
+``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` by **floor division**,
+then asserts ``train_batch_size == micro * gas * world_size``.  ``world_size`` is the
+data-parallel size: every GPU unless tensor/pipeline/sequence parallelism divides it.
+
+``check_batch`` repeats those Python operations on the same values (so a float, a bool or
+``"auto"`` behaves exactly as in DeepSpeed, ``TypeError`` included) and, when DeepSpeed would
+refuse the triple or derive a micro batch nobody wrote, proposes corrected triples as JSON
+merge patches, saying which of them change the effective (global) batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from oomlens.analysis.config_patch import ConfigChange, ConfigPatch, make_patch
+from oomlens.facts import SourceRef
+from oomlens.facts.config import BatchSettings, ConfigValue, EffectiveDsConfig, Origin
+
+TRAIN = "train_batch_size"
+MICRO = "train_micro_batch_size_per_gpu"
+GAS = "gradient_accumulation_steps"
+
+
+@dataclass(frozen=True, slots=True)
+class WorldSize:
+    """The data-parallel world size and where it was learnt (``how``: ``"launcher world info"``,
+    ``"ranks seen in the log"``, ``"--gpus"``, ``"config dump"``...)."""
+
+    value: int
+    how: str
+    source: SourceRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTriple:
+    train_batch_size: Any
+    micro_batch_per_gpu: Any
+    gradient_accumulation_steps: Any
+
+    def describe(self) -> str:
+        return (
+            f"train_batch_size={self.train_batch_size}, "
+            f"train_micro_batch_size_per_gpu={self.micro_batch_per_gpu}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCorrection:
+    """A triple DeepSpeed accepts at this world size, as a patch.
+
+    ``keeps`` names what it holds fixed; ``changes_effective_batch`` is True when the global
+    batch (samples per optimizer step) differs from ``train_batch_size`` as configured;
+    ``micro_batch_change`` is new micro minus the micro in force (activation memory follows it).
+    """
+
+    triple: BatchTriple
+    keeps: str
+    changes_effective_batch: bool
+    micro_batch_change: int
+    patch: ConfigPatch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCheck:
+    """The outcome of DeepSpeed's batch logic for one config and world size.
+
+    ``derived`` is the triple DeepSpeed ends with (None when it raises); ``derivations`` spell
+    out the floor divisions it made; ``error`` is DeepSpeed's exception text, verbatim
+    (``AssertionError: Check batch related parameters. ...``), with ``error_code`` one of
+    ``batch_mismatch``, ``batch_nonpositive``, ``batch_missing``, ``batch_type_error``,
+    ``batch_zero_division``.  ``floor_loss`` is True when a derived value was rounded down.
+    """
+
+    given: BatchSettings
+    world_size: WorldSize
+    derived: BatchTriple | None
+    derivations: tuple[str, ...]
+    error: str | None
+    error_code: str | None
+    error_key: str | None
+    floor_loss: bool
+    corrections: tuple[BatchCorrection, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _value(item: ConfigValue[Any]) -> Any:
+    return item.value if item.origin is not Origin.DEFAULT or item.value is not None else None
+
+
+def derive_batch(
+    train: Any, micro: Any, gas: Any, world_size: Any
+) -> tuple[BatchTriple, list[str], bool]:
+    """``_set_batch_related_parameters`` as written in DeepSpeed 0.19.8, with an account.
+
+    Returns the resulting triple, the derivation steps, and whether a floor division dropped a
+    remainder.  Raises what DeepSpeed raises (``AssertionError`` for neither value given,
+    ``TypeError`` for strings such as ``"auto"``, ``ZeroDivisionError``).
+    """
+    steps: list[str] = []
+    lossy = False
+    if train is not None and micro is not None and gas is not None:
+        return BatchTriple(train, micro, gas), steps, lossy
+    if train is not None and micro is not None:
+        new_gas = train // micro
+        new_gas //= world_size
+        lossy = new_gas * micro * world_size != train
+        steps.append(
+            f"gradient_accumulation_steps = {train} // {micro} // {world_size} = {new_gas}"
+        )
+        return BatchTriple(train, micro, new_gas), steps, lossy
+    if train is not None and gas is not None:
+        new_micro = train // world_size
+        new_micro //= gas
+        lossy = new_micro * gas * world_size != train
+        steps.append(
+            f"train_micro_batch_size_per_gpu = {train} // {world_size} // {gas} = {new_micro}"
+        )
+        return BatchTriple(train, new_micro, gas), steps, lossy
+    if micro is not None and gas is not None:
+        new_train = micro * gas
+        new_train *= world_size
+        steps.append(f"train_batch_size = {micro} * {gas} * {world_size} = {new_train}")
+        return BatchTriple(new_train, micro, gas), steps, lossy
+    if train is not None:
+        new_micro = train // world_size
+        lossy = new_micro * world_size != train
+        steps.append("gradient_accumulation_steps = 1 (not given)")
+        steps.append(f"train_micro_batch_size_per_gpu = {train} // {world_size} = {new_micro}")
+        return BatchTriple(train, new_micro, 1), steps, lossy
+    if micro is not None:
+        new_train = micro * world_size
+        steps.append(f"train_batch_size = {micro} * {world_size} = {new_train}")
+        steps.append("gradient_accumulation_steps = 1 (not given)")
+        return BatchTriple(new_train, micro, 1), steps, lossy
+    raise AssertionError(
+        "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
+    )
+
+
+def assert_batch(triple: BatchTriple, world_size: Any) -> None:
+    """``_batch_assertion`` as written in DeepSpeed 0.19.8 (same messages)."""
+    train_batch = triple.train_batch_size
+    micro_batch = triple.micro_batch_per_gpu
+    grad_acc = triple.gradient_accumulation_steps
+    assert train_batch > 0, f"Train batch size: {train_batch} has to be greater than 0"
+    assert micro_batch > 0, f"Micro batch size per gpu: {micro_batch} has to be greater than 0"
+    assert grad_acc > 0, f"Gradient accumulation steps: {grad_acc} has to be greater than 0"
+    assert train_batch == micro_batch * grad_acc * world_size, (
+        "Check batch related parameters. train_batch_size is not equal "
+        "to micro_batch_per_gpu * gradient_acc_step * world_size "
+        f"{train_batch} != {micro_batch} * {grad_acc} * {world_size}"
+    )
+
+
+def check_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> BatchCheck:
+    """Run DeepSpeed's batch logic on ``effective.batch`` at ``world_size``; never raises.
+
+    On failure (or a floor-division derivation), ``corrections`` holds the triples that pass:
+    keep ``train_batch_size`` and solve for micro/gas (largest micro batch not above the one in
+    force first), and keep micro and gas and fix ``train_batch_size`` (changes the global batch).
+    """
+    given = effective.batch
+    train, micro, gas = (
+        _value(given.train_batch_size),
+        _value(given.micro_batch_per_gpu),
+        _value(given.gradient_accumulation_steps),
+    )
+    ws = world_size.value
+    derived: BatchTriple | None = None
+    steps: list[str] = []
+    lossy = False
+    error = code = key = None
+    try:
+        derived, steps, lossy = derive_batch(train, micro, gas, ws)
+        assert_batch(derived, ws)
+    except AssertionError as exc:
+        error = f"AssertionError: {exc}"
+        text = str(exc)
+        if text.startswith("Check batch"):
+            code, key = "batch_mismatch", TRAIN
+        elif text.startswith("Either"):
+            code, key = "batch_missing", TRAIN
+        else:
+            code = "batch_nonpositive"
+            key = TRAIN if text.startswith("Train") else MICRO if text.startswith("Micro") else GAS
+    except TypeError as exc:
+        error, code = f"TypeError: {exc}", "batch_type_error"
+        key = next(
+            (k for k, v in ((TRAIN, train), (MICRO, micro), (GAS, gas)) if isinstance(v, str)),
+            TRAIN,
+        )
+    except ZeroDivisionError as exc:
+        error, code = f"ZeroDivisionError: {exc}", "batch_zero_division"
+        key = MICRO if micro == 0 else GAS
+    if error is not None:
+        derived_ok = None
+    else:
+        derived_ok = derived
+    corrections: tuple[BatchCorrection, ...] = ()
+    if code in ("batch_mismatch", "batch_nonpositive") or (error is None and lossy):
+        corrections = tuple(_corrections(effective, train, micro, gas, ws, derived))
+    return BatchCheck(
+        given=given,
+        world_size=world_size,
+        derived=derived_ok,
+        derivations=tuple(steps),
+        error=error,
+        error_code=code,
+        error_key=key,
+        floor_loss=lossy,
+        corrections=corrections,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _corrections(
+    effective: EffectiveDsConfig,
+    train: Any,
+    micro: Any,
+    gas: Any,
+    ws: int,
+    derived: BatchTriple | None,
+) -> list[BatchCorrection]:
+    out: list[BatchCorrection] = []
+    micro_in_force = (
+        derived.micro_batch_per_gpu
+        if derived is not None and _is_int(derived.micro_batch_per_gpu)
+        else micro
+    )
+    seen: set[tuple[int, int, int]] = set()
+
+    def add(triple: BatchTriple, keeps: str) -> None:
+        t, m, g = (
+            triple.train_batch_size,
+            triple.micro_batch_per_gpu,
+            triple.gradient_accumulation_steps,
+        )
+        if (t, m, g) in seen or m < 1 or g < 1 or t != m * g * ws:
+            return
+        seen.add((t, m, g))
+        changes: list[ConfigChange] = []
+        for key, new in ((TRAIN, t), (MICRO, m), (GAS, g)):
+            changes.append(ConfigChange(key, new))
+        changes_global = not (_is_int(train) and t == train)
+        micro_delta = m - micro_in_force if _is_int(micro_in_force) else 0
+        cost = "none: the same samples per optimizer step"
+        if changes_global:
+            cost = f"the global batch becomes {t} samples per optimizer step (learning-rate schedules may need retuning)"
+        elif micro_delta > 0:
+            cost = f"the micro batch grows by {micro_delta}: more activation memory per GPU"
+        elif micro_delta < 0:
+            cost = "smaller micro batch: more accumulation steps, lower throughput per step"
+        patch = make_patch(
+            effective,
+            changes,
+            summary=f"set {triple.describe()} (world size {ws})",
+            cost=cost,
+        )
+        if patch is None:
+            return
+        out.append(
+            BatchCorrection(
+                triple=triple,
+                keeps=keeps,
+                changes_effective_batch=changes_global,
+                micro_batch_change=micro_delta,
+                patch=patch,
+            )
+        )
+
+    if _is_int(train) and train > 0 and train % ws == 0:
+        per_rank = train // ws
+        cap = micro_in_force if _is_int(micro_in_force) and micro_in_force > 0 else per_rank
+        # Keep train_batch_size: largest micro batch not above the one in force, then smaller ones.
+        divisors = [m for m in range(min(cap, per_rank), 0, -1) if per_rank % m == 0]
+        for m in divisors[:2]:
+            add(BatchTriple(train, m, per_rank // m), "train_batch_size")
+        if _is_int(gas) and gas > 0 and per_rank % gas == 0:
+            add(
+                BatchTriple(train, per_rank // gas, gas),
+                "train_batch_size and gradient_accumulation_steps",
+            )
+    if _is_int(micro) and _is_int(gas) and micro > 0 and gas > 0:
+        add(
+            BatchTriple(micro * gas * ws, micro, gas),
+            "train_micro_batch_size_per_gpu and gradient_accumulation_steps",
+        )
+    return out
+
+
+def with_derived_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> EffectiveDsConfig:
+    """``effective`` with the batch triple DeepSpeed derives at ``world_size`` (values it
+    derived get ``Origin.DERIVED``).  Unchanged when DeepSpeed would raise."""
+    check = check_batch(effective, world_size)
+    if check.derived is None:
+        return effective
+    derived = check.derived
+    given = effective.batch
+
+    def pick(item: ConfigValue[Any], value: Any, note: str) -> ConfigValue[Any]:
+        if item.value == value and item.origin is not Origin.DEFAULT:
+            return item
+        return ConfigValue(value, item.key_path, Origin.DERIVED, None, note)
+
+    steps = "; ".join(check.derivations)
+    batch = BatchSettings(
+        train_batch_size=pick(given.train_batch_size, derived.train_batch_size, steps),
+        micro_batch_per_gpu=pick(given.micro_batch_per_gpu, derived.micro_batch_per_gpu, steps),
+        gradient_accumulation_steps=pick(
+            given.gradient_accumulation_steps, derived.gradient_accumulation_steps, steps
+        ),
+    )
+    return replace(effective, batch=batch)
