@@ -7,6 +7,7 @@ import sys
 import click
 
 from oomlens import __version__
+from oomlens.cli.check import check
 from oomlens.errors import ExitCode, OomlensError
 
 
@@ -14,6 +15,9 @@ from oomlens.errors import ExitCode, OomlensError
 @click.version_option(__version__, prog_name="oomlens")
 def cli() -> None:
     """Post-mortem analyzer for GPU out-of-memory crashes in PyTorch and DeepSpeed training."""
+
+
+cli.add_command(check)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -229,8 +229,20 @@ class _Reader:
                     digits = text[self.pos + 2 : self.pos + 6]
                     if len(digits) != 4 or any(c not in "0123456789abcdefABCDEF" for c in digits):
                         raise self.fail("invalid \\u escape in string")
-                    pieces.append(chr(int(digits, 16)))
+                    code = int(digits, 16)
                     self.pos += 6
+                    low = text[self.pos + 2 : self.pos + 6]
+                    if (
+                        0xD800 <= code <= 0xDBFF
+                        and text.startswith("\\u", self.pos)
+                        and len(low) == 4
+                        and all(c in "0123456789abcdefABCDEF" for c in low)
+                        and 0xDC00 <= int(low, 16) <= 0xDFFF
+                    ):
+                        # A UTF-16 surrogate pair is one character, as in json and hjson.
+                        code = 0x10000 + ((code - 0xD800) << 10) + (int(low, 16) - 0xDC00)
+                        self.pos += 6
+                    pieces.append(chr(code))
                 elif esc in _ESCAPES:
                     pieces.append(_ESCAPES[esc])
                     self.pos += 2
