@@ -257,7 +257,10 @@ def _corrections(
         micro_delta = m - micro_in_force if _is_int(micro_in_force) else 0
         cost = "none: the same samples per optimizer step"
         if changes_global:
-            cost = f"the global batch becomes {t} samples per optimizer step (learning-rate schedules may need retuning)"
+            cost = (
+                f"the global batch becomes {t} samples per optimizer step (learning-rate "
+                "schedules may need retuning)"
+            )
         elif micro_delta > 0:
             cost = f"the micro batch grows by {micro_delta}: more activation memory per GPU"
         elif micro_delta < 0:

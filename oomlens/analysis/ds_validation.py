@@ -29,8 +29,10 @@ import contextlib
 import copy
 import difflib
 import functools
+import io
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -39,6 +41,7 @@ from typing import Any
 from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch
 from oomlens.facts.config import (
     ConfigHazard,
+    ConfigReading,
     EffectiveDsConfig,
     Origin,
     Severity,
@@ -54,7 +57,7 @@ from oomlens.facts.ds_schema import (
     ValidatedModel,
     validate_model,
 )
-from oomlens.ingest.ds_config import ConfigDocument
+from oomlens.ingest.ds_config import ConfigDocument, ResolutionContext, resolve_effective_config
 
 DEEPSPEED = "deepspeed"
 OOMLENS = "oomlens"
@@ -67,10 +70,18 @@ _WORLD_SIZES_TRIED = range(1, 4097)
 @functools.cache
 def deepspeed_available() -> bool:
     """True when DeepSpeed's config modules import (they import torch: a few seconds)."""
+    # DeepSpeed logs "Setting accelerator to CPU ..." to stdout while importing on a machine
+    # without a GPU; that is noise in oomlens' output.
+    sink = io.StringIO()
     try:
-        import deepspeed.runtime.config  # noqa: F401
-        import deepspeed.runtime.precision_config  # noqa: F401
-        import deepspeed.runtime.zero.config  # noqa: F401
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            import deepspeed.runtime.config  # noqa: F401
+            import deepspeed.runtime.precision_config  # noqa: F401
+            import deepspeed.runtime.zero.config  # noqa: F401
+            from deepspeed.utils import logger as ds_logger
+        for handler in ds_logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sink:
+                handler.setStream(sys.stdout)
     except Exception:  # DeepSpeed missing or broken (no torch, wrong CUDA): fall back
         return False
     return True
@@ -88,6 +99,25 @@ def validate(
     if prefer_deepspeed and deepspeed_available():
         return tuple(validate_with_deepspeed(doc, world_size=world_size))
     return tuple(validate_with_oomlens(doc, world_size=world_size))
+
+
+def read_and_check(
+    doc: ConfigDocument,
+    *,
+    context: ResolutionContext | None = None,
+    world_size: int | None = None,
+    prefer_deepspeed: bool = True,
+) -> ConfigReading:
+    """Everything about one config for the rules: the raw mapping, the effective config, the
+    problems (``validate``) and the config-only hazards (``find_config_hazards``).
+    ``context.integration`` says who launches with it (see ``find_config_hazards``)."""
+    ctx = context or ResolutionContext()
+    effective = resolve_effective_config(doc, ctx)
+    problems = validate(doc, world_size=world_size, prefer_deepspeed=prefer_deepspeed)
+    hazards = find_config_hazards(doc, effective, integration=ctx.integration)
+    return ConfigReading(
+        raw=doc.data, effective=effective, problems=problems, hazards=tuple(hazards)
+    )
 
 
 # -- shared helpers ----------------------------------------------------------------------------
@@ -381,7 +411,8 @@ def _oomlens_rest(data: Mapping[str, Any]) -> _Problem | None:
             return _Problem(
                 "checkpoint.parallel_write.pipeline_stage",
                 "invalid_value",
-                "checkpoint::parallel_write::pipeline_stage value is invalid, expecting: true or false",
+                "checkpoint::parallel_write::pipeline_stage value is invalid, expecting: true "
+                "or false",
             )
     zero = data.get("zero_optimization")
     stage = 0
@@ -636,7 +667,8 @@ def find_config_hazards(
         hazards.append(
             ConfigHazard(
                 "offload_param_below_stage3",
-                f"offload_param (device {op.device.value}) only works with ZeRO stage 3; at stage {stage} "
+                f"offload_param (device {op.device.value}) only works with ZeRO stage 3; at "
+                f"stage {stage} "
                 "DeepSpeed ignores it and the parameters stay on the GPU",
                 Severity.MEDIUM,
                 (op.device.key_path, effective.zero.stage.key_path),
@@ -660,7 +692,8 @@ def find_config_hazards(
         hazards.append(
             ConfigHazard(
                 "allgather_bucket_size_odd",
-                f"{agb.key_path} = {agb.value} is odd: the ZeRO stage 1/2 optimizer asserts it is a "
+                f"{agb.key_path} = {agb.value} is odd: the ZeRO stage 1/2 optimizer asserts it "
+                "is a "
                 "multiple of 2 at engine start",
                 Severity.HIGH,
                 (agb.key_path,),
@@ -671,7 +704,8 @@ def find_config_hazards(
         hazards.append(
             ConfigHazard(
                 "legacy_zero_bool",
-                f'"zero_optimization": {str(zero).lower()} is the deprecated format; it means stage '
+                f'"zero_optimization": {str(zero).lower()} is the deprecated format; it means '
+                "stage "
                 f"{int(zero)}",
                 Severity.LOW,
                 ("zero_optimization",),
@@ -696,7 +730,10 @@ def _unknown_top_level_keys(doc: ConfigDocument) -> list[ConfigHazard]:
             severity = _IMPORTANT_TOP_LEVEL.get(target, Severity.LOW)
             effect = "DeepSpeed ignores it and uses the default"
             if target == "zero_optimization":
-                effect = "DeepSpeed ignores it, so ZeRO is off (stage 0): every GPU holds the full model and optimizer states"
+                effect = (
+                    "DeepSpeed ignores it, so ZeRO is off (stage 0): every GPU holds the full "
+                    "model and optimizer states"
+                )
             elif target in ("fp16", "bf16"):
                 effect = f"DeepSpeed ignores it, so {target} stays disabled"
             out.append(
@@ -734,7 +771,8 @@ def _auto_hazards(
             out.append(
                 ConfigHazard(
                     "auto_unresolved",
-                    'the HF/Accelerate integration fills these "auto" values at launch; oomlens could not '
+                    'the HF/Accelerate integration fills these "auto" values at launch; oomlens '
+                    "could not "
                     "(give the model's hidden size and precision): "
                     + ", ".join(v.key_path for v in unresolved),
                     Severity.INFO,
@@ -766,7 +804,8 @@ def _auto_hazards(
     out.append(
         ConfigHazard(
             "auto_outside_hf",
-            f'{len(auto_keys)} "auto" value(s) ({", ".join(auto_keys[:6])}{"..." if len(auto_keys) > 6 else ""}) are only '
+            f'{len(auto_keys)} "auto" value(s) '
+            f"({', '.join(auto_keys[:6])}{'...' if len(auto_keys) > 6 else ''}) are only "
             "filled in by the HF Trainer/Accelerate; launched with DeepSpeed directly, "
             + ("; ".join(effects) if effects else "they are dropped and defaults apply"),
             severity,
@@ -830,12 +869,14 @@ def problems_as_text(
 ) -> list[str]:
     """One line per problem: ``ds_config.json:14: zero_optimization.x: Extra inputs ...``."""
     return [
-        f"{p.source.describe() if p.source else ''}: {p.key_path or '(config)'}: {p.message} [{p.code}]"
+        f"{p.source.describe() if p.source else ''}: {p.key_path or '(config)'}: {p.message} "
+        f"[{p.code}]"
         for p in problems
     ]
 
 
 __all__ = [
+    "read_and_check",
     "deepspeed_available",
     "find_config_hazards",
     "problems_as_text",

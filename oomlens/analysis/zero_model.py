@@ -326,7 +326,8 @@ def _stage3(
     stage_key = z.stage.key_path
     pkeys = _precision_keys(eff)
     ctx.assumptions.append(
-        "zero.Init builds the model partitioned (HF does when the DeepSpeed config is created before from_pretrained)"
+        "zero.Init builds the model partitioned (HF does when the DeepSpeed config is created "
+        "before from_pretrained)"
     )
     if model.trainable_params is None:
         ctx.assumptions.append("every parameter is trainable")
@@ -421,7 +422,8 @@ def _stage3(
                 Device.GPU,
                 Phase.OPTIMIZER_STEP,
                 step_bytes,
-                f"({e_g} B flattened + {master_bytes} B converted) x min(sub_group_size {_num(sgs)}, partition {_num(p_tr)})"
+                f"({e_g} B flattened + {master_bytes} B converted) x min(sub_group_size "
+                f"{_num(sgs)}, partition {_num(p_tr)})"
                 if e_g != master_bytes
                 else f"{e_g} B x min(sub_group_size {_num(sgs)}, partition {_num(p_tr)})",
                 (z.sub_group_size.key_path, oo.device.key_path),
@@ -461,8 +463,10 @@ def _stage3(
             Device.GPU,
             Phase.FORWARD_BACKWARD,
             e * working,
-            f"{e} B x min(model {_num(total)}, reuse-retained min(model, max_reuse_distance/2 = {_num(reuse // 2)}) "
-            f"+ prefetch min(prefetch_bucket_size {_num(prefetch)}, max_live {_num(max_live)} - retained) "
+            f"{e} B x min(model {_num(total)}, reuse-retained min(model, max_reuse_distance/2 = "
+            f"{_num(reuse // 2)}) "
+            f"+ prefetch min(prefetch_bucket_size {_num(prefetch)}, max_live {_num(max_live)} - "
+            "retained) "
             f"+ current module {_num(current)})",
             (
                 z.prefetch_bucket_size.key_path,
@@ -545,7 +549,8 @@ def _stage3(
                 Device.HOST,
                 Phase.PERSISTENT,
                 int(state_elems * state_bytes * p_tr * host_share),
-                f"{state_elems} x {state_bytes} B x {_num(model.trainable)} / {n} x ratio {host_share:g}",
+                f"{state_elems} x {state_bytes} B x {_num(model.trainable)} / {n} x ratio "
+                f"{host_share:g}",
                 (oo.device.key_path, "optimizer.type"),
                 basis=Basis.CODE if state_guess is None else Basis.ESTIMATE,
                 note="allocated at the first optimizer step",
@@ -631,7 +636,10 @@ def _stage3(
                 ),
                 (op.device.key_path,) + ((op.max_in_cpu.key_path,) if op_nvme else ()),
                 pinned=True,
-                note="pinned whatever offload_param.pin_memory says (stage3.py _create_param_groups_fp16_flat_cpu_memory)",
+                note=(
+                    "pinned whatever offload_param.pin_memory says (stage3.py "
+                    "_create_param_groups_fp16_flat_cpu_memory)"
+                ),
             )
         )
         frozen = p_all - p_tr
@@ -719,7 +727,8 @@ def _stage012(
     if guess:
         ctx.assumptions.append(guess)
     ctx.assumptions.append(
-        f"ZeRO stage {stage}: component sizes are read from the stage 1/2 optimizer coarsely (basis: estimate)"
+        f"ZeRO stage {stage}: component sizes are read from the stage 1/2 optimizer coarsely "
+        "(basis: estimate)"
     )
     part = n if stage >= 1 else 1
     oo_on = z.offload_optimizer.enabled and stage >= 1
@@ -910,13 +919,17 @@ def _estimator_for(
             model.total_params, largest, gpn, nodes, oo, op and oo
         )
         args = (
-            f"total_params={model.total_params}, largest_layer_params={largest}, num_gpus_per_node={gpn}, "
+            f"total_params={model.total_params}, largest_layer_params={largest}, "
+            f"num_gpus_per_node={gpn}, "
             f"num_nodes={nodes}, cpu_offload={oo}, cpu_offload_params={op and oo}"
         )
         return EstimatorCrossCheck("estimate_zero3_model_states_mem_needs", args, gpu, cpu)
     if stage == 2:
         cpu, gpu = deepspeed_zero2_estimate(model.total_params, gpn, nodes, oo)
-        args = f"total_params={model.total_params}, num_gpus_per_node={gpn}, num_nodes={nodes}, cpu_offload={oo}"
+        args = (
+            f"total_params={model.total_params}, num_gpus_per_node={gpn}, num_nodes={nodes}, "
+            f"cpu_offload={oo}"
+        )
         return EstimatorCrossCheck("estimate_zero2_model_states_mem_needs", args, gpu, cpu)
     return None
 
@@ -1665,7 +1678,8 @@ def memory_hazards(
             out.append(
                 ConfigHazard(
                     "model_states_too_large",
-                    f"model states alone need {format_size(states)} per GPU (parameters, gradients, master "
+                    f"model states alone need {format_size(states)} per GPU (parameters, "
+                    "gradients, master "
                     f"weights, optimizer states, bucket) but the card has {format_size(usable)}",
                     Severity.HIGH,
                     (
@@ -1686,7 +1700,8 @@ def memory_hazards(
             out.append(
                 ConfigHazard(
                     "prefetch_overshoot",
-                    f"the ZeRO-3 gathered-parameter working set can reach {format_size(gathered.bytes)} per GPU "
+                    "the ZeRO-3 gathered-parameter working set can reach "
+                    f"{format_size(gathered.bytes)} per GPU "
                     f"({gathered.formula}); the card has {format_size(usable)}"
                     + (f", {format_size(gpu.overflow_bytes)} short" if not gpu.fits else ""),
                     Severity.HIGH if not gpu.fits else Severity.MEDIUM,
@@ -1734,8 +1749,10 @@ def memory_hazards(
         out.append(
             ConfigHazard(
                 "prefetch_overshoot",
-                f"{', '.join(f'{v.key_path} = {_num(int(v.value))}' for v in above)} far above DeepSpeed's "
-                f"defaults: the gathered-parameter working set can reach {format_size(gathered.bytes)} per GPU",
+                f"{', '.join(f'{v.key_path} = {_num(int(v.value))}' for v in above)} far above "
+                "DeepSpeed's "
+                "defaults: the gathered-parameter working set can reach "
+                f"{format_size(gathered.bytes)} per GPU",
                 Severity.LOW,
                 prefetch_keys,
                 tuple(v.source for v in above if v.source is not None),
@@ -1759,7 +1776,8 @@ def memory_hazards(
                 ConfigHazard(
                     "pinned_memory_exhaustion",
                     f"offload pins {format_size(budget.pinned_per_host())} of host memory per host "
-                    f"({budget.topology.ranks_per_host} ranks), {100 * share:.0f}% of {format_size(pinned.capacity_bytes)}; "
+                    f"({budget.topology.ranks_per_host} ranks), {100 * share:.0f}% of "
+                    f"{format_size(pinned.capacity_bytes)}; "
                     "pinned pages cannot be swapped or reclaimed",
                     Severity.HIGH if not pinned.fits else Severity.MEDIUM,
                     keys,
@@ -1772,8 +1790,10 @@ def memory_hazards(
         out.append(
             ConfigHazard(
                 "host_memory_exhaustion",
-                f"host memory: {format_size(host.required_bytes)} needed per host at its peak ({host.peak_phase}) "
-                f"but {format_size(host.capacity_bytes)} available; overflows at '{comp.name if comp else '?'}' "
+                f"host memory: {format_size(host.required_bytes)} needed per host at its peak "
+                f"({host.peak_phase}) "
+                f"but {format_size(host.capacity_bytes)} available; overflows at "
+                f"'{comp.name if comp else '?'}' "
                 f"during {host.overflow_phase} (expect the kernel OOM killer: exit code -9)",
                 Severity.HIGH,
                 comp.key_paths if comp else (),

@@ -249,7 +249,8 @@ def render_text(result: CheckResult) -> str:
                 f"{label}={block.device.value}{' (pinned)' if block.pin_memory.value else ''}"
             )
     out.append(
-        f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), {eff.precision.model_precision.value}, "
+        f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), "
+        f"{eff.precision.model_precision.value}, "
         f"offload: {', '.join(offload) if offload else 'none'}"
     )
     if result.problems:
@@ -304,7 +305,8 @@ def _render_batch(batch: BatchCheck) -> list[str]:
     if batch.ok and batch.derived is not None:
         d = batch.derived
         lines.append(
-            f"Batch at {ws} GPUs: train_batch_size {d.train_batch_size} = micro {d.micro_batch_per_gpu} x "
+            f"Batch at {ws} GPUs: train_batch_size {d.train_batch_size} = micro "
+            f"{d.micro_batch_per_gpu} x "
             f"gradient accumulation {d.gradient_accumulation_steps} x {ws} GPUs"
         )
         lines += [f"  derived: {step}" for step in batch.derivations]
@@ -323,7 +325,8 @@ def _render_batch(batch: BatchCheck) -> list[str]:
         )
         lines.append(
             f"  fix (keeps {correction.keeps}; {effect}): micro {t.micro_batch_per_gpu} x gas "
-            f"{t.gradient_accumulation_steps} x {ws} = {t.train_batch_size}  {json.dumps(correction.patch.merge_patch())}"
+            f"{t.gradient_accumulation_steps} x {ws} = {t.train_batch_size}  "
+            f"{json.dumps(correction.patch.merge_patch())}"
         )
     return lines
 
@@ -332,7 +335,8 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     m = budget.model
     topo = budget.topology
     lines = [
-        f"Memory per GPU: {m.total_params:.3g} params, {topo.world_size} GPU(s), {budget.precision.value}, "
+        f"Memory per GPU: {m.total_params:.3g} params, {topo.world_size} GPU(s), "
+        f"{budget.precision.value}, "
         f"ZeRO stage {budget.stage}"
     ]
     lines += _component_rows(budget, Device.GPU)
@@ -350,7 +354,8 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
         else:
             comp = gpu.overflow_component
             lines.append(
-                f"  OVERFLOW by {format_size(gpu.overflow_bytes)}: at '{comp.name if comp else '?'}' "
+                f"  OVERFLOW by {format_size(gpu.overflow_bytes)}: at "
+                f"'{comp.name if comp else '?'}' "
                 f"during {gpu.overflow_phase}"
             )
     host_rows = _component_rows(budget, Device.HOST)
@@ -365,12 +370,14 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     host = by_kind.get("host")
     if host is not None:
         lines.append(
-            f"  {'capacity (' + host.capacity_source + ')':40} {format_size(host.capacity_bytes):>11}"
+            f"  {'capacity (' + host.capacity_source + ')':40} "
+            f"{format_size(host.capacity_bytes):>11}"
         )
         if not host.fits:
             comp = host.overflow_component
             lines.append(
-                f"  OVERFLOW by {format_size(host.overflow_bytes)}: at '{comp.name if comp else '?'}' "
+                f"  OVERFLOW by {format_size(host.overflow_bytes)}: at "
+                f"'{comp.name if comp else '?'}' "
                 f"during {host.overflow_phase}"
             )
     if budget.estimator is not None:
@@ -378,7 +385,8 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
         lines.append("")
         lines.append(
             f"DeepSpeed's {est.function}: {format_size(est.gpu_bytes or 0)} per GPU, "
-            f"{format_size(est.host_bytes or 0)} per host (model states only, host x1.5 buffer factor)"
+            f"{format_size(est.host_bytes or 0)} per host (model states only, host x1.5 buffer "
+            "factor)"
         )
     if budget.assumptions:
         lines.append("Assumptions: " + "; ".join(budget.assumptions))
@@ -399,7 +407,8 @@ def _component_rows(budget: MemoryBudget, device: Device) -> list[str]:
             flags.append(comp.basis.value)
         flag = f" [{', '.join(flags)}]" if flags else ""
         rows.append(
-            f"  {comp.name[:40]:40} {format_size(value):>11}  {comp.phase.value:17} {comp.formula}{flag}"
+            f"  {comp.name[:40]:40} {format_size(value):>11}  {comp.phase.value:17} "
+            f"{comp.formula}{flag}"
         )
     return rows
 
@@ -414,11 +423,11 @@ def _verdict_text(result: CheckResult) -> str:
         and not any(p.code.startswith("batch_") for p in result.problems)
     ):
         reasons.append("INVALID (batch)")
-    for verdict in result.verdicts:
-        if not verdict.fits:
-            reasons.append(
-                f"CANNOT FIT ({verdict.kind} short by {format_size(verdict.overflow_bytes)})"
-            )
+    reasons += [
+        f"CANNOT FIT ({verdict.kind} short by {format_size(verdict.overflow_bytes)})"
+        for verdict in result.verdicts
+        if not verdict.fits
+    ]
     if reasons:
         return "; ".join(reasons)
     if result.verdicts:

@@ -144,7 +144,11 @@ class _Reader:
                 self.pos += 4
                 return -math.inf
             return self.parse_number()
-        literals: tuple[tuple[str, object], ...] = (("true", True), ("false", False), ("null", None))
+        literals: tuple[tuple[str, object], ...] = (
+            ("true", True),
+            ("false", False),
+            ("null", None),
+        )
         if self.dump_syntax:
             literals += (("inf", math.inf), ("nan", math.nan))
         for word, literal in literals:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -376,7 +376,8 @@ def _top_level(res: _Resolver, key: str, default: object = None) -> ConfigValue[
             key,
             Origin.AUTO_UNRESOLVED,
             res.src(key),
-            'top-level "auto" is only filled by the HF Trainer/Accelerate; DeepSpeed alone fails on it',
+            'top-level "auto" is only filled by the HF Trainer/Accelerate; DeepSpeed alone '
+            "fails on it",
         )
     return ConfigValue(value, key, Origin.USER, res.src(key))
 
@@ -1042,6 +1043,7 @@ def dump_schema_fields() -> dict[str, FieldSpec]:
 
 
 __all__ = [
+    "ConfigDifference",
     "ConfigDocument",
     "ConfigDump",
     "ConfigDumpScanner",
@@ -1052,7 +1054,96 @@ __all__ = [
     "parse_config_dump",
     "parse_ds_config_text",
     "read_ds_config",
+    "reconcile_with_dump",
     "resolve_effective_config",
     "scan_log_for_config_dumps",
     "strip_logger_prefix",
 ]
+
+
+# -- a file and the dump of the run that used it ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDifference:
+    """A setting whose value in the ds_config file differs from what the run printed.
+
+    Either the file was edited after the run, or something between the file and DeepSpeed
+    (the HF Trainer, Accelerate, a launcher script) changed the value.
+    """
+
+    setting: str
+    file_value: ConfigValue[Any]
+    dump_value: ConfigValue[Any]
+
+
+def reconcile_with_dump(
+    file_config: EffectiveDsConfig, dump_config: EffectiveDsConfig
+) -> tuple[EffectiveDsConfig, tuple[ConfigDifference, ...]]:
+    """The config the run used, with the file's provenance where the two agree.
+
+    Values are the dump's (what DeepSpeed ran with, exact).  Where they equal the file's, the
+    file's key path, origin and line are kept (a rule can cite ``ds_config.json:14``); where the
+    file said ``"auto"``, the origin becomes ``AUTO_RESOLVED`` ("filled by the integration, read
+    from the log's config dump"); where the file had no value, ``DERIVED``; every other mismatch
+    keeps the dump's value and is listed as a ``ConfigDifference``.
+    """
+    differences: list[ConfigDifference] = []
+
+    def merge_group(prefix: str, file_group: Any, dump_group: Any) -> Any:
+        updates: dict[str, Any] = {}
+        for spec in fields(file_group):
+            mine = getattr(file_group, spec.name)
+            theirs = getattr(dump_group, spec.name)
+            if not isinstance(mine, ConfigValue) or not isinstance(theirs, ConfigValue):
+                continue
+            if theirs.origin is Origin.DEFAULT:
+                continue  # the dump did not print it: keep the file's reading
+            if mine.origin in (Origin.AUTO_UNRESOLVED, Origin.AUTO_RESOLVED) and (
+                isinstance(mine.value, str)
+                or mine.origin is Origin.AUTO_UNRESOLVED
+                or mine.value != theirs.value
+            ):
+                updates[spec.name] = ConfigValue(
+                    theirs.value,
+                    mine.key_path,
+                    Origin.AUTO_RESOLVED,
+                    theirs.source,
+                    '"auto" in the file, filled by the integration: value from the log\'s config dump',
+                )
+            elif mine.value == theirs.value:
+                continue
+            elif mine.value is None and not mine.is_explicit:
+                updates[spec.name] = ConfigValue(
+                    theirs.value,
+                    mine.key_path,
+                    Origin.DERIVED,
+                    theirs.source,
+                    "derived by DeepSpeed (config dump)",
+                )
+            else:
+                differences.append(ConfigDifference(f"{prefix}.{spec.name}", mine, theirs))
+                updates[spec.name] = theirs
+        return replace(file_group, **updates) if updates else file_group
+
+    zero = merge_group("zero", file_config.zero, dump_config.zero)
+    zero = replace(
+        zero,
+        offload_param=merge_group(
+            "zero.offload_param", file_config.zero.offload_param, dump_config.zero.offload_param
+        ),
+        offload_optimizer=merge_group(
+            "zero.offload_optimizer",
+            file_config.zero.offload_optimizer,
+            dump_config.zero.offload_optimizer,
+        ),
+    )
+    merged = replace(
+        file_config,
+        zero=zero,
+        precision=merge_group("precision", file_config.precision, dump_config.precision),
+        batch=merge_group("batch", file_config.batch, dump_config.batch),
+        optimizer=merge_group("optimizer", file_config.optimizer, dump_config.optimizer),
+        world_size=dump_config.world_size,
+    )
+    return merged, tuple(differences)

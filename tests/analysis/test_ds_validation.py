@@ -25,8 +25,8 @@ from oomlens.facts.ds_schema import (
     OFFLOAD_PARAM,
     REMOVED_TOP_LEVEL_KEYS,
     REMOVED_ZERO_KEYS,
-    ZERO,
     ZENFLOW,
+    ZERO,
     ModelSpec,
 )
 from oomlens.ingest.ds_config import (
@@ -131,7 +131,11 @@ MUTATIONS: dict[str, Callable[[dict], dict]] = {
 }
 
 # A consistent batch at 8 GPUs (and at no other world size for the all-three-given configs).
-BASE_BATCH = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+BASE_BATCH = {
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+}
 
 
 def _cases() -> list[tuple[str, dict]]:
@@ -156,7 +160,9 @@ def _verdict(problems: list) -> list[tuple[str, str]]:
 @ds_installed
 @pytest.mark.parametrize("world_size", [None, 1, 8])
 @pytest.mark.parametrize(("name", "config"), CASES, ids=[c[0] for c in CASES])
-def test_both_validators_agree(deepspeed: Any, name: str, config: dict, world_size: int | None) -> None:
+def test_both_validators_agree(
+    deepspeed: Any, name: str, config: dict, world_size: int | None
+) -> None:
     # GIVEN a real config or an invalid variant generated from one
     doc = document_from_mapping(config, name)
     # WHEN both validators judge it
@@ -174,13 +180,36 @@ def test_the_variants_cover_every_verdict_kind() -> None:
         for code, _ in _verdict(validate_with_oomlens(document_from_mapping(config), world_size=8))
     }
     assert {
-        "int_from_float", "int_parsing", "greater_than", "greater_than_equal", "finite_number",
-        "int_parsing_size", "enum", "extra_forbidden", "model_type", "path_type", "bool_parsing",
-        "assertion_error", "value_error", "less_than_equal", "deprecated_conflict", "string_type",
-        "removed_key", "block_type", "precision_conflict", "invalid_value", "batch_mismatch",
-        "batch_type_error", "batch_zero_division", "batch_missing",
+        "int_from_float",
+        "int_parsing",
+        "greater_than",
+        "greater_than_equal",
+        "finite_number",
+        "int_parsing_size",
+        "enum",
+        "extra_forbidden",
+        "model_type",
+        "path_type",
+        "bool_parsing",
+        "assertion_error",
+        "value_error",
+        "less_than_equal",
+        "deprecated_conflict",
+        "string_type",
+        "removed_key",
+        "block_type",
+        "precision_conflict",
+        "invalid_value",
+        "batch_mismatch",
+        "batch_type_error",
+        "batch_zero_division",
+        "batch_missing",
     } <= codes
-    valid = [name for name, config in CASES if not validate_with_oomlens(document_from_mapping(config), world_size=8)]
+    valid = [
+        name
+        for name, config in CASES
+        if not validate_with_oomlens(document_from_mapping(config), world_size=8)
+    ]
     assert "base" in valid and "base+stage_string" in valid and "base+misspelled_zero" in valid
 
 
@@ -193,7 +222,9 @@ def test_the_variants_cover_every_verdict_kind() -> None:
         ("deepspeed_sdma_allgather_zero3_nosdma.json", "zero_optimization.sdma_allgather"),
     ],
 )
-def test_real_configs_with_unknown_keys_are_refused_with_their_line(name: str, key_path: str) -> None:
+def test_real_configs_with_unknown_keys_are_refused_with_their_line(
+    name: str, key_path: str
+) -> None:
     problems = validate(REAL[name], world_size=None)
     match = [p for p in problems if p.key_path == key_path]
     assert len(match) == 1
@@ -233,14 +264,19 @@ def test_validate_falls_back_to_oomlens_without_deepspeed() -> None:
     [
         (ZERO, "deepspeed.runtime.zero.config:DeepSpeedZeroConfig"),
         (OFFLOAD_PARAM, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadParamConfig"),
-        (OFFLOAD_OPTIMIZER, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig"),
+        (
+            OFFLOAD_OPTIMIZER,
+            "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig",
+        ),
         (LEAF_MODULE, "deepspeed.runtime.zero.leaf_module_config:DeepSpeedZeroLeafModuleConfig"),
         (ZENFLOW, "deepspeed.runtime.zenflow.zenflow_config:ZenFlowConfig"),
         (FP16, "deepspeed.runtime.precision_config:DeepSpeedFP16Config"),
         (BF16, "deepspeed.runtime.precision_config:DeepSpeedBF16Config"),
     ],
 )
-def test_schema_fields_defaults_and_aliases_are_deepspeeds(spec: ModelSpec, model_path: str) -> None:
+def test_schema_fields_defaults_and_aliases_are_deepspeeds(
+    spec: ModelSpec, model_path: str
+) -> None:
     import importlib
 
     module_name, class_name = model_path.split(":")
@@ -281,7 +317,9 @@ def test_known_top_level_keys_cover_every_key_deepspeed_reads(deepspeed: Any) ->
             return Recording(self)
 
     # WHEN DeepSpeed builds its config from it
-    deepspeed.DeepSpeedConfig(Recording({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8}))
+    deepspeed.DeepSpeedConfig(
+        Recording({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8})
+    )
     # THEN oomlens knows every one of them (the rest are removed blocks DeepSpeed refuses)
     assert seen - set(REMOVED_TOP_LEVEL_KEYS) <= KNOWN_TOP_LEVEL_KEYS
 
@@ -328,13 +366,15 @@ def test_auto_outside_hf_explains_the_consequences() -> None:
     unknown = _doc_hazards(doc)["auto_outside_hf"]
     assert unknown.severity is Severity.LOW
     under_hf = _doc_hazards(doc, integration="hf")
-    assert "auto_outside_hf" not in under_hf and under_hf["auto_unresolved"].severity is Severity.INFO
+    assert (
+        "auto_outside_hf" not in under_hf and under_hf["auto_unresolved"].severity is Severity.INFO
+    )
 
 
 def test_stage_auto_falls_back_to_stage_0() -> None:
-    hazard = _hazards({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}}, integration="deepspeed")[
-        "auto_outside_hf"
-    ]
+    hazard = _hazards(
+        {"train_batch_size": 8, "zero_optimization": {"stage": "auto"}}, integration="deepspeed"
+    )["auto_outside_hf"]
     assert "ZeRO falls back to stage 0" in hazard.message
 
 
@@ -355,4 +395,18 @@ def test_engine_start_failures_are_hazards() -> None:
     assert "allgather_bucket_size_odd" in odd
     below = _hazards({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
     assert below["offload_param_below_stage3"].severity is Severity.MEDIUM
-    assert "offload_param_below_stage3" not in _hazards({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+    assert "offload_param_below_stage3" not in _hazards(
+        {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+    )
+
+
+def test_read_and_check_bundles_everything_for_the_rules() -> None:
+    from oomlens.analysis.ds_validation import read_and_check
+
+    reading = read_and_check(
+        REAL["hf_transformers_ds_config_zero3.json"], context=ResolutionContext(integration="deepspeed"), world_size=8
+    )
+    assert not reading.is_valid
+    assert {p.code for p in reading.problems} == {"batch_type_error"}
+    assert {h.code for h in reading.hazards} >= {"auto_outside_hf", "deprecated_key"}
+    assert reading.effective.zero.stage.value == 3 and reading.raw is REAL["hf_transformers_ds_config_zero3.json"].data

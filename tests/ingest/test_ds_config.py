@@ -70,10 +70,23 @@ def _types(value: object) -> object:
 
 def test_numbers_follow_hjson_integral_float_rule() -> None:
     doc = parse_ds_config_text(
-        '{"a": 5e8, "b": 1e14, "c": 15099494.4, "d": 1.000000e+09, "e": 10.0, "f": -2.0, "g": 3}', "x.json"
+        '{"a": 5e8, "b": 1e14, "c": 15099494.4, "d": 1.000000e+09, "e": 10.0, "f": -2.0, "g": 3}',
+        "x.json",
     )
-    assert doc.data == {"a": 500_000_000, "b": 1e14, "c": 15099494.4, "d": 1_000_000_000, "e": 10, "f": -2, "g": 3}
-    assert isinstance(doc.data["b"], float) and isinstance(doc.data["a"], int) and isinstance(doc.data["e"], int)
+    assert doc.data == {
+        "a": 500_000_000,
+        "b": 1e14,
+        "c": 15099494.4,
+        "d": 1_000_000_000,
+        "e": 10,
+        "f": -2,
+        "g": 3,
+    }
+    assert (
+        isinstance(doc.data["b"], float)
+        and isinstance(doc.data["a"], int)
+        and isinstance(doc.data["e"], int)
+    )
 
 
 def test_key_lines_point_at_each_key() -> None:
@@ -81,7 +94,9 @@ def test_key_lines_point_at_each_key() -> None:
     text = (ASSETS / "dse_megatron_zero3.json").read_text().splitlines()
     line = doc.key_lines["zero_optimization.stage3_param_persitence_threshold"]
     assert '"stage3_param_persitence_threshold"' in text[line - 1]
-    assert doc.source("zero_optimization.stage") == SourceRef(str(ASSETS / "dse_megatron_zero3.json"), 6)
+    assert doc.source("zero_optimization.stage") == SourceRef(
+        str(ASSETS / "dse_megatron_zero3.json"), 6
+    )
 
 
 def test_comments_and_trailing_commas_are_accepted_like_hjson() -> None:
@@ -114,7 +129,9 @@ def test_comments_and_trailing_commas_are_accepted_like_hjson() -> None:
         ('{\n  "a": 1,\n  "b": /* never closed\n}', 3, 8, "unterminated /* comment"),
     ],
 )
-def test_bad_json_names_file_line_and_column(text: str, line: int, column: int, what: str, monkeypatch) -> None:
+def test_bad_json_names_file_line_and_column(
+    text: str, line: int, column: int, what: str, monkeypatch
+) -> None:
     monkeypatch.setitem(sys.modules, "hjson", None)  # no Hjson second chance
     with pytest.raises(InputError) as info:
         parse_ds_config_text(text, "bad.json")
@@ -126,7 +143,9 @@ def test_bad_json_names_file_line_and_column(text: str, line: int, column: int, 
 
 def test_duplicate_keys_are_an_error_with_both_lines() -> None:
     with pytest.raises(InputError) as info:
-        parse_ds_config_text('{\n "zero_optimization": {\n  "stage": 2,\n  "stage": 3\n }\n}', "dup.json")
+        parse_ds_config_text(
+            '{\n "zero_optimization": {\n  "stage": 2,\n  "stage": 3\n }\n}', "dup.json"
+        )
     message = str(info.value)
     assert "duplicate key 'zero_optimization.stage'" in message
     assert "line 4" in message and "first at line 3" in message
@@ -134,7 +153,9 @@ def test_duplicate_keys_are_an_error_with_both_lines() -> None:
 
 def test_hjson_only_syntax_falls_back_to_hjson() -> None:
     _hjson()
-    doc = parse_ds_config_text('{\n  "zero_optimization": {stage: 3}\n  "fp16": {"enabled": true}\n}', "h.json")
+    doc = parse_ds_config_text(
+        '{\n  "zero_optimization": {stage: 3}\n  "fp16": {"enabled": true}\n}', "h.json"
+    )
     assert doc.syntax == "hjson"
     assert doc.data == {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}}
 
@@ -173,9 +194,15 @@ def test_reader_fails_only_with_syntax_errors_on_garbage(text: str) -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     st.recursive(
-        st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False, allow_infinity=False)
+        st.none()
+        | st.booleans()
+        | st.integers(-(10**12), 10**12)
+        | st.floats(allow_nan=False, allow_infinity=False)
         | st.text(max_size=8),
-        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=6), children, max_size=4)
+        ),
         max_leaves=12,
     )
 )
@@ -200,7 +227,9 @@ def test_defaults_and_derived_values_carry_their_origin() -> None:
     eff = _effective({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
     z = eff.zero
     assert z.stage.value == 3 and z.stage.origin is Origin.USER
-    assert z.reduce_bucket_size.value == 500_000_000 and z.reduce_bucket_size.origin is Origin.DEFAULT
+    assert (
+        z.reduce_bucket_size.value == 500_000_000 and z.reduce_bucket_size.origin is Origin.DEFAULT
+    )
     assert z.prefetch_bucket_size.key_path == "zero_optimization.stage3_prefetch_bucket_size"
     assert z.overlap_comm.value is True and z.overlap_comm.origin is Origin.DERIVED
     assert z.offload_optimizer.device.value == "none" and not z.offload_optimizer.enabled
@@ -209,7 +238,12 @@ def test_defaults_and_derived_values_carry_their_origin() -> None:
 
 
 def test_alias_spelling_is_kept_and_marked() -> None:
-    eff = _effective({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000}, "bfloat16": {"enabled": True}})
+    eff = _effective(
+        {
+            "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000},
+            "bfloat16": {"enabled": True},
+        }
+    )
     assert eff.zero.prefetch_bucket_size.value == 1000
     assert eff.zero.prefetch_bucket_size.origin is Origin.ALIAS
     assert eff.zero.prefetch_bucket_size.key_path == "zero_optimization.prefetch_bucket_size"
@@ -244,10 +278,17 @@ def test_auto_is_unresolved_without_hidden_size_and_resolved_with_it() -> None:
     assert "zero_optimization.stage3_prefetch_bucket_size" in plain.auto_keys
     # WHEN the hidden size and the precision are known (the HF Trainer would fill them)
     resolved = resolve_effective_config(
-        doc, ResolutionContext(hidden_size=4096, hidden_size_source="--hidden-size", precision=Precision.FP16)
+        doc,
+        ResolutionContext(
+            hidden_size=4096, hidden_size_source="--hidden-size", precision=Precision.FP16
+        ),
     )
     z = resolved.zero
-    assert (z.reduce_bucket_size.value, z.prefetch_bucket_size.value, z.param_persistence_threshold.value) == (
+    assert (
+        z.reduce_bucket_size.value,
+        z.prefetch_bucket_size.value,
+        z.param_persistence_threshold.value,
+    ) == (
         16_777_216,
         15_099_494,
         40_960,
@@ -256,7 +297,9 @@ def test_auto_is_unresolved_without_hidden_size_and_resolved_with_it() -> None:
     assert "hidden_size=4096" in z.prefetch_bucket_size.note
     assert resolved.precision.fp16_enabled.value is True
     # AND a config sent to DeepSpeed directly resolves nothing
-    direct = resolve_effective_config(doc, ResolutionContext(hidden_size=4096, integration="deepspeed"))
+    direct = resolve_effective_config(
+        doc, ResolutionContext(hidden_size=4096, integration="deepspeed")
+    )
     assert direct.zero.reduce_bucket_size.origin is Origin.AUTO_UNRESOLVED
 
 
@@ -287,13 +330,27 @@ def test_effective_config_matches_deepspeeds_own_resolution(path: Path) -> None:
     z = eff.zero
     # THEN every memory-relevant value is DeepSpeed's
     for name in (
-        "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size",
-        "overlap_comm", "sub_group_size", "prefetch_bucket_size", "param_persistence_threshold",
-        "model_persistence_threshold", "max_live_parameters", "max_reuse_distance",
-        "gather_16bit_weights_on_model_save", "allgather_sequential", "zero_hpz_partition_size",
+        "stage",
+        "contiguous_gradients",
+        "reduce_scatter",
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "overlap_comm",
+        "sub_group_size",
+        "prefetch_bucket_size",
+        "param_persistence_threshold",
+        "model_persistence_threshold",
+        "max_live_parameters",
+        "max_reuse_distance",
+        "gather_16bit_weights_on_model_save",
+        "allgather_sequential",
+        "zero_hpz_partition_size",
     ):
         assert getattr(z, name).value == getattr(ds_zero, name), name
-    for mine, theirs in ((z.offload_param, ds_zero.offload_param), (z.offload_optimizer, ds_zero.offload_optimizer)):
+    for mine, theirs in (
+        (z.offload_param, ds_zero.offload_param),
+        (z.offload_optimizer, ds_zero.offload_optimizer),
+    ):
         if theirs is None:
             assert mine.device.value == "none"
             continue
@@ -324,7 +381,8 @@ def test_dumps_are_complete_and_their_json_part_is_read(path: Path) -> None:
 
 
 def test_dump_of_hf_config_reads_back_the_config_that_ran() -> None:
-    # GIVEN the dump DeepSpeed printed for HF's zero3 config at 8 GPUs (autos filled by HF for hidden 4096)
+    # GIVEN the dump DeepSpeed printed for HF's zero3 config at 8 GPUs
+    # (the autos filled as HF fills them for hidden size 4096)
     dump = _dump(ASSETS / "dump_hf_transformers_zero3_ws8.log")
     eff = dump.effective()
     # THEN the exact values come from the engine lines, not the lossy json (1.677722e+07)
@@ -333,7 +391,10 @@ def test_dump_of_hf_config_reads_back_the_config_that_ran() -> None:
     assert eff.zero.prefetch_bucket_size.value == 15_099_494
     assert eff.zero.prefetch_bucket_size.origin is Origin.LOG_DUMP
     assert eff.zero.prefetch_bucket_size.source.line == dump.fields["zero_config"][1].line
-    assert eff.zero.offload_param.device.value == "cpu" and eff.zero.offload_optimizer.pin_memory.value is True
+    assert (
+        eff.zero.offload_param.device.value == "cpu"
+        and eff.zero.offload_optimizer.pin_memory.value is True
+    )
     assert eff.zero.gather_16bit_weights_on_model_save.value is True
     assert eff.precision.fp16_enabled.value is True
     assert (eff.batch.train_batch_size.value, eff.batch.micro_batch_per_gpu.value) == (64, 4)
@@ -346,30 +407,44 @@ def test_dump_of_hf_config_reads_back_the_config_that_ran() -> None:
     ("dump_name", "config_name", "context"),
     [
         ("dump_dse_megatron_zero2_ws4.log", "dse_megatron_zero2.json", {}),
-        ("dump_hf_transformers_zero3_ws8.log", "hf_transformers_ds_config_zero3.json",
-         {"hidden_size": 4096, "precision": Precision.FP16}),
-        ("dump_hf_accelerate_zero3_ws2.log", "hf_accelerate_ds_config_zero3.json",
-         {"hidden_size": 1536, "precision": Precision.BF16}),
+        (
+            "dump_hf_transformers_zero3_ws8.log",
+            "hf_transformers_ds_config_zero3.json",
+            {"hidden_size": 4096, "precision": Precision.FP16},
+        ),
+        (
+            "dump_hf_accelerate_zero3_ws2.log",
+            "hf_accelerate_ds_config_zero3.json",
+            {"hidden_size": 1536, "precision": Precision.BF16},
+        ),
     ],
 )
-def test_file_and_dump_resolve_to_the_same_effective_config(dump_name: str, config_name: str, context: dict) -> None:
+def test_file_and_dump_resolve_to_the_same_effective_config(
+    dump_name: str, config_name: str, context: dict
+) -> None:
     from oomlens.analysis.batch import WorldSize, with_derived_batch
 
     dump_eff = _dump(ASSETS / dump_name).effective()
-    file_eff = resolve_effective_config(read_ds_config(ASSETS / config_name), ResolutionContext(**context))
+    file_eff = resolve_effective_config(
+        read_ds_config(ASSETS / config_name), ResolutionContext(**context)
+    )
     world = WorldSize(int(dump_eff.world_size.value), "config dump")
     file_settings = with_derived_batch(file_eff, world).settings()
     dump_settings = dump_eff.settings()
     if file_eff.batch.train_batch_size.value == "auto":
         # HF fills the batch triple from TrainingArguments; only the dump knows it
-        for key in ("batch.train_batch_size", "batch.micro_batch_per_gpu", "batch.gradient_accumulation_steps"):
+        for key in (
+            "batch.train_batch_size",
+            "batch.micro_batch_per_gpu",
+            "batch.gradient_accumulation_steps",
+        ):
             file_settings.pop(key)
             dump_settings.pop(key)
     assert file_settings == dump_settings
 
 
 def test_dump_lines_without_logger_prefix_and_with_noise() -> None:
-    # GIVEN a real dump whose lines lost their logger prefix and got other processes' output between them
+    # GIVEN a real dump whose lines lost their logger prefix, with other output between them
     raw = (ASSETS / "dump_dse_megatron_zero2_ws4.log").read_text().splitlines()
     stripped = []
     for number, line in enumerate(raw, start=1):
@@ -382,7 +457,10 @@ def test_dump_lines_without_logger_prefix_and_with_noise() -> None:
     found = [d for ref, text in stripped if (d := scanner.feed(ref, text)) is not None]
     # THEN the block is read as from the clean log
     assert len(found) == 1 and scanner.finish() is None
-    assert found[0].effective().settings() == _dump(ASSETS / "dump_dse_megatron_zero2_ws4.log").effective().settings()
+    assert (
+        found[0].effective().settings()
+        == _dump(ASSETS / "dump_dse_megatron_zero2_ws4.log").effective().settings()
+    )
 
 
 def test_truncated_dump_is_flagged_incomplete() -> None:
@@ -397,8 +475,15 @@ def test_json_part_with_inf_and_nan_from_deepspeeds_encoder() -> None:
     # GIVEN DeepSpeed's own encoder output for a config with inf/nan values
     encoder = pytest.importorskip("deepspeed.runtime.config_utils").ScientificNotationEncoder
     text = json.dumps(
-        {"steps_per_print": math.inf, "x": math.nan, "zero_optimization": {"reduce_bucket_size": 5e8, "stage": 3}},
-        cls=encoder, sort_keys=True, indent=4, separators=(",", ":"),
+        {
+            "steps_per_print": math.inf,
+            "x": math.nan,
+            "zero_optimization": {"reduce_bucket_size": 5e8, "stage": 3},
+        },
+        cls=encoder,
+        sort_keys=True,
+        indent=4,
+        separators=(",", ":"),
     )
     assert "inf" in text and ", \n" in text
     # WHEN it is read in dump syntax
@@ -433,8 +518,12 @@ def test_pydantic_v1_zero_config_repr_with_thousands_separators() -> None:
     assert fields["prefetch_bucket_size"] == 50_000_000
     assert fields["model_persistence_threshold"] == sys.maxsize
     assert fields["offload_param"] == {
-        "device": "cpu", "nvme_path": None, "buffer_count": 5, "buffer_size": 100_000_000,
-        "max_in_cpu": 1_000_000_000, "pin_memory": False,
+        "device": "cpu",
+        "nvme_path": None,
+        "buffer_count": 5,
+        "buffer_size": 100_000_000,
+        "max_in_cpu": 1_000_000_000,
+        "pin_memory": False,
     }
     assert fields["offload_optimizer"] is None
 
@@ -442,7 +531,9 @@ def test_pydantic_v1_zero_config_repr_with_thousands_separators() -> None:
 def test_pydantic_v2_repr_of_the_installed_models() -> None:
     zero = pytest.importorskip("deepspeed.runtime.zero.config")
     model = zero.DeepSpeedZeroConfig(
-        stage=3, offload_param={"device": "nvme", "nvme_path": "/local_nvme"}, offload_optimizer={"device": "cpu"}
+        stage=3,
+        offload_param={"device": "nvme", "nvme_path": "/local_nvme"},
+        offload_optimizer={"device": "cpu"},
     )
     fields = parse_model_repr(str(model))
     assert fields["offload_param"]["nvme_path"] == "/local_nvme"
@@ -452,7 +543,9 @@ def test_pydantic_v2_repr_of_the_installed_models() -> None:
 
 
 def test_old_enum_repr_and_scalars() -> None:
-    fields = parse_model_repr("device=<OffloadDeviceEnum.cpu: 'cpu'> ratio=0.5 path=PosixPath('/x y') n=-3")
+    fields = parse_model_repr(
+        "device=<OffloadDeviceEnum.cpu: 'cpu'> ratio=0.5 path=PosixPath('/x y') n=-3"
+    )
     assert fields == {"device": "cpu", "ratio": 0.5, "path": "/x y", "n": -3}
     assert parse_scalar("torch.bfloat16") == "torch.bfloat16"
     assert parse_scalar("inf") == math.inf
@@ -475,3 +568,37 @@ def test_repr_parser_and_scanner_never_raise_on_garbage(text: str) -> None:
     assert dumps
     for dump in dumps:
         dump.effective()
+
+
+def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integration() -> None:
+    from oomlens.ingest.ds_config import reconcile_with_dump
+
+    # GIVEN HF's zero3 config (with "auto") and the dump of the run that used it
+    file_eff = resolve_effective_config(read_ds_config(ASSETS / "hf_transformers_ds_config_zero3.json"))
+    dump_eff = _dump(ASSETS / "dump_hf_transformers_zero3_ws8.log").effective()
+    # WHEN they are reconciled
+    merged, differences = reconcile_with_dump(file_eff, dump_eff)
+    # THEN the values are what ran, the autos say so, and the rest keeps the file's line
+    assert differences == ()
+    prefetch = merged.zero.prefetch_bucket_size
+    assert prefetch.value == 15_099_494 and prefetch.origin is Origin.AUTO_RESOLVED
+    assert prefetch.key_path == "zero_optimization.stage3_prefetch_bucket_size"
+    assert merged.precision.fp16_enabled.value is True
+    assert merged.batch.train_batch_size.value == 64
+    live = merged.zero.max_live_parameters
+    assert live.origin is Origin.USER and live.source.path.endswith("hf_transformers_ds_config_zero3.json")
+    assert merged.world_size.value == 8
+
+
+def test_reconcile_lists_values_changed_after_the_run() -> None:
+    from oomlens.ingest.ds_config import reconcile_with_dump
+
+    data = read_ds_config(ASSETS / "dse_megatron_zero2.json").data
+    edited = {**data, "zero_optimization": {"stage": 2, "reduce_bucket_size": 1e8}}
+    file_eff = resolve_effective_config(document_from_mapping(edited, "edited.json"))
+    dump_eff = _dump(ASSETS / "dump_dse_megatron_zero2_ws4.log").effective()
+    merged, differences = reconcile_with_dump(file_eff, dump_eff)
+    assert [d.setting for d in differences] == ["zero.reduce_bucket_size"]
+    assert merged.zero.reduce_bucket_size.value == 500_000_000
+    assert merged.zero.reduce_bucket_size.origin is Origin.LOG_DUMP
+    assert merged.batch.micro_batch_per_gpu.origin is Origin.DERIVED

@@ -85,9 +85,17 @@ def dump(config: dict, world_size: int, target: Path) -> None:
 
 def main() -> None:
     hf = json.loads((HERE / "hf_transformers_ds_config_zero3.json").read_text())
-    dump(hf_fill(hf, hidden=4096, micro=4, gas=2, world=8, precision="fp16"), 8, HERE / "dump_hf_transformers_zero3_ws8.log")
+    dump(
+        hf_fill(hf, hidden=4096, micro=4, gas=2, world=8, precision="fp16"),
+        8,
+        HERE / "dump_hf_transformers_zero3_ws8.log",
+    )
     acc = json.loads((HERE / "hf_accelerate_ds_config_zero3.json").read_text())
-    dump(hf_fill(acc, hidden=1536, micro=2, gas=1, world=2, precision="bf16"), 2, HERE / "dump_hf_accelerate_zero3_ws2.log")
+    dump(
+        hf_fill(acc, hidden=1536, micro=2, gas=1, world=2, precision="bf16"),
+        2,
+        HERE / "dump_hf_accelerate_zero3_ws2.log",
+    )
     import hjson
 
     zero2 = hjson.loads((HERE / "dse_megatron_zero2.json").read_text())

@@ -1,0 +1,227 @@
+"""``oomlens check``: output and exit codes a launch script can rely on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomlens.cli import main
+from oomlens.cli.check import parse_count
+
+ASSETS = Path(__file__).parents[1] / "assets" / "ds_configs"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["check", *args])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def write(tmp_path: Path, config: dict | str, name: str = "ds_config.json") -> str:
+    path = tmp_path / name
+    path.write_text(config if isinstance(config, str) else json.dumps(config, indent=2))
+    return str(path)
+
+
+ZERO3 = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3},
+}
+
+
+def test_valid_config_that_fits_exits_0_with_a_budget(capsys, tmp_path: Path) -> None:
+    code, out, err = run(
+        capsys,
+        write(tmp_path, ZERO3),
+        "--params",
+        "7B",
+        "--largest-layer",
+        "131072000",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "80GiB",
+        "--host-memory",
+        "512GiB",
+    )
+    assert code == 0, err
+    assert "Memory per GPU: 7e+09 params, 8 GPU(s), bf16, ZeRO stage 3" in out
+    assert "optimizer states" in out and "6.52 GiB" in out
+    assert "left for activations and workspace" in out
+    assert "Memory per host: 8 rank(s) per host" in out
+    assert "estimate_zero3_model_states_mem_needs" in out
+    assert out.rstrip().endswith("Verdict: OK: valid and fits")
+
+
+def test_config_that_cannot_fit_exits_4_and_names_the_overflow(capsys, tmp_path: Path) -> None:
+    code, out, err = run(
+        capsys,
+        write(tmp_path, ZERO3),
+        "--params",
+        "7e9",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "12GiB",
+    )
+    assert code == 4
+    assert "OVERFLOW by" in out and "'optimizer states' during first optimizer step" in out
+    assert "Changes that would help" in out and '"offload_optimizer": {"device": "cpu"}' in out
+    assert "CANNOT FIT (gpu short by" in err
+
+
+def test_invalid_config_exits_4_with_file_and_line(capsys) -> None:
+    code, out, err = run(capsys, str(ASSETS / "dse_megatron_zero3.json"))
+    assert code == 4
+    path = ASSETS / "dse_megatron_zero3.json"
+    assert (
+        f"{path}:10: zero_optimization.stage3_param_persitence_threshold: Extra inputs are not "
+        "permitted" in out
+    )
+    assert "INVALID (1 problem(s))" in err
+
+
+def test_batch_mismatch_exits_4_with_corrected_triples(capsys, tmp_path: Path) -> None:
+    config = {
+        **ZERO3,
+        "train_batch_size": 32,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+    }
+    code, out, _ = run(capsys, write(tmp_path, config), "--gpus", "8")
+    assert code == 4
+    assert "32 != 4 * 2 * 8" in out
+    assert (
+        "fix (keeps train_batch_size; same global batch): micro 4 x gas 1 x 8 = 32  "
+        '{"gradient_accumulation_steps": 1}' in out
+    )
+
+
+def test_bad_json_exits_4_with_line_and_column(capsys, tmp_path: Path) -> None:
+    path = write(tmp_path, '{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,, }\n}')
+    code, out, err = run(capsys, path, "--validator", "oomlens")
+    assert code == 4
+    assert out == ""
+    assert err.startswith(f"oomlens: {path}: ") and "line 3, column 28" in err
+
+
+def test_hjson_syntax_deepspeed_accepts_is_accepted(capsys, tmp_path: Path) -> None:
+    pytest.importorskip("hjson")
+    path = write(tmp_path, '{\n  "train_micro_batch_size_per_gpu": 8\n  "fp16": {enabled: true}\n}')
+    code, out, _ = run(capsys, path, "--validator", "oomlens")
+    assert code == 0
+    assert "hjson ds_config" in out and ", fp16," in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--params", "seven"],
+        ["--gpu-memory", "lots"],
+        ["--gpus", "0"],
+        ["--precision", "fp8"],
+    ],
+)
+def test_bad_options_exit_2(capsys, tmp_path: Path, args: list[str]) -> None:
+    code, _, _ = run(capsys, write(tmp_path, ZERO3), *args)
+    assert code == 2
+
+
+def test_missing_config_file_is_a_usage_error(capsys, tmp_path: Path) -> None:
+    code, _, _ = run(capsys, str(tmp_path / "nope.json"))
+    assert code == 2
+
+
+def test_auto_config_under_hf_and_directly(capsys) -> None:
+    path = str(ASSETS / "hf_transformers_ds_config_zero3.json")
+    # Under the HF Trainer: "auto" is expected, the batch keys are its business
+    code, out, _ = run(
+        capsys, path, "--integration", "hf", "--hidden-size", "4096", "--precision", "fp16"
+    )
+    assert code == 0
+    assert "ZeRO stage 3 (user), fp16, offload: optimizer=cpu (pinned), params=cpu (pinned)" in out
+    # Sent to DeepSpeed directly: the batch keys fail with TypeError and the autos are a hazard
+    code, out, _ = run(capsys, path, "--integration", "deepspeed")
+    assert code == 4
+    assert "batch_type_error" in out and "[high]" in out and "fp32" in out
+
+
+def test_misspelled_zero_key_is_a_hazard_but_valid(capsys, tmp_path: Path) -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimisation": {"stage": 3},
+        "bf16": {"enabled": True},
+    }
+    code, out, _ = run(capsys, write(tmp_path, config))
+    assert code == 0
+    assert (
+        "[high] top-level key 'zero_optimisation' looks like a misspelled 'zero_optimization'"
+        in out
+    )
+    assert "ZeRO stage 0 (default)" in out
+
+
+def test_both_validators_give_the_same_exit(capsys) -> None:
+    for validator in ("oomlens", "deepspeed"):
+        if validator == "deepspeed":
+            pytest.importorskip("deepspeed")
+        code, out, _ = run(
+            capsys, str(ASSETS / "dse_megatron_zero_offload_10B.json"), "--validator", validator
+        )
+        assert code == 4
+        assert "zero_optimization.comm_overlap: Extra inputs are not permitted" in out
+
+
+def test_json_output_is_machine_readable(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(
+        capsys,
+        write(tmp_path, ZERO3),
+        "--params",
+        "7e9",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "12GiB",
+        "--format",
+        "json",
+    )
+    assert code == 4
+    payload = json.loads(out)
+    assert payload["failed"] is True and payload["valid"] is True
+    (gpu,) = payload["verdicts"]
+    assert (
+        gpu["overflow_component"] == "optimizer_states"
+        and gpu["overflow_bytes"] == 20_250_000_000 - 12 * 2**30
+    )
+    assert payload["effective"]["zero.stage"] == 3
+    assert {c["code"] for c in payload["budget"]["components"]} >= {
+        "param_partition",
+        "optimizer_states",
+    }
+    assert payload["patches"] and all(p["gpu_bytes_saved"] > 0 for p in payload["patches"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("7e9", 7_000_000_000),
+        ("7B", 7_000_000_000),
+        ("350M", 350_000_000),
+        ("1,300,000", 1_300_000),
+        ("1.5t", 1_500_000_000_000),
+    ],
+)
+def test_parse_count(text: str, value: int) -> None:
+    assert parse_count(text) == value
+
+
+def test_parse_count_rejects_garbage() -> None:
+    for text in ("", "7 GB", "-5", "0.1"):
+        with pytest.raises(ValueError):
+            parse_count(text)
