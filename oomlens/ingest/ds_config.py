@@ -1109,7 +1109,8 @@ def reconcile_with_dump(
                     mine.key_path,
                     Origin.AUTO_RESOLVED,
                     theirs.source,
-                    '"auto" in the file, filled by the integration: value from the log\'s config dump',
+                    '"auto" in the file, filled by the integration: value from the log\'s '
+                    "config dump",
                 )
             elif mine.value == theirs.value:
                 continue

@@ -404,9 +404,14 @@ def test_read_and_check_bundles_everything_for_the_rules() -> None:
     from oomlens.analysis.ds_validation import read_and_check
 
     reading = read_and_check(
-        REAL["hf_transformers_ds_config_zero3.json"], context=ResolutionContext(integration="deepspeed"), world_size=8
+        REAL["hf_transformers_ds_config_zero3.json"],
+        context=ResolutionContext(integration="deepspeed"),
+        world_size=8,
     )
     assert not reading.is_valid
     assert {p.code for p in reading.problems} == {"batch_type_error"}
     assert {h.code for h in reading.hazards} >= {"auto_outside_hf", "deprecated_key"}
-    assert reading.effective.zero.stage.value == 3 and reading.raw is REAL["hf_transformers_ds_config_zero3.json"].data
+    assert (
+        reading.effective.zero.stage.value == 3
+        and reading.raw is REAL["hf_transformers_ds_config_zero3.json"].data
+    )

@@ -574,7 +574,9 @@ def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integrati
     from oomlens.ingest.ds_config import reconcile_with_dump
 
     # GIVEN HF's zero3 config (with "auto") and the dump of the run that used it
-    file_eff = resolve_effective_config(read_ds_config(ASSETS / "hf_transformers_ds_config_zero3.json"))
+    file_eff = resolve_effective_config(
+        read_ds_config(ASSETS / "hf_transformers_ds_config_zero3.json")
+    )
     dump_eff = _dump(ASSETS / "dump_hf_transformers_zero3_ws8.log").effective()
     # WHEN they are reconciled
     merged, differences = reconcile_with_dump(file_eff, dump_eff)
@@ -586,7 +588,9 @@ def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integrati
     assert merged.precision.fp16_enabled.value is True
     assert merged.batch.train_batch_size.value == 64
     live = merged.zero.max_live_parameters
-    assert live.origin is Origin.USER and live.source.path.endswith("hf_transformers_ds_config_zero3.json")
+    assert live.origin is Origin.USER and live.source.path.endswith(
+        "hf_transformers_ds_config_zero3.json"
+    )
     assert merged.world_size.value == 8
 
 
