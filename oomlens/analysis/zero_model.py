@@ -319,7 +319,7 @@ def _stage3(
     op = z.offload_param
     oo_on = oo.enabled
     oo_nvme = oo.device.value == "nvme"
-    op_on = op.enabled and True
+    op_on = op.enabled
     ratio = float(oo.ratio.value) if oo_on else 0.0
     host_share = ratio if oo_on else 0.0
     gpu_share = 1.0 - host_share
@@ -556,29 +556,43 @@ def _stage3(
                 note="allocated at the first optimizer step",
             )
         )
+        host_elems = int(p_tr * host_share)
+        groups = sub_group_sizes(host_elems, sgs)
+        pin_grads = bool(oo.pin_memory.value)
+        grads_bytes = sum(
+            pinned_allocation(master_bytes * g) if pin_grads else master_bytes * g for g in groups
+        )
         ctx.add(
             MemoryComponent(
                 "host_fp32_grads",
                 "fp32 gradient buffers per sub-group (CPU)",
                 Device.HOST,
                 Phase.PERSISTENT,
-                int(master_bytes * p_tr * host_share),
-                f"{master_bytes} B x {_num(model.trainable)} / {n} x ratio {host_share:g}",
-                (oo.device.key_path, oo.pin_memory.key_path),
-                pinned=bool(oo.pin_memory.value),
+                grads_bytes,
+                (f"{len(groups)} x pow2(" if pin_grads else f"{len(groups)} x (")
+                + f"{master_bytes} B x sub-group of {_num(groups[0]) if groups else 0})"
+                + f"; {_num(model.trainable)} / {n} x ratio {host_share:g}",
+                (oo.device.key_path, oo.pin_memory.key_path, z.sub_group_size.key_path),
+                pinned=pin_grads,
+                basis=Basis.CODE if len(groups) <= 1 else Basis.ESTIMATE,
+                note=_PINNED_NOTE if pin_grads else "",
             )
         )
     if oo_on:
+        pin_part = bool(oo.pin_memory.value)
         ctx.add(
             MemoryComponent(
                 "host_grad_partition",
                 "gradient partitions (CPU)",
                 Device.HOST,
                 Phase.PERSISTENT,
-                grad_part,
-                f"{e_g} B x {_num(model.trainable)} / {n}",
+                pinned_allocation(grad_part) if pin_part else grad_part,
+                ("pow2(" if pin_part else "")
+                + f"{e_g} B x {_num(model.trainable)} / {n}"
+                + (")" if pin_part else ""),
                 (oo.device.key_path, oo.pin_memory.key_path),
-                pinned=bool(oo.pin_memory.value),
+                pinned=pin_part,
+                note=_PINNED_NOTE if pin_part else "",
             )
         )
         if not oo_nvme:
@@ -627,18 +641,20 @@ def _stage3(
                 "parameter partitions, flat CPU buffer (always pinned)",
                 Device.HOST,
                 Phase.PERSISTENT,
-                e * in_cpu,
-                f"{e} B x "
+                pinned_allocation(e * in_cpu),
+                f"pow2({e} B x "
                 + (
                     f"min(max_in_cpu {_num(int(op.max_in_cpu.value))}, {_num(p_tr)})"
                     if op_nvme
                     else f"{_num(model.trainable)} trainable / {n}"
-                ),
+                )
+                + ")",
                 (op.device.key_path,) + ((op.max_in_cpu.key_path,) if op_nvme else ()),
                 pinned=True,
                 note=(
                     "pinned whatever offload_param.pin_memory says (stage3.py "
-                    "_create_param_groups_fp16_flat_cpu_memory)"
+                    "_create_param_groups_fp16_flat_cpu_memory); one trainable parameter group "
+                    "assumed (one buffer per group); " + _PINNED_NOTE
                 ),
             )
         )
@@ -657,16 +673,27 @@ def _stage3(
                 )
             )
         if not op_nvme:
+            pin_init = bool(op.pin_memory.value)
             ctx.add(
                 MemoryComponent(
                     "host_param_init_copy",
-                    "zero.Init partitions before they move to the flat buffer",
+                    "zero.Init partitions before they move to the flat buffer"
+                    + (" (pinned, kept in torch's pinned cache)" if pin_init else ""),
                     Device.HOST,
-                    Phase.INIT,
+                    Phase.PERSISTENT if pin_init else Phase.INIT,
                     e * p_tr,
-                    f"{e} B x {_num(model.trainable)} / {n}",
+                    f"{e} B x {_num(model.trainable)} / {n}" + (" (at least)" if pin_init else ""),
                     (op.pin_memory.key_path,),
-                    pinned=bool(op.pin_memory.value),
+                    pinned=pin_init,
+                    basis=Basis.ESTIMATE if pin_init else Basis.CODE,
+                    note=(
+                        "each parameter's partition is pinned separately by zero.Init, rounded "
+                        "up to "
+                        "a power of two (up to 2x), and stays in torch's pinned-memory cache after "
+                        "it is freed"
+                    )
+                    if pin_init
+                    else "",
                 )
             )
         if op_nvme:
@@ -711,6 +738,35 @@ def _stage3(
             )
         )
     return ctx.comps, ctx.assumptions
+
+
+_PINNED_NOTE = (
+    "torch's pinned allocator rounds each allocation up to a power of two "
+    "(CachingHostAllocator, default settings) and keeps freed blocks cached"
+)
+
+
+def pinned_allocation(num_bytes: int) -> int:
+    """Bytes torch's ``CachingHostAllocator`` page-locks for a pinned tensor of ``num_bytes``:
+    the next power of two (``c10::llvm::PowerOf2Ceil``) with the default
+    ``pinned_max_round_threshold``."""
+    if num_bytes <= 0:
+        return 0
+    return 1 << (num_bytes - 1).bit_length()
+
+
+def sub_group_sizes(partition: int, sub_group_size: int) -> list[int]:
+    """Element counts of the optimizer sub-groups of one rank's ``partition``.
+
+    ``_create_fp16_sub_groups`` closes a sub-group once it holds ``sub_group_size`` elements or
+    more, so real sub-groups overshoot by up to one parameter's partition; without parameter
+    sizes they are taken as exactly ``sub_group_size`` (last one the remainder)."""
+    if partition <= 0:
+        return []
+    if sub_group_size <= 0 or sub_group_size >= partition:
+        return [partition]
+    full, rest = divmod(partition, sub_group_size)
+    return [sub_group_size] * full + ([rest] if rest else [])
 
 
 def _stage012(

@@ -74,10 +74,9 @@ class ConfigValue(Generic[T]):
         return self.origin in EXPLICIT_ORIGINS
 
     def cite(self) -> str:
-        """``zero_optimization.reduce_bucket_size = 500000000 (default)``: for evidence lines."""
-        where = (
-            f" at {self.source.describe()}" if self.source is not None and self.is_explicit else ""
-        )
+        """``zero_optimization.reduce_bucket_size = 500_000_000 (default)`` or
+        ``... (user at ds_config.json:14)``: for evidence lines."""
+        where = f" at {self.source.describe()}" if self.source is not None else ""
         how = self.origin.value.replace("_", " ")
         extra = f"; {self.note}" if self.note else ""
         return f"{self.key_path} = {_show(self.value)} ({how}{where}{extra})"

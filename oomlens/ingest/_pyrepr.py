@@ -60,7 +60,7 @@ def _read_quoted(cur: _Cursor) -> str:
 def _read_number(cur: _Cursor, in_call: bool) -> object:
     start = cur.pos
     text = cur.text
-    if cur.peek() in "+-":
+    if cur.peek() and cur.peek() in "+-":
         cur.pos += 1
     while cur.pos < len(text):
         char = text[cur.pos]
@@ -102,6 +102,8 @@ def _read_value(cur: _Cursor, depth: int, in_call: bool) -> object:
         raise ValueError("nesting too deep")
     cur.skip_spaces()
     char = cur.peek()
+    if not char:
+        return None
     if char in "'\"":
         return _read_quoted(cur)
     if char == "[" or char == "(":
@@ -146,6 +148,10 @@ def _read_value(cur: _Cursor, depth: int, in_call: bool) -> object:
     if char.isdigit() or char in "+-":
         return _read_number(cur, in_call)
     name = _read_identifier(cur)
+    if not name:
+        # Not a value oomlens knows: consume one character so every call makes progress.
+        cur.pos += 1
+        return char
     if cur.peek() == "(":
         cur.pos += 1
         kwargs: dict[str, object] = {}

@@ -26,6 +26,8 @@ from oomlens.analysis.zero_model import (
     patch_offload_optimizer,
     patch_prefetch,
     patch_unpin,
+    pinned_allocation,
+    sub_group_sizes,
 )
 from oomlens.facts.config import Severity
 from oomlens.ingest.ds_config import document_from_mapping, resolve_effective_config
@@ -174,14 +176,19 @@ def test_optimizer_offload_moves_states_to_pinned_and_pageable_host_memory() -> 
         host["host_optimizer_states"].bytes == 8 * PART and not host["host_optimizer_states"].pinned
     )
     assert host["host_fp32_grads"].pinned and host["host_grad_partition"].pinned
-    assert budget.pinned_per_host() == 8 * (4 * PART + 2 * PART)
+    # torch's pinned allocator rounds each buffer up to a power of two: 3.5e9 -> 4 GiB, 1.75e9 -> 2 GiB
+    assert (
+        host["host_fp32_grads"].bytes == 4 * 2**30
+        and host["host_grad_partition"].bytes == 2 * 2**30
+    )
+    assert budget.pinned_per_host() == 8 * 6 * 2**30
     unpinned = build_budget(
         _eff({"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": False}}),
         MODEL,
         EIGHT,
     )
     assert unpinned.pinned_per_host() == 0
-    assert unpinned.host_peak() == budget.host_peak()  # pinning moves nothing, it locks it
+    assert budget.host_peak() - unpinned.host_peak() == 8 * (6 * 2**30 - 6 * PART)
 
 
 def test_partial_offload_ratio_splits_master_and_states() -> None:
@@ -190,7 +197,9 @@ def test_partial_offload_ratio_splits_master_and_states() -> None:
     )
     assert _bytes(budget, "optimizer_states") == int(8 * PART * 0.75)
     assert _bytes(budget, "host_optimizer_states") == int(8 * PART * 0.25)
-    assert _bytes(budget, "host_grad_partition") == 2 * PART  # self.device is the CPU for all of it
+    # self.device is the CPU for all of it (pinned: rounded up to 2 GiB)
+    assert _bytes(budget, "host_grad_partition") == 2 * 2**30
+    assert _bytes(budget, "host_fp32_grads") == 2**30  # pow2(4 B x 875e6 x 0.25)
 
 
 def test_param_offload_flat_buffer_is_pinned_whatever_pin_memory_says() -> None:
@@ -203,7 +212,9 @@ def test_param_offload_flat_buffer_is_pinned_whatever_pin_memory_says() -> None:
         _eff(zero), ModelSize(P7B, trainable_params=P7B // 2, largest_layer_params=LARGEST), EIGHT
     )
     flat = budget.component("host_param_flat")
-    assert flat.pinned and flat.bytes == 2 * (P7B // 2 // 8)
+    assert flat.pinned and flat.bytes == 2**30  # pow2(2 B x 437.5e6)
+    init_copy = budget.component("host_param_init_copy")
+    assert init_copy.phase is Phase.INIT and not init_copy.pinned
     frozen = budget.component("host_frozen_params")
     assert not frozen.pinned and frozen.bytes == 2 * (P7B // 8 - P7B // 2 // 8)
     assert budget.component("param_partition") is None
@@ -220,7 +231,7 @@ def test_nvme_swap_buffers_scale_with_sub_group_size() -> None:
     largest_sub_group = 100_000_000 + LARGEST // 8
     assert _bytes(budget, "nvme_optimizer_swap_buffers") == 4 * largest_sub_group * 4
     assert _bytes(budget, "nvme_param_swap_buffers") == 5 * 100_000_000 * 2
-    assert _bytes(budget, "host_param_flat") == 2 * PART  # max_in_cpu 1e9 > partition
+    assert _bytes(budget, "host_param_flat") == 2 * 2**30  # pow2(2 B x 875e6), max_in_cpu 1e9 above
 
 
 def test_prefetch_overshoot_gathers_up_to_the_whole_model() -> None:
@@ -462,3 +473,37 @@ def test_topology_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         Topology(0, 8)
     assert Topology(16, 8).nodes == 2 and Topology(4, 8).ranks_per_host == 4
+
+
+def test_pinned_zero_init_partitions_stay_in_torchs_pinned_cache() -> None:
+    zero = {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    budget = build_budget(_eff(zero), MODEL, EIGHT)
+    init_copy = budget.component("host_param_init_copy")
+    assert init_copy.pinned and init_copy.phase is Phase.PERSISTENT
+    assert init_copy.basis is Basis.ESTIMATE
+    unpinned = {
+        "stage": 3,
+        "offload_param": {"device": "cpu", "pin_memory": False},
+        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+    }
+    pinned_peak = budget.host_peak()
+    unpinned_peak = build_budget(_eff(unpinned), MODEL, EIGHT).host_peak()
+    # pinning costs the cached zero.Init partitions plus the power-of-two rounding
+    rounding = (2**32 - 4 * PART) + (2**31 - 2 * PART)
+    assert pinned_peak - unpinned_peak == 8 * (2 * PART + rounding)
+
+
+@pytest.mark.parametrize(
+    ("size", "pinned"),
+    [(0, 0), (1, 1), (3, 4), (4096, 4096), (4097, 8192), (1_750_000_000, 2**31)],
+)
+def test_pinned_allocation_rounds_up_to_a_power_of_two(size: int, pinned: int) -> None:
+    assert pinned_allocation(size) == pinned
+
+
+def test_sub_group_sizes() -> None:
+    assert sub_group_sizes(875, 1000) == [875]
+    assert sub_group_sizes(875, 300) == [300, 300, 275]
+    assert sub_group_sizes(900, 300) == [300, 300, 300]
+    assert sub_group_sizes(875, 0) == [875]
+    assert sub_group_sizes(0, 10) == []

@@ -606,3 +606,23 @@ def test_reconcile_lists_values_changed_after_the_run() -> None:
     assert merged.zero.reduce_bucket_size.value == 500_000_000
     assert merged.zero.reduce_bucket_size.origin is Origin.LOG_DUMP
     assert merged.batch.micro_batch_per_gpu.origin is Origin.DERIVED
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="()[]{}<>'\"=,: abc019.-+_\\", max_size=40))
+def test_repr_parser_terminates_on_unbalanced_brackets_and_quotes(text: str) -> None:
+    # every value read consumes input: no input can make the parser loop
+    parse_model_repr("a=" + text)
+    parse_model_repr("a=Foo(" + text)
+
+
+def test_values_cite_their_key_origin_and_line() -> None:
+    doc = read_ds_config(ASSETS / "dse_megatron_zero2.json")
+    eff = resolve_effective_config(doc)
+    assert eff.zero.stage.cite() == f"zero_optimization.stage = 2 (user at {doc.path}:6)"
+    assert (
+        eff.zero.reduce_bucket_size.cite()
+        == "zero_optimization.reduce_bucket_size = 500_000_000 (default)"
+    )
+    dumped = _dump(ASSETS / "dump_dse_megatron_zero2_ws4.log").effective().zero.stage
+    assert dumped.cite().startswith("zero_optimization.stage = 2 (log dump at ")
