@@ -19,7 +19,14 @@ from typing import Any
 
 from oomlens.analysis.config_patch import ConfigChange, ConfigPatch, make_patch
 from oomlens.facts import SourceRef
-from oomlens.facts.config import BatchSettings, ConfigValue, EffectiveDsConfig, Origin
+from oomlens.facts.config import (
+    BatchSettings,
+    ConfigHazard,
+    ConfigValue,
+    EffectiveDsConfig,
+    Origin,
+    Severity,
+)
 
 TRAIN = "train_batch_size"
 MICRO = "train_micro_batch_size_per_gpu"
@@ -206,8 +213,11 @@ def check_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> BatchChe
     else:
         derived_ok = derived
     corrections: tuple[BatchCorrection, ...] = ()
-    if code in ("batch_mismatch", "batch_nonpositive") or (error is None and lossy):
-        corrections = tuple(_corrections(effective, train, micro, gas, ws, derived))
+    micro_derived = error is None and micro is None and derived is not None
+    if code in ("batch_mismatch", "batch_nonpositive") or micro_derived:
+        corrections = tuple(
+            _corrections(effective, train, micro, gas, ws, derived, smaller_only=micro_derived)
+        )
     return BatchCheck(
         given=given,
         world_size=world_size,
@@ -232,6 +242,8 @@ def _corrections(
     gas: Any,
     ws: int,
     derived: BatchTriple | None,
+    *,
+    smaller_only: bool = False,
 ) -> list[BatchCorrection]:
     out: list[BatchCorrection] = []
     micro_in_force = (
@@ -286,21 +298,49 @@ def _corrections(
     if _is_int(train) and train > 0 and train % ws == 0:
         per_rank = train // ws
         cap = micro_in_force if _is_int(micro_in_force) and micro_in_force > 0 else per_rank
+        if smaller_only:
+            cap -= 1  # a derived micro batch: propose smaller ones, written explicitly
         # Keep train_batch_size: largest micro batch not above the one in force, then smaller ones.
         divisors = [m for m in range(min(cap, per_rank), 0, -1) if per_rank % m == 0]
         for m in divisors[:2]:
             add(BatchTriple(train, m, per_rank // m), "train_batch_size")
-        if _is_int(gas) and gas > 0 and per_rank % gas == 0:
+        if not smaller_only and _is_int(gas) and gas > 0 and per_rank % gas == 0:
             add(
                 BatchTriple(train, per_rank // gas, gas),
                 "train_batch_size and gradient_accumulation_steps",
             )
-    if _is_int(micro) and _is_int(gas) and micro > 0 and gas > 0:
+    if not smaller_only and _is_int(micro) and _is_int(gas) and micro > 0 and gas > 0:
         add(
             BatchTriple(micro * gas * ws, micro, gas),
             "train_micro_batch_size_per_gpu and gradient_accumulation_steps",
         )
     return out
+
+
+def batch_hazards(check: BatchCheck) -> list[ConfigHazard]:
+    """Batch settings DeepSpeed accepts but that change with the GPU count.
+
+    ``derived_micro_batch``: ``train_micro_batch_size_per_gpu`` is not written, so DeepSpeed
+    derives it as ``train_batch_size // world_size // gradient_accumulation_steps``: on fewer GPUs
+    than the config was written for, each GPU gets a larger micro batch (and activation memory).
+    """
+    given = check.given
+    if check.derived is None or given.micro_batch_per_gpu.value is not None:
+        return []
+    micro = check.derived.micro_batch_per_gpu
+    ws = check.world_size.value
+    source = given.train_batch_size.source
+    return [
+        ConfigHazard(
+            "derived_micro_batch",
+            f"train_micro_batch_size_per_gpu is not set: DeepSpeed derives {micro} per GPU at {ws} "
+            f"GPUs ({'; '.join(check.derivations)}); the micro batch, and activation memory, grow "
+            "as the GPU count shrinks",
+            Severity.MEDIUM if micro > 1 else Severity.INFO,
+            (TRAIN, MICRO, GAS),
+            (source,) if source is not None else (),
+        )
+    ]
 
 
 def with_derived_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> EffectiveDsConfig:

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from oomlens.analysis.batch import BatchCheck, WorldSize, check_batch
+from oomlens.analysis.batch import BatchCheck, WorldSize, batch_hazards, check_batch
 from oomlens.analysis.config_patch import ConfigPatch
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
@@ -175,6 +175,7 @@ def run_check(
     batch: BatchCheck | None = None
     if gpus is not None:
         batch = check_batch(effective, WorldSize(gpus, "--gpus"))
+        hazards += batch_hazards(batch)
     else:
         notes.append("no --gpus: the batch triple is only checked for problems at every world size")
 

@@ -13,12 +13,13 @@ from oomlens.analysis.batch import (
     BatchTriple,
     WorldSize,
     assert_batch,
+    batch_hazards,
     check_batch,
     derive_batch,
     with_derived_batch,
 )
 from oomlens.analysis.ds_validation import validate_with_oomlens
-from oomlens.facts.config import Origin
+from oomlens.facts.config import Origin, Severity
 from oomlens.ingest.ds_config import document_from_mapping, resolve_effective_config
 
 
@@ -109,7 +110,20 @@ def test_derived_micro_batch_is_reported_with_its_division() -> None:
     # THEN DeepSpeed derives a micro batch of 16 per GPU, and says how
     assert check.ok and check.derived == BatchTriple(64, 16, 2)
     assert check.derivations == ("train_micro_batch_size_per_gpu = 64 // 2 // 2 = 16",)
-    assert not check.floor_loss and check.corrections == ()
+    assert not check.floor_loss
+    (hazard,) = batch_hazards(check)
+    assert hazard.code == "derived_micro_batch" and hazard.severity is Severity.MEDIUM
+    assert "derives 16 per GPU at 2 GPUs" in hazard.message
+    # AND the corrections keep the global batch with a smaller, explicit micro batch
+    assert [c.triple for c in check.corrections] == [BatchTriple(64, 8, 4), BatchTriple(64, 4, 8)]
+    first = check.corrections[0]
+    assert not first.changes_effective_batch and first.micro_batch_change == -8
+    assert first.patch.merge_patch() == {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 4,
+    }
+    # a written micro batch is no hazard
+    assert batch_hazards(check_batch(_effective(64, 16, 2), WorldSize(2, "--gpus"))) == []
 
 
 def test_corrections_pass_deepspeeds_assertion_and_say_what_they_change() -> None:

@@ -176,7 +176,8 @@ def test_optimizer_offload_moves_states_to_pinned_and_pageable_host_memory() -> 
         host["host_optimizer_states"].bytes == 8 * PART and not host["host_optimizer_states"].pinned
     )
     assert host["host_fp32_grads"].pinned and host["host_grad_partition"].pinned
-    # torch's pinned allocator rounds each buffer up to a power of two: 3.5e9 -> 4 GiB, 1.75e9 -> 2 GiB
+    # torch's pinned allocator rounds each buffer up to a power of two:
+    # 3.5e9 -> 4 GiB, 1.75e9 -> 2 GiB
     assert (
         host["host_fp32_grads"].bytes == 4 * 2**30
         and host["host_grad_partition"].bytes == 2 * 2**30
