@@ -701,6 +701,8 @@ class ConfigDumpScanner:
         self._in_json = False
 
     def feed(self, ref: SourceRef, text: str) -> ConfigDump | None:
+        if self._block is None and _DUMP_HEADER not in text:
+            return None  # the common case: a line outside any dump, skipped without a regex
         if len(text) > MAX_DUMP_LINE_CHARS:
             text = text[:MAX_DUMP_LINE_CHARS]
         body, _ = strip_logger_prefix(text.rstrip("\r\n"))
