@@ -771,9 +771,9 @@ def _auto_hazards(
             out.append(
                 ConfigHazard(
                     "auto_unresolved",
-                    'the HF/Accelerate integration fills these "auto" values at launch; oomlens '
-                    "could not "
-                    "(give the model's hidden size and precision): "
+                    'the HF/Accelerate integration fills these "auto" values at launch from its '
+                    "own arguments and the model, which the config alone does not give (bucket "
+                    "sizes follow the hidden size, fp16/bf16 the precision flags): "
                     + ", ".join(v.key_path for v in unresolved),
                     Severity.INFO,
                     tuple(v.key_path for v in unresolved),

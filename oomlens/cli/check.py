@@ -173,7 +173,21 @@ def run_check(
 
     hazards = list(find_config_hazards(document, effective, integration=integration))
     batch: BatchCheck | None = None
-    if gpus is not None:
+    batch_autos = [
+        v.key_path
+        for v in (
+            effective.batch.train_batch_size,
+            effective.batch.micro_batch_per_gpu,
+            effective.batch.gradient_accumulation_steps,
+        )
+        if v.value == "auto"
+    ]
+    if batch_autos and integration in ("hf", "accelerate"):
+        notes.append(
+            f'{", ".join(batch_autos)}: "auto", filled by the integration from its own '
+            "arguments; the batch triple is not checked"
+        )
+    elif gpus is not None:
         batch = check_batch(effective, WorldSize(gpus, "--gpus"))
         hazards += batch_hazards(batch)
     else:
@@ -254,6 +268,9 @@ def render_text(result: CheckResult) -> str:
         f"{eff.precision.model_precision.value}, "
         f"offload: {', '.join(offload) if offload else 'none'}"
     )
+    out.append("")
+    out.append("Settings that drive memory (value, how it was set):")
+    out += [f"  {line}" for line in _memory_settings(eff)]
     if result.problems:
         out.append("")
         out.append(f"Problems - DeepSpeed refuses this config ({len(result.problems)}):")
@@ -300,6 +317,40 @@ def render_text(result: CheckResult) -> str:
     return "\n".join(out)
 
 
+def _memory_settings(eff: EffectiveDsConfig) -> list[str]:
+    z = eff.zero
+    values = [
+        z.stage,
+        eff.precision.bf16_enabled,
+        eff.precision.fp16_enabled,
+        z.reduce_bucket_size,
+        z.overlap_comm,
+        z.contiguous_gradients,
+        z.sub_group_size,
+    ]
+    if int(z.stage.value) == 3:
+        values += [
+            z.prefetch_bucket_size,
+            z.max_live_parameters,
+            z.max_reuse_distance,
+            z.param_persistence_threshold,
+        ]
+    else:
+        values.append(z.allgather_bucket_size)
+    for block in (z.offload_optimizer, z.offload_param):
+        values.append(block.device)
+        if block.enabled:
+            values.append(block.pin_memory)
+    return [value.cite() for value in values]
+
+
+def _human_count(value: int) -> str:
+    for factor, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if value >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return str(value)
+
+
 def _render_batch(batch: BatchCheck) -> list[str]:
     ws = batch.world_size.value
     lines = []
@@ -336,7 +387,7 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     m = budget.model
     topo = budget.topology
     lines = [
-        f"Memory per GPU: {m.total_params:.3g} params, {topo.world_size} GPU(s), "
+        f"Memory per GPU: {_human_count(m.total_params)} params, {topo.world_size} GPU(s), "
         f"{budget.precision.value}, "
         f"ZeRO stage {budget.stage}"
     ]
@@ -384,8 +435,9 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     if budget.estimator is not None:
         est = budget.estimator
         lines.append("")
+        unknown = " (largest layer unknown: counted as 0)" if m.largest_layer_params is None else ""
         lines.append(
-            f"DeepSpeed's {est.function}: {format_size(est.gpu_bytes or 0)} per GPU, "
+            f"DeepSpeed's {est.function}: {format_size(est.gpu_bytes or 0)} per GPU{unknown}, "
             f"{format_size(est.host_bytes or 0)} per host (model states only, host x1.5 buffer "
             "factor)"
         )

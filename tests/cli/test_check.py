@@ -51,7 +51,7 @@ def test_valid_config_that_fits_exits_0_with_a_budget(capsys, tmp_path: Path) ->
         "512GiB",
     )
     assert code == 0, err
-    assert "Memory per GPU: 7e+09 params, 8 GPU(s), bf16, ZeRO stage 3" in out
+    assert "Memory per GPU: 7B params, 8 GPU(s), bf16, ZeRO stage 3" in out
     assert "optimizer states" in out and "6.52 GiB" in out
     assert "left for activations and workspace" in out
     assert "Memory per host: 8 rank(s) per host" in out
