@@ -118,6 +118,24 @@ class ModelSize:
 
 
 @dataclass(frozen=True, slots=True)
+class ActivationShape:
+    """What activation memory depends on, for the optional activation estimate (outside
+    ds_config, so only when the caller knows it).  ``micro_batch`` is the per-GPU micro batch
+    (the config's, or what DeepSpeed derives); ``flash_attention`` drops the attention-score
+    term (SDPA/flash kernels do not store it); ``checkpointing`` is full activation
+    checkpointing of every layer."""
+
+    micro_batch: int
+    seq_len: int
+    hidden_size: int
+    layers: int
+    vocab_size: int | None = None
+    heads: int | None = None
+    flash_attention: bool = True
+    checkpointing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
     """``world_size``: ranks in the ZeRO partition group (the data-parallel size);
     ``gpus_per_node``: ranks per host (they share its RAM and pinned memory)."""
@@ -179,6 +197,7 @@ class MemoryBudget:
     components: tuple[MemoryComponent, ...]
     assumptions: tuple[str, ...] = ()
     estimator: EstimatorCrossCheck | None = None
+    activations: ActivationShape | None = None
 
     def on(self, device: Device, phase: Phase | None = None) -> list[MemoryComponent]:
         return [
@@ -251,12 +270,17 @@ def optimizer_state_elements(effective: EffectiveDsConfig) -> tuple[int, str | N
 
 
 def build_budget(
-    effective: EffectiveDsConfig, model: ModelSize, topology: Topology
+    effective: EffectiveDsConfig,
+    model: ModelSize,
+    topology: Topology,
+    activations: ActivationShape | None = None,
 ) -> MemoryBudget:
     """The per-GPU and per-host memory components of ``effective`` for ``model`` on ``topology``.
 
     Assumes ``zero.Init`` is used at stage 3 (the model is built partitioned); says so in
-    ``assumptions``, with every other guess made.
+    ``assumptions``, with every other guess made.  With ``activations``, a forward/backward
+    activation estimate (basis ``ESTIMATE``) is added; without, activations are left out and
+    the GPU headroom is what remains for them.
     """
     if model.total_params <= 0:
         raise ValueError("total_params must be positive")
@@ -265,6 +289,8 @@ def build_budget(
         comps, assumptions = _stage3(effective, model, topology)
     else:
         comps, assumptions = _stage012(effective, model, topology, stage)
+    if activations is not None:
+        comps += _activation_components(activations, effective.precision.param_bytes)
     return MemoryBudget(
         stage=stage,
         precision=effective.precision.model_precision,
@@ -273,6 +299,7 @@ def build_budget(
         components=tuple(comps),
         assumptions=tuple(assumptions),
         estimator=_estimator_for(effective, model, topology),
+        activations=activations,
     )
 
 
@@ -738,6 +765,56 @@ def _stage3(
             )
         )
     return ctx.comps, ctx.assumptions
+
+
+def _activation_components(shape: ActivationShape, e: int) -> list[MemoryComponent]:
+    """Korthikanti et al. 2022 (arXiv:2205.05198), per layer ``s*b*h*(34 + 5*a*s/h)`` bytes of
+    16-bit activations (dropout masks included, so an upper bound without dropout); flash
+    attention drops the ``5*a*s/h`` score term; full checkpointing keeps ``2*s*b*h`` per layer
+    plus one layer being recomputed.  fp32 training doubles it.  The causal-LM loss upcasts the
+    logits: ``b*s*V*(e + 4 + 4)`` (logits, fp32 copy, its gradient)."""
+    s, b, h, layers = shape.seq_len, shape.micro_batch, shape.hidden_size, shape.layers
+    scale = e / 2
+    per_layer = 34.0
+    term = "34"
+    if not shape.flash_attention and shape.heads:
+        per_layer += 5 * shape.heads * s / h
+        term = f"34 + 5*{shape.heads}*{s}/{h}"
+    if shape.checkpointing:
+        total = (2 * s * b * h * layers + s * b * h * per_layer) * scale
+        formula = f"(2 x {layers} layers + 1 x ({term})) x s {s} x b {b} x h {h}"
+    else:
+        total = s * b * h * per_layer * layers * scale
+        formula = f"({term}) x s {s} x b {b} x h {h} x {layers} layers"
+    if scale != 1:
+        formula += " x 2 (fp32)"
+    comps = [
+        MemoryComponent(
+            "activations",
+            "activations (estimate)",
+            Device.GPU,
+            Phase.FORWARD_BACKWARD,
+            int(total),
+            formula,
+            ("train_micro_batch_size_per_gpu",),
+            basis=Basis.ESTIMATE,
+            note="Korthikanti et al. 2022; outside ds_config",
+        )
+    ]
+    if shape.vocab_size:
+        comps.append(
+            MemoryComponent(
+                "logits",
+                "logits, their fp32 copy and gradient (estimate)",
+                Device.GPU,
+                Phase.FORWARD_BACKWARD,
+                b * s * shape.vocab_size * (e + 4 + 4),
+                f"b {b} x s {s} x vocab {shape.vocab_size} x ({e} + 4 + 4) B",
+                ("train_micro_batch_size_per_gpu",),
+                basis=Basis.ESTIMATE,
+            )
+        )
+    return comps
 
 
 _PINNED_NOTE = (
@@ -1214,7 +1291,9 @@ def _predict(
     before: MemoryBudget,
     focus: str | None = None,
 ) -> ConfigPatch | None:
-    after = build_budget(with_settings(effective, **settings), model, topology)
+    after = build_budget(
+        with_settings(effective, **settings), model, topology, _activations_of(before)
+    )
     return make_patch(
         effective,
         changes,
@@ -1224,6 +1303,10 @@ def _predict(
         host_bytes_delta=after.host_peak() - before.host_peak(),
         pinned_bytes_delta=after.pinned_per_host() - before.pinned_per_host(),
     )
+
+
+def _activations_of(budget: MemoryBudget) -> ActivationShape | None:
+    return budget.activations
 
 
 def _offload_changes(effective: EffectiveDsConfig, which: str, **fields: Any) -> list[ConfigChange]:
@@ -1638,6 +1721,7 @@ def candidate_patches(
     *,
     verdicts: Iterable[CapacityVerdict] = (),
     phase: str | None = None,
+    activations: ActivationShape | None = None,
 ) -> list[ConfigPatch]:
     """Config changes worth proposing, most GPU memory saved first.
 
@@ -1648,7 +1732,7 @@ def candidate_patches(
     and only those predicted to reduce it; without, every applicable change that saves
     something.  None re-proposes a value in force (``make_patch``).
     """
-    before = build_budget(effective, model, topology)
+    before = build_budget(effective, model, topology, activations)
     chosen: list[PatchBuilder] = []
     verdict_list = [v for v in verdicts if not v.fits]
     focus = phase

@@ -26,6 +26,7 @@ from oomlens.analysis.ds_validation import (
     validate_with_oomlens,
 )
 from oomlens.analysis.zero_model import (
+    ActivationShape,
     Capacity,
     CapacityVerdict,
     Device,
@@ -40,6 +41,7 @@ from oomlens.analysis.zero_model import (
 from oomlens.errors import ExitCode, InputError, OomlensError
 from oomlens.facts.config import (
     ConfigHazard,
+    ConfigValue,
     EffectiveDsConfig,
     Precision,
     Severity,
@@ -138,6 +140,11 @@ def run_check(
     precision: str | None = None,
     integration: str | None = None,
     validator: str = "auto",
+    seq_len: int | None = None,
+    layers: int | None = None,
+    vocab_size: int | None = None,
+    micro_batch: int | None = None,
+    activation_checkpointing: bool = False,
 ) -> CheckResult:
     """The whole check, without printing.  Raises ``InputError`` for an unreadable config."""
     notes: list[str] = []
@@ -211,7 +218,18 @@ def run_check(
             source="--params",
         )
         topology = Topology(world_size=world, gpus_per_node=per_node)
-        budget = build_budget(effective, model, topology)
+        shape = _activation_shape(
+            effective,
+            batch,
+            notes,
+            micro_batch,
+            seq_len,
+            hidden_size,
+            layers,
+            vocab_size,
+            activation_checkpointing,
+        )
+        budget = build_budget(effective, model, topology, shape)
         capacity = Capacity(
             gpu_bytes=gpu_memory,
             gpu_source="--gpu-memory" if gpu_memory else "",
@@ -222,7 +240,9 @@ def run_check(
         hazards += memory_hazards(effective, budget, verdicts)
         if any(not v.fits for v in verdicts):
             patches = tuple(
-                candidate_patches(effective, model, topology, capacity, verdicts=verdicts)
+                candidate_patches(
+                    effective, model, topology, capacity, verdicts=verdicts, activations=shape
+                )
             )
         if gpu_memory is None and host_memory is None:
             notes.append("no --gpu-memory / --host-memory: nothing to compare the budget with")
@@ -241,6 +261,43 @@ def run_check(
         hazards=tuple(hazards),
         patches=patches,
         notes=tuple(notes),
+    )
+
+
+def _activation_shape(
+    effective: EffectiveDsConfig,
+    batch: BatchCheck | None,
+    notes: list[str],
+    micro_batch: int | None,
+    seq_len: int | None,
+    hidden_size: int | None,
+    layers: int | None,
+    vocab_size: int | None,
+    checkpointing: bool,
+) -> ActivationShape | None:
+    """The activation estimate's inputs, when the command line gives them."""
+    if seq_len is None and layers is None:
+        return None
+    if seq_len is None or layers is None or hidden_size is None:
+        notes.append("activation estimate skipped: it needs --seq-len, --layers and --hidden-size")
+        return None
+    micro = micro_batch
+    if micro is None and batch is not None and batch.derived is not None:
+        derived = batch.derived.micro_batch_per_gpu
+        micro = derived if isinstance(derived, int) and not isinstance(derived, bool) else None
+    if micro is None:
+        written = effective.batch.micro_batch_per_gpu.value
+        micro = written if isinstance(written, int) and not isinstance(written, bool) else None
+    if micro is None:
+        notes.append("activation estimate skipped: the micro batch is unknown (pass --micro-batch)")
+        return None
+    return ActivationShape(
+        micro_batch=micro,
+        seq_len=seq_len,
+        hidden_size=hidden_size,
+        layers=layers,
+        vocab_size=vocab_size,
+        checkpointing=checkpointing,
     )
 
 
@@ -319,7 +376,7 @@ def render_text(result: CheckResult) -> str:
 
 def _memory_settings(eff: EffectiveDsConfig) -> list[str]:
     z = eff.zero
-    values = [
+    values: list[ConfigValue[Any]] = [
         z.stage,
         eff.precision.bf16_enabled,
         eff.precision.fp16_enabled,
@@ -630,6 +687,23 @@ def _json_safe(value: object) -> bool:
     help="Validate with DeepSpeed's models (when installed) or oomlens' restatement of them.",
 )
 @click.option(
+    "--seq-len", type=click.IntRange(min=1), help="Sequence length (activation estimate)."
+)
+@click.option(
+    "--layers", type=click.IntRange(min=1), help="Transformer layers (activation estimate)."
+)
+@click.option("--vocab-size", type=click.IntRange(min=1), help="Vocabulary size (logits estimate).")
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(min=1),
+    help='Micro batch per GPU, when the config\'s is "auto" (activation estimate).',
+)
+@click.option(
+    "--activation-checkpointing",
+    is_flag=True,
+    help="The model checkpoints every layer's activations (activation estimate).",
+)
+@click.option(
     "--format",
     "output_format",
     type=click.Choice(["text", "json"]),
@@ -649,6 +723,11 @@ def check(
     precision: str | None,
     integration: str | None,
     validator: str,
+    seq_len: int | None,
+    layers: int | None,
+    vocab_size: int | None,
+    micro_batch: int | None,
+    activation_checkpointing: bool,
     output_format: str,
 ) -> None:
     """Check a DeepSpeed config before launch: validity, batch arithmetic, memory budget.
@@ -673,6 +752,11 @@ def check(
             precision=precision,
             integration=integration,
             validator=validator,
+            seq_len=seq_len,
+            layers=layers,
+            vocab_size=vocab_size,
+            micro_batch=micro_batch,
+            activation_checkpointing=activation_checkpointing,
         )
     except InputError as err:
         err.exit_code = ExitCode.CHECK_FAILED

@@ -4,12 +4,14 @@ capacity verdicts, and config patches with their predicted effect."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from oomlens.analysis.ds_validation import validate_with_oomlens
 from oomlens.analysis.zero_model import (
+    ActivationShape,
     Basis,
     Capacity,
     Device,
@@ -508,3 +510,25 @@ def test_sub_group_sizes() -> None:
     assert sub_group_sizes(900, 300) == [300, 300, 300]
     assert sub_group_sizes(875, 0) == [875]
     assert sub_group_sizes(0, 10) == []
+
+
+def test_activation_estimate_follows_korthikanti_and_is_optional() -> None:
+    eff = _eff({"stage": 3})
+    shape = ActivationShape(
+        micro_batch=2, seq_len=4096, hidden_size=4096, layers=32, vocab_size=32000
+    )
+    budget = build_budget(eff, MODEL, EIGHT, shape)
+    act = budget.component("activations")
+    assert act.bytes == 34 * 4096 * 2 * 4096 * 32 and act.basis is Basis.ESTIMATE
+    assert budget.component("logits").bytes == 2 * 4096 * 32000 * (2 + 4 + 4)
+    checkpointed = build_budget(eff, MODEL, EIGHT, replace(shape, checkpointing=True))
+    assert _bytes(checkpointed, "activations") == (2 * 32 + 34) * 4096 * 2 * 4096
+    no_flash = build_budget(eff, MODEL, EIGHT, replace(shape, flash_attention=False, heads=32))
+    assert _bytes(no_flash, "activations") == int(
+        4096 * 2 * 4096 * (34 + 5 * 32 * 4096 / 4096) * 32
+    )
+    assert build_budget(eff, MODEL, EIGHT).component("activations") is None
+    # patches are predicted with the same activations
+    (gpu,) = compare_with_capacity(budget, Capacity(gpu_bytes=40 * 2**30))
+    for patch in candidate_patches(eff, MODEL, EIGHT, verdicts=[gpu], activations=shape):
+        assert (patch.gpu_bytes_saved or 0) > 0

@@ -225,3 +225,25 @@ def test_parse_count_rejects_garbage() -> None:
     for text in ("", "7 GB", "-5", "0.1"):
         with pytest.raises(ValueError):
             parse_count(text)
+
+
+def test_activation_estimate_from_the_command_line(capsys, tmp_path: Path) -> None:
+    # GIVEN a config whose micro batch DeepSpeed derives (train 64 // 2 GPUs // gas 2 = 16)
+    config = {**ZERO3, "train_batch_size": 64, "gradient_accumulation_steps": 2}
+    del config["train_micro_batch_size_per_gpu"]
+    args = [write(tmp_path, config), "--params", "350M", "--gpus", "2", "--gpu-memory", "12GiB"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0  # without a shape there is no activation estimate: it fits
+    assert "[medium] train_micro_batch_size_per_gpu is not set: DeepSpeed derives 16 per GPU" in out
+    # WHEN the shape is given, the derived micro batch's activations are counted
+    code, out, _ = run(
+        capsys, *args, "--seq-len", "1024", "--layers", "24", "--hidden-size", "1024"
+    )
+    assert code == 4
+    assert "activations (estimate)" in out and "b 16" in out
+    assert "OVERFLOW by" in out and "'activations (estimate)'" in out
+    code, out, _ = run(capsys, *args, "--seq-len", "1024", "--layers", "24")
+    assert (
+        code == 0
+        and "activation estimate skipped: it needs --seq-len, --layers and --hidden-size" in out
+    )
