@@ -1,0 +1,77 @@
+"""The crash corpus (real GPU runs, DeepSpeed 0.19.8): each case's ds_config.json and the config
+dump DeepSpeed printed in its log resolve to the same effective config, and the batch errors
+DeepSpeed raised are the ones oomlens predicts from the file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from oomlens.analysis.batch import WorldSize, check_batch, with_derived_batch
+from oomlens.analysis.ds_validation import validate
+from oomlens.ingest.ds_config import (
+    read_ds_config,
+    resolve_effective_config,
+    scan_log_for_config_dumps,
+)
+
+CORPUS = Path(__file__).parents[2] / "fixtures" / "crash_logs"
+CASES = sorted(p.parent for p in CORPUS.glob("*/ds_config.json")) if CORPUS.is_dir() else []
+
+BATCH_ASSERTION = re.compile(
+    r"AssertionError: ((?:Check batch related|Micro batch size|Train batch size"
+    r"|Gradient accumulation steps)[^\n]*)"
+)
+
+pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
+
+
+def _logs(case: Path) -> list[Path]:
+    return sorted(p for p in case.rglob("*.log") if p.name != "kernel.log")
+
+
+def _world_size(case: Path) -> int | None:
+    run = case / "run.json"
+    if run.exists():
+        info = json.loads(run.read_text())
+        match = re.search(r"--num_gpus (\d+)", info.get("command", ""))
+        if match:
+            return int(match.group(1))
+        visible = info.get("cuda_visible_devices")
+        if visible:
+            return len(str(visible).split(","))
+    return None
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_config_file_and_log_dump_agree(case: Path) -> None:
+    doc = read_ds_config(case / "ds_config.json")
+    file_effective = resolve_effective_config(doc)
+    dumps = [d for log in _logs(case) for d in scan_log_for_config_dumps(log)]
+    if not dumps:
+        pytest.skip("no config dump in this case's logs (DeepSpeed failed before printing it)")
+    for dump in dumps:
+        assert dump.complete, dump.problems
+        effective = dump.effective()
+        assert effective.world_size is not None
+        world = WorldSize(int(effective.world_size.value), "config dump")
+        assert with_derived_batch(file_effective, world).settings() == effective.settings()
+        assert dump.user_config is not None
+        assert set(dump.user_config.data) == set(doc.data)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_batch_errors_in_the_log_are_predicted_from_the_file(case: Path) -> None:
+    text = "\n".join(log.read_text(errors="replace") for log in _logs(case))
+    raised = sorted(set(BATCH_ASSERTION.findall(text)))
+    world = _world_size(case)
+    if world is None:
+        pytest.skip("world size unknown")
+    doc = read_ds_config(case / "ds_config.json")
+    problems = [p for p in validate(doc, world_size=world) if p.code.startswith("batch_")]
+    assert sorted({p.message for p in problems}) == raised
+    check = check_batch(resolve_effective_config(doc), WorldSize(world, "run.json"))
+    assert (check.error is None) == (not raised)
