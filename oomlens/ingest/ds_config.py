@@ -1039,11 +1039,6 @@ def _dump_precision(
     return fp16_enabled, bf16_enabled, fp16_vals, bf16_vals
 
 
-def dump_schema_fields() -> dict[str, FieldSpec]:
-    """``zero_config`` field name -> spec (for readers of ``ConfigDump.fields``)."""
-    return {spec.name: spec for spec in ZERO.fields}
-
-
 __all__ = [
     "ConfigDifference",
     "ConfigDocument",
