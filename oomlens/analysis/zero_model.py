@@ -73,6 +73,19 @@ _DEFAULT_STATE_ELEMENTS = 2
 #: (``self.max_param_reduce_events: int = 2`` in stage3.py).
 MAX_PARAM_REDUCE_EVENTS = 2
 
+#: Mean overhead of rounding sizes spread log-uniformly up to the next power of two: 1/ln 2.
+#: Used where DeepSpeed pins one buffer per parameter and the parameter sizes are unknown.
+#: In the crash corpus (760M model, 2 ranks) this predicts 5.42 GB pinned per rank; the
+#: kernel's OOM report shows shmem-rss 5.43 GB per rank (pinned_memory_exhaustion/kernel.log).
+POW2_ROUNDING_FACTOR = 1 / math.log(2)
+
+#: Host memory a training rank uses outside DeepSpeed's buffers (Python, torch and CUDA
+#: libraries, the CUDA context's host side, page cache).  Measured in the crash corpus (torch
+#: 2.11, CUDA 13, DeepSpeed 0.19.8): checkpoint_save_host_oom's cgroup peak during engine init,
+#: 5,053,739,008 B for 2 ranks, minus the 2 x 1.34 GB defragment copies = 1.19 GB per rank.
+#: Runs with the optimizer offloaded to DeepSpeedCPUAdam measured 1.76-1.87 GB per rank.
+DEFAULT_PROCESS_BASELINE_BYTES = 1_200_000_000
+
 
 class Device(Enum):
     GPU = "gpu"
@@ -198,6 +211,7 @@ class MemoryBudget:
     assumptions: tuple[str, ...] = ()
     estimator: EstimatorCrossCheck | None = None
     activations: ActivationShape | None = None
+    process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES
 
     def on(self, device: Device, phase: Phase | None = None) -> list[MemoryComponent]:
         return [
@@ -274,6 +288,8 @@ def build_budget(
     model: ModelSize,
     topology: Topology,
     activations: ActivationShape | None = None,
+    *,
+    process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES,
 ) -> MemoryBudget:
     """The per-GPU and per-host memory components of ``effective`` for ``model`` on ``topology``.
 
@@ -291,6 +307,20 @@ def build_budget(
         comps, assumptions = _stage012(effective, model, topology, stage)
     if activations is not None:
         comps += _activation_components(activations, effective.precision.param_bytes)
+    if process_baseline_bytes > 0:
+        comps.insert(
+            0,
+            MemoryComponent(
+                "host_process_baseline",
+                "process baseline (Python, torch/CUDA libraries, page cache)",
+                Device.HOST,
+                Phase.PERSISTENT,
+                process_baseline_bytes,
+                f"{_num(process_baseline_bytes)} B per rank",
+                basis=Basis.ESTIMATE,
+                note="measured on torch 2.11 / CUDA 13; set it for other environments",
+            ),
+        )
     return MemoryBudget(
         stage=stage,
         precision=effective.precision.model_precision,
@@ -300,6 +330,7 @@ def build_budget(
         assumptions=tuple(assumptions),
         estimator=_estimator_for(effective, model, topology),
         activations=activations,
+        process_baseline_bytes=process_baseline_bytes,
     )
 
 
@@ -708,16 +739,18 @@ def _stage3(
                     + (" (pinned, kept in torch's pinned cache)" if pin_init else ""),
                     Device.HOST,
                     Phase.PERSISTENT if pin_init else Phase.INIT,
-                    e * p_tr,
-                    f"{e} B x {_num(model.trainable)} / {n}" + (" (at least)" if pin_init else ""),
+                    int(e * p_tr * POW2_ROUNDING_FACTOR) if pin_init else e * p_tr,
+                    f"{e} B x {_num(model.trainable)} / {n}"
+                    + (
+                        f" x {POW2_ROUNDING_FACTOR:.2f} (power-of-two rounding)" if pin_init else ""
+                    ),
                     (op.pin_memory.key_path,),
                     pinned=pin_init,
                     basis=Basis.ESTIMATE if pin_init else Basis.CODE,
                     note=(
-                        "each parameter's partition is pinned separately by zero.Init, rounded "
-                        "up to "
-                        "a power of two (up to 2x), and stays in torch's pinned-memory cache after "
-                        "it is freed"
+                        "each parameter's partition is pinned separately by zero.Init and rounded "
+                        "up to a power of two (1x to 2x; 1/ln 2 = 1.44x on average), and stays in "
+                        "torch's pinned-memory cache after it is freed"
                     )
                     if pin_init
                     else "",
@@ -1165,7 +1198,10 @@ def _walk(steps: Iterable[_Step], capacity: int | None) -> _Walk:
             if total > peak:
                 peak, peak_label = total, step.label
             if capacity is not None and first is None and total > capacity:
-                first = (step.label, comp, total - capacity)
+                # Blame the largest allocation of the step where the total crossed the
+                # capacity: within a step the order of allocations is not known, their sizes are.
+                largest = max(step.adds, key=lambda c: c.bytes)
+                first = (step.label, largest, total - capacity)
         for comp in step.frees:
             total -= comp.bytes
     return _Walk(peak, peak_label, first)
@@ -1191,9 +1227,12 @@ class CapacityVerdict:
 
     ``required_bytes``: the model's peak; ``headroom_bytes``: capacity minus that (negative when
     it cannot fit; on a GPU what is left for activations, workspace and fragmentation).
-    ``overflow_component``: the component at which the running total first exceeds the capacity,
-    in DeepSpeed's allocation order, with ``overflow_phase``; ``overflow_bytes`` is the peak
-    minus the capacity (0 when it fits).  ``kind`` is ``gpu``, ``host`` or ``pinned``.
+    Walking DeepSpeed's allocations in order (engine init, first forward/backward, first
+    optimizer step - where optimizer states are created -, later passes), ``overflow_phase`` is
+    the step where the running total first exceeds the capacity and ``overflow_component`` the
+    largest allocation of that step (within a step the order of allocations is not known).
+    ``overflow_bytes`` is the peak minus the capacity (0 when it fits).  ``kind`` is ``gpu``,
+    ``host`` or ``pinned``.
     """
 
     kind: str
@@ -1292,7 +1331,11 @@ def _predict(
     focus: str | None = None,
 ) -> ConfigPatch | None:
     after = build_budget(
-        with_settings(effective, **settings), model, topology, _activations_of(before)
+        with_settings(effective, **settings),
+        model,
+        topology,
+        before.activations,
+        process_baseline_bytes=before.process_baseline_bytes,
     )
     return make_patch(
         effective,
@@ -1303,10 +1346,6 @@ def _predict(
         host_bytes_delta=after.host_peak() - before.host_peak(),
         pinned_bytes_delta=after.pinned_per_host() - before.pinned_per_host(),
     )
-
-
-def _activations_of(budget: MemoryBudget) -> ActivationShape | None:
-    return budget.activations
 
 
 def _offload_changes(effective: EffectiveDsConfig, which: str, **fields: Any) -> list[ConfigChange]:
@@ -1722,8 +1761,10 @@ def candidate_patches(
     verdicts: Iterable[CapacityVerdict] = (),
     phase: str | None = None,
     activations: ActivationShape | None = None,
+    process_baseline_bytes: int = DEFAULT_PROCESS_BASELINE_BYTES,
 ) -> list[ConfigPatch]:
-    """Config changes worth proposing, most GPU memory saved first.
+    """Config changes worth proposing: those that shrink the component a failing verdict
+    blames first, then the others; most memory saved first within each group.
 
     ``gpu_bytes_saved`` is measured at ``phase`` (``"engine init"``, ``"forward/backward"``,
     ``"optimizer step"`` - the phase the OOM happened in, when the log tells), else at the
@@ -1732,15 +1773,25 @@ def candidate_patches(
     and only those predicted to reduce it; without, every applicable change that saves
     something.  None re-proposes a value in force (``make_patch``).
     """
-    before = build_budget(effective, model, topology, activations)
+    before = build_budget(
+        effective, model, topology, activations, process_baseline_bytes=process_baseline_bytes
+    )
     chosen: list[PatchBuilder] = []
     verdict_list = [v for v in verdicts if not v.fits]
     focus = phase
     if verdict_list:
         for verdict in verdict_list:
             if verdict.kind == "gpu":
-                code = verdict.overflow_component.code if verdict.overflow_component else ""
-                chosen += PATCHES_FOR_COMPONENT.get(code, ())
+                # Every GPU component in play at the overflowing step may be shrunk; the
+                # predicted savings decide the order.
+                step = verdict.overflow_phase or ""
+                in_play = {
+                    c.code
+                    for c in before.on(Device.GPU)
+                    if c.phase is Phase.PERSISTENT or phase_of_step(step) == c.phase.value
+                }
+                for code in sorted(in_play):
+                    chosen += PATCHES_FOR_COMPONENT.get(code, ())
                 if before.precision is Precision.FP32:
                     chosen.append(patch_bf16)
                 if focus is None and verdict.overflow_phase:
@@ -1749,8 +1800,15 @@ def candidate_patches(
                 chosen += _HOST_PATCHES
     else:
         chosen = list(ALL_PATCH_BUILDERS)
+    # Patches that shrink the component a verdict blames come first.
+    primary: set[int] = {
+        id(builder)
+        for v in verdict_list
+        if v.kind == "gpu" and v.overflow_component is not None
+        for builder in PATCHES_FOR_COMPONENT.get(v.overflow_component.code, ())
+    }
     seen: set[int] = set()
-    patches: list[ConfigPatch] = []
+    ranked: list[tuple[bool, int, ConfigPatch]] = []
     for builder in chosen:
         if id(builder) in seen:
             continue
@@ -1772,12 +1830,35 @@ def candidate_patches(
             helps_pinned = "pinned" in kinds and (patch.pinned_bytes_delta or 0) < 0
             if not (helps_gpu or helps_host or helps_pinned):
                 continue
-        patches.append(patch)
-    patches.sort(key=lambda p: -(p.gpu_bytes_saved or 0))
+        gpu_failing = any(v.kind == "gpu" for v in verdict_list) or not verdict_list
+        saving = (patch.gpu_bytes_saved or 0) if gpu_failing else -(patch.host_bytes_delta or 0)
+        ranked.append((id(builder) not in primary, -saving, patch))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    patches = [patch for _, _, patch in ranked]
     return patches
 
 
 # -- hazards with numbers ----------------------------------------------------------------------
+
+
+def _host_peak_unpinned(effective: EffectiveDsConfig, budget: MemoryBudget) -> int | None:
+    """The host peak with ``pin_memory: false`` on every offload block (None: nothing pins)."""
+    settings: dict[str, Any] = {}
+    for which in ("offload_optimizer", "offload_param"):
+        block = getattr(effective.zero, which)
+        if block.enabled and block.pin_memory.value:
+            settings[f"zero__{which}__pin_memory"] = False
+    if not settings:
+        return None
+    unpinned = build_budget(
+        with_settings(effective, **settings),
+        budget.model,
+        budget.topology,
+        budget.activations,
+        process_baseline_bytes=budget.process_baseline_bytes,
+    )
+    return unpinned.host_peak()
+
 
 #: Above these, a setting is "far above DeepSpeed's default" (elements).
 _PREFETCH_DEFAULTS = {
@@ -1900,31 +1981,39 @@ def memory_hazards(
             )
         )
     pinned = by_kind.get("pinned")
-    if pinned is not None and budget.pinned_per_host() > 0:
-        share = budget.pinned_per_host() / pinned.capacity_bytes
-        if not pinned.fits or share > 0.5:
-            keys = tuple(
-                k
-                for k in (
-                    z.offload_optimizer.pin_memory.key_path,
-                    z.offload_param.pin_memory.key_path,
-                    z.offload_optimizer.device.key_path,
-                    z.offload_param.device.key_path,
-                )
+    host = by_kind.get("host")
+    pinned_bytes = budget.pinned_per_host()
+    if pinned is not None and pinned_bytes > 0:
+        share = pinned_bytes / pinned.capacity_bytes
+        unpinned_peak = _host_peak_unpinned(effective, budget)
+        host_short = host is not None and not host.fits
+        if not pinned.fits or host_short or share > 0.5:
+            keys = (
+                z.offload_optimizer.pin_memory.key_path,
+                z.offload_param.pin_memory.key_path,
+                z.offload_optimizer.device.key_path,
+                z.offload_param.device.key_path,
             )
+            unpinned_text = ""
+            if unpinned_peak is not None:
+                fits = unpinned_peak <= pinned.capacity_bytes
+                unpinned_text = (
+                    f"; with pin_memory false the host would peak at {format_size(unpinned_peak)}"
+                    + (" and fit" if fits else ", still too much")
+                )
             out.append(
                 ConfigHazard(
                     "pinned_memory_exhaustion",
-                    f"offload pins {format_size(budget.pinned_per_host())} of host memory per host "
+                    f"offload pins {format_size(pinned_bytes)} of host memory per host "
                     f"({budget.topology.ranks_per_host} ranks), {100 * share:.0f}% of "
-                    f"{format_size(pinned.capacity_bytes)}; "
-                    "pinned pages cannot be swapped or reclaimed",
-                    Severity.HIGH if not pinned.fits else Severity.MEDIUM,
+                    f"{format_size(pinned.capacity_bytes)}: pinned pages cannot be swapped or "
+                    "reclaimed, and torch rounds each pinned buffer up to a power of two"
+                    + unpinned_text,
+                    Severity.HIGH if (not pinned.fits or host_short) else Severity.MEDIUM,
                     keys,
-                    bytes_at_stake=budget.pinned_per_host(),
+                    bytes_at_stake=pinned_bytes,
                 )
             )
-    host = by_kind.get("host")
     if host is not None and not host.fits:
         comp = host.overflow_component
         out.append(

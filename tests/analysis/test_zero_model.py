@@ -11,6 +11,8 @@ import pytest
 
 from oomlens.analysis.ds_validation import validate_with_oomlens
 from oomlens.analysis.zero_model import (
+    DEFAULT_PROCESS_BASELINE_BYTES,
+    POW2_ROUNDING_FACTOR,
     ActivationShape,
     Basis,
     Capacity,
@@ -147,6 +149,7 @@ def test_zero3_bf16_without_offload_component_by_component() -> None:
         "reduce_scatter_buffer": 2 * 500_000_000,
         "reduce_in_flight": 2 * 500_000_000,
         "host_defragment": 2 * PART,
+        "host_process_baseline": DEFAULT_PROCESS_BASELINE_BYTES,
     }
     assert {c.code: c.bytes for c in budget.components} == expected
     assert budget.component("gathered_params").basis is Basis.BOUND
@@ -493,7 +496,7 @@ def test_pinned_zero_init_partitions_stay_in_torchs_pinned_cache() -> None:
     unpinned_peak = build_budget(_eff(unpinned), MODEL, EIGHT).host_peak()
     # pinning costs the cached zero.Init partitions plus the power-of-two rounding
     rounding = (2**32 - 4 * PART) + (2**31 - 2 * PART)
-    assert pinned_peak - unpinned_peak == 8 * (2 * PART + rounding)
+    assert pinned_peak - unpinned_peak == 8 * (int(2 * PART * POW2_ROUNDING_FACTOR) + rounding)
 
 
 @pytest.mark.parametrize(
@@ -532,3 +535,63 @@ def test_activation_estimate_follows_korthikanti_and_is_optional() -> None:
     (gpu,) = compare_with_capacity(budget, Capacity(gpu_bytes=40 * 2**30))
     for patch in candidate_patches(eff, MODEL, EIGHT, verdicts=[gpu], activations=shape):
         assert (patch.gpu_bytes_saved or 0) > 0
+
+
+def test_pinned_hazard_says_whether_unpinned_would_fit() -> None:
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    eff = _eff(zero)
+    budget = build_budget(eff, MODEL, EIGHT)
+    unpinned = build_budget(
+        _eff(
+            {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu", "pin_memory": False},
+                "offload_param": {"device": "cpu", "pin_memory": False},
+            }
+        ),
+        MODEL,
+        EIGHT,
+    )
+    # GIVEN a host between the unpinned and the pinned peaks
+    cap = (budget.host_peak() + unpinned.host_peak()) // 2
+    verdicts = compare_with_capacity(budget, Capacity(host_bytes=cap))
+    hazard = next(
+        h for h in memory_hazards(eff, budget, verdicts) if h.code == "pinned_memory_exhaustion"
+    )
+    assert hazard.severity is Severity.HIGH
+    assert (
+        "with pin_memory false the host would peak at" in hazard.message
+        and "and fit" in hazard.message
+    )
+    # the first patch for that host is the unpinning one
+    patches = candidate_patches(eff, MODEL, EIGHT, Capacity(host_bytes=cap), verdicts=verdicts)
+    assert any(p.summary == "stop pinning offload buffers" for p in patches)
+
+
+def test_process_baseline_is_a_host_component_per_rank() -> None:
+    eff = _eff({"stage": 3})
+    with_baseline = build_budget(eff, MODEL, EIGHT)
+    without = build_budget(eff, MODEL, EIGHT, process_baseline_bytes=0)
+    assert with_baseline.host_peak() - without.host_peak() == 8 * DEFAULT_PROCESS_BASELINE_BYTES
+    assert without.component("host_process_baseline") is None
+
+
+def test_patches_for_the_blamed_component_come_first() -> None:
+    # GIVEN the overshoot settings where the default 5e8 reduce bucket would save more
+    eff = _eff(
+        {
+            "stage": 3,
+            "stage3_prefetch_bucket_size": 1e10,
+            "stage3_max_live_parameters": 1e10,
+            "stage3_max_reuse_distance": 1e10,
+            "offload_optimizer": {"device": "cpu"},
+        }
+    )
+    budget = build_budget(eff, MODEL, EIGHT)
+    capacity = Capacity(gpu_bytes=12 * 2**30)
+    verdicts = compare_with_capacity(budget, capacity)
+    patches = candidate_patches(eff, MODEL, EIGHT, capacity, verdicts=verdicts)
+    summaries = [p.summary for p in patches]
+    assert summaries.index("gather fewer parameters ahead of use") < summaries.index(
+        "reduce gradients in smaller buckets"
+    )

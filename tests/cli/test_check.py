@@ -247,3 +247,15 @@ def test_activation_estimate_from_the_command_line(capsys, tmp_path: Path) -> No
         code == 0
         and "activation estimate skipped: it needs --seq-len, --layers and --hidden-size" in out
     )
+
+
+def test_host_baseline_option(capsys, tmp_path: Path) -> None:
+    config = {**ZERO3, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    path = write(tmp_path, config)
+    args = [path, "--params", "1B", "--gpus", "2", "--host-memory", "64GiB", "--format", "json"]
+    code, out, _ = run(capsys, *args, "--host-baseline", "0")
+    assert code == 0
+    base = json.loads(out)["budget"]["host_peak_bytes"]
+    code, out, _ = run(capsys, *args, "--host-baseline", "4GiB")
+    assert json.loads(out)["budget"]["host_peak_bytes"] == base + 2 * 4 * 2**30
+    assert code == 0

@@ -1,0 +1,137 @@
+"""``oomlens check`` against the real crash corpus: given each DeepSpeed case's model, GPU
+count and memory (from its manifest), it fails the configs that crashed for a config reason and
+passes the ones that ran (or crashed for a reason no config check can see)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from oomlens.cli.check import CheckResult, failed, run_check
+from tests._corpus import CORPUS_DIR, case_dir, case_names, manifest
+
+# The scenario model (fixtures/crash_logs/_scenarios/model.py, GPTConfig.named and num_params):
+# name -> (d_model, n_layer); vocabulary 32000; lm_head and tok_emb are the largest layers.
+SIZES = {
+    "125m": (768, 12),
+    "350m": (1024, 24),
+    "760m": (1536, 24),
+    "1.3b": (2048, 24),
+    "2.7b": (2560, 32),
+}
+VOCAB = 32000
+
+#: Diagnoses a config check can and must catch before launch.
+CONFIG_DIAGNOSES = {
+    "prefetch_overshoot",
+    "model_states_too_large",
+    "pinned_memory_exhaustion",
+    "accumulation_mismatch",
+    "checkpoint_save_gather",
+}
+
+CASES = (
+    [n for n in case_names() if (case_dir(n) / "ds_config.json").exists()]
+    if CORPUS_DIR.is_dir()
+    else []
+)
+pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
+
+
+def check_case(name: str) -> CheckResult:
+    m = manifest(name)
+    command = m["command"]
+    model = re.search(r"--model (\S+)", command)
+    assert model is not None
+    seq = re.search(r"--seq-len (\d+)", command)
+    seq_len = int(seq.group(1)) if seq else 1024  # train_zero3.py's default
+    gpus = re.search(r"--num_gpus (\d+)", command)
+    assert gpus is not None
+    hidden, layers = SIZES[model.group(1)]
+    params = layers * (12 * hidden**2 + 13 * hidden) + 2 * VOCAB * hidden + seq_len * hidden
+    gpu_gib = m["environment"].get("EMULATE_GPU_MEMORY_GIB")
+    cap = m["measured"].get("cgroup", {}).get("memory.max", "max")
+    return run_check(
+        str(case_dir(name) / "ds_config.json"),
+        params=params,
+        largest_layer=VOCAB * hidden,
+        hidden_size=hidden,
+        gpus=int(gpus.group(1)),
+        gpu_memory=int(float(gpu_gib) * 2**30) if gpu_gib else None,
+        host_memory=None if cap == "max" else int(cap),
+        seq_len=seq_len,
+        layers=layers,
+        vocab_size=VOCAB,
+        validator="oomlens",
+    )
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_check_fails_exactly_the_configs_that_crashed_for_a_config_reason(name: str) -> None:
+    expected = manifest(name)["expected"]
+    should_fail = expected["verdict"] != "no_failure" and expected["diagnosis"] in CONFIG_DIAGNOSES
+    result = check_case(name)
+    assert failed(result) == should_fail
+
+
+def _gpu(result: CheckResult):  # type: ignore[no-untyped-def]
+    return next(v for v in result.verdicts if v.kind == "gpu")
+
+
+def test_prefetch_overshoot_is_blamed_on_the_gathered_parameters() -> None:
+    overshoot = check_case("prefetch_overshoot")
+    verdict = _gpu(overshoot)
+    assert verdict.overflow_component is not None
+    assert verdict.overflow_component.code == "gathered_params"
+    assert verdict.overflow_phase == "first forward/backward"
+    assert any(
+        h.code == "prefetch_overshoot" and h.severity.value == "high" for h in overshoot.hazards
+    )
+    assert overshoot.patches[0].summary == "gather fewer parameters ahead of use"
+    # the twin with DeepSpeed's defaults fits the same 6.75 GiB, and the overshoot fits 9 GiB
+    assert _gpu(check_case("prefetch_fits")).fits
+    assert _gpu(check_case("prefetch_overshoot_roomy")).fits
+
+
+def test_model_states_overflow_at_the_first_optimizer_step() -> None:
+    verdict = _gpu(check_case("model_states_too_large"))
+    assert verdict.overflow_component is not None
+    assert verdict.overflow_component.code == "optimizer_states"
+    assert verdict.overflow_phase == "first optimizer step"
+
+
+def test_pinned_offload_exhausts_the_capped_host_and_unpinned_would_fit() -> None:
+    result = check_case("pinned_memory_exhaustion")
+    host = next(v for v in result.verdicts if v.kind == "host")
+    assert not host.fits
+    hazard = next(h for h in result.hazards if h.code == "pinned_memory_exhaustion")
+    assert (
+        hazard.severity.value == "high"
+        and "pin_memory false" in hazard.message
+        and "and fit" in hazard.message
+    )
+    unpin = next(p for p in result.patches if p.summary == "stop pinning offload buffers")
+    assert unpin.host_bytes_delta is not None
+    assert host.required_bytes + unpin.host_bytes_delta <= host.capacity_bytes
+
+
+def test_derived_micro_batch_is_flagged_through_its_activations() -> None:
+    result = check_case("accumulation_derived_micro")
+    assert any(h.code == "derived_micro_batch" for h in result.hazards)
+    verdict = _gpu(result)
+    assert (
+        verdict.overflow_component is not None and verdict.overflow_component.code == "activations"
+    )
+    assert result.batch is not None and result.batch.derived is not None
+    assert result.batch.derived.micro_batch_per_gpu == 16
+    # the config as written for 8 GPUs (micro 4, the second correction) would fit at 2
+    assert result.batch.corrections[1].triple.micro_batch_per_gpu == 4
+
+
+def test_accumulation_mismatch_is_invalid_with_deepspeeds_message() -> None:
+    result = check_case("accumulation_mismatch")
+    log = (case_dir("accumulation_mismatch") / "train.log").read_text()
+    (problem,) = result.problems
+    assert problem.code == "batch_mismatch"
+    assert f"AssertionError: {problem.message}" in log
