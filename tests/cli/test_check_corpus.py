@@ -135,3 +135,35 @@ def test_accumulation_mismatch_is_invalid_with_deepspeeds_message() -> None:
     (problem,) = result.problems
     assert problem.code == "batch_mismatch"
     assert f"AssertionError: {problem.message}" in log
+
+
+def test_model_states_match_the_real_oom_message() -> None:
+    # GIVEN the real OOM: Adam's exp_avg of the first sub-group (4 B x ~1.01e9) could not be
+    # allocated on top of the persistent states and that sub-group's fp32 gradients (same size)
+    oom = manifest("model_states_too_large")["measured"]["oom_messages_by_rank"]["0"]
+    budget = check_case("model_states_too_large").budget
+    assert budget is not None
+    states = budget.component("optimizer_states")
+    assert states is not None  # created at the first step: not there yet when the OOM hit
+    predicted = budget.gpu_model_states() - states.bytes + oom["tried_to_allocate"]
+    # THEN the modelled persistent states account for what PyTorch had allocated, within 2%
+    assert abs(predicted - oom["allocated_by_pytorch"]) / oom["allocated_by_pytorch"] < 0.02
+
+
+def test_persistent_gpu_memory_matches_see_memory_usage() -> None:
+    # MA printed by DeepSpeed's see_memory_usage between steps (GiB, labelled GB)
+    measured = manifest("prefetch_fits")["measured"]["see_memory_usage_MA_GB"]["last"] * 2**30
+    budget = check_case("prefetch_fits").budget
+    assert budget is not None
+    assert abs(budget.gpu_model_states() - measured) / measured < 0.05
+
+
+def test_pinned_host_memory_matches_the_kernels_shmem_rss() -> None:
+    # the OOM killer's report: shmem-rss (pinned buffers) of each killed rank
+    kernel = (case_dir("pinned_memory_exhaustion") / "kernel.log").read_text()
+    shmem = [int(kb) * 1024 for kb in re.findall(r"shmem-rss:(\d+)kB", kernel)]
+    assert len(shmem) == 2
+    budget = check_case("pinned_memory_exhaustion").budget
+    assert budget is not None
+    per_rank = budget.pinned_per_host() / budget.topology.ranks_per_host
+    assert all(abs(per_rank - value) / value < 0.05 for value in shmem)
