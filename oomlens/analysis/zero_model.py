@@ -1220,6 +1220,42 @@ class Capacity:
     host_source: str = ""
     gpu_reserved_bytes: int = 0
 
+    @classmethod
+    def from_oom_message(
+        cls,
+        *,
+        total_capacity: int,
+        free: int | None = None,
+        allocated_by_pytorch: int | None = None,
+        reserved_unallocated: int | None = None,
+        allowed: int | None = None,
+        source: str = "OOM message",
+        host_bytes: int | None = None,
+        host_source: str = "",
+    ) -> Capacity:
+        """The GPU memory this process's PyTorch could use, from torch's OOM message numbers.
+
+        torch prints the card's total capacity, what is free, and what PyTorch holds (allocated
+        plus reserved-but-unallocated); the rest is the CUDA context and other processes.  So
+        PyTorch could have had ``free + allocated + reserved_unallocated``, capped by the
+        ``allowed`` memory when a memory fraction is set.  Without the breakdown, the total.
+        """
+        usable = total_capacity
+        if (
+            free is not None
+            and allocated_by_pytorch is not None
+            and reserved_unallocated is not None
+        ):
+            usable = free + allocated_by_pytorch + reserved_unallocated
+        if allowed is not None:
+            usable = min(usable, allowed)
+        return cls(
+            gpu_bytes=usable,
+            gpu_source=source,
+            host_bytes=host_bytes,
+            host_source=host_source,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CapacityVerdict:

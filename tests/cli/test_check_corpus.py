@@ -167,3 +167,17 @@ def test_pinned_host_memory_matches_the_kernels_shmem_rss() -> None:
     assert budget is not None
     per_rank = budget.pinned_per_host() / budget.topology.ranks_per_host
     assert all(abs(per_rank - value) / value < 0.05 for value in shmem)
+
+
+def test_capacity_from_the_real_oom_message() -> None:
+    from oomlens.analysis.zero_model import Capacity
+
+    oom = manifest("prefetch_overshoot")["measured"]["oom_messages_by_rank"]["0"]
+    keys = ("total_capacity", "free", "allocated_by_pytorch", "reserved_unallocated", "allowed")
+    capacity = Capacity.from_oom_message(**{k: oom[k] for k in keys})
+    assert capacity.gpu_bytes == oom["allowed"]  # the 6.75 GiB memory fraction, not the 140 GB card
+    uncapped = Capacity.from_oom_message(**{k: oom[k] for k in keys[:4]})
+    assert (
+        uncapped.gpu_bytes
+        == oom["free"] + oom["allocated_by_pytorch"] + oom["reserved_unallocated"]
+    )
