@@ -186,6 +186,9 @@ class MemoryComponent:
     basis: Basis = Basis.CODE
     per_host: bool = False
     note: str = ""
+    requested_bytes: int | None = None
+    """For pinned buffers: what DeepSpeed asks to pin (what its ``[pinned-memory ...]`` log
+    lines count), before torch's allocator rounds it up; None when equal to ``bytes``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,15 @@ class MemoryBudget:
             if comp.device is Device.HOST and comp.pinned:
                 total += comp.bytes if comp.per_host else comp.bytes * self.topology.ranks_per_host
         return total
+
+    def pinned_requested_per_rank(self) -> int:
+        """Pinned bytes one rank asks for (DeepSpeed's ``pin_memory_tracker`` total), before
+        torch's power-of-two rounding."""
+        return sum(
+            c.bytes if c.requested_bytes is None else c.requested_bytes
+            for c in self.components
+            if c.device is Device.HOST and c.pinned and not c.per_host
+        )
 
     def gpu_model_states(self) -> int:
         """Persistent GPU bytes: parameters, gradients, master weights, optimizer states, bucket."""
@@ -634,6 +646,7 @@ def _stage3(
                 pinned=pin_grads,
                 basis=Basis.CODE if len(groups) <= 1 else Basis.ESTIMATE,
                 note=_PINNED_NOTE if pin_grads else "",
+                requested_bytes=master_bytes * sum(groups) if pin_grads else None,
             )
         )
     if oo_on:
@@ -651,6 +664,7 @@ def _stage3(
                 (oo.device.key_path, oo.pin_memory.key_path),
                 pinned=pin_part,
                 note=_PINNED_NOTE if pin_part else "",
+                requested_bytes=grad_part if pin_part else None,
             )
         )
         if not oo_nvme:
@@ -709,6 +723,7 @@ def _stage3(
                 + ")",
                 (op.device.key_path,) + ((op.max_in_cpu.key_path,) if op_nvme else ()),
                 pinned=True,
+                requested_bytes=e * in_cpu,
                 note=(
                     "pinned whatever offload_param.pin_memory says (stage3.py "
                     "_create_param_groups_fp16_flat_cpu_memory); one trainable parameter group "
@@ -747,6 +762,7 @@ def _stage3(
                     (op.pin_memory.key_path,),
                     pinned=pin_init,
                     basis=Basis.ESTIMATE if pin_init else Basis.CODE,
+                    requested_bytes=e * p_tr if pin_init else None,
                     note=(
                         "each parameter's partition is pinned separately by zero.Init and rounded "
                         "up to a power of two (1x to 2x; 1/ln 2 = 1.44x on average), and stays in "

@@ -490,7 +490,14 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     else:
         lines.append("  (nothing DeepSpeed keeps on the host)")
     lines.append(f"  {'peak':40} {format_size(budget.host_peak()):>11}")
-    lines.append(f"  {'pinned (page-locked)':40} {format_size(budget.pinned_per_host()):>11}")
+    pinned_line = f"  {'pinned (page-locked)':40} {format_size(budget.pinned_per_host()):>11}"
+    requested = budget.pinned_requested_per_rank() * topo.ranks_per_host
+    if requested and requested != budget.pinned_per_host():
+        pinned_line += (
+            f"  (DeepSpeed requests {format_size(requested)}; torch rounds each pinned buffer "
+            "up to a power of two)"
+        )
+    lines.append(pinned_line)
     host = by_kind.get("host")
     if host is not None:
         lines.append(

@@ -181,3 +181,23 @@ def test_capacity_from_the_real_oom_message() -> None:
         uncapped.gpu_bytes
         == oom["free"] + oom["allocated_by_pytorch"] + oom["reserved_unallocated"]
     )
+
+
+def test_pinned_requests_match_deepspeeds_pinned_memory_tracker() -> None:
+    # DeepSpeed 0.19.8 logs the pinned bytes it requested ("... 3.628 GB pinned across 296
+    # allocations", GiB); the model's unrounded pinned buffers must add up to it
+    log = (case_dir("pinned_memory_exhaustion") / "train.log").read_text()
+    totals = re.findall(r"\[pinned-memory ZeRO-3 optimizer init\] ([\d.]+) GB pinned", log)
+    assert totals
+    logged = float(totals[-1]) * 2**30
+    budget = check_case("pinned_memory_exhaustion").budget
+    assert budget is not None
+    assert abs(budget.pinned_requested_per_rank() - logged) / logged < 0.001
+    unpinned = check_case("offload_unpinned_uncapped").budget
+    log = (case_dir("offload_unpinned_uncapped") / "train.log").read_text()
+    (mib,) = set(re.findall(r"\[pinned-memory ZeRO-3 optimizer init\] ([\d.]+) MB pinned", log))
+    assert unpinned is not None
+    assert (
+        abs(unpinned.pinned_requested_per_rank() - float(mib) * 2**20) / (float(mib) * 2**20)
+        < 0.001
+    )
