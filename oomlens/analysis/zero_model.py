@@ -1859,6 +1859,8 @@ def candidate_patches(
         if v.kind == "gpu" and v.overflow_component is not None
         for builder in PATCHES_FOR_COMPONENT.get(v.overflow_component.code, ())
     }
+    if any(v.kind in ("host", "pinned") for v in verdict_list) and before.pinned_per_host() > 0:
+        primary.add(id(patch_unpin))  # pinned pages are what a host cannot reclaim
     seen: set[int] = set()
     ranked: list[tuple[bool, int, ConfigPatch]] = []
     for builder in chosen:

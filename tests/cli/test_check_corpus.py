@@ -111,7 +111,8 @@ def test_pinned_offload_exhausts_the_capped_host_and_unpinned_would_fit() -> Non
         and "pin_memory false" in hazard.message
         and "and fit" in hazard.message
     )
-    unpin = next(p for p in result.patches if p.summary == "stop pinning offload buffers")
+    unpin = result.patches[0]
+    assert unpin.summary == "stop pinning offload buffers"
     assert unpin.host_bytes_delta is not None
     assert host.required_bytes + unpin.host_bytes_delta <= host.capacity_bytes
 
