@@ -1,0 +1,412 @@
+"""Open a text input (plain or compressed) as a bounded-memory stream of lines.
+
+Training logs arrive plain or as ``.gz``/``.bz2``/``.xz``/``.zst``, whatever their names say,
+so the compression is recognised by magic bytes.  Their content is hostile: invalid UTF-8,
+NUL bytes, ANSI colour codes, ``\\r`` progress-bar rewrites, lines of megabytes, a last line cut
+in the middle.  Nothing here raises on content; only an input that cannot be opened or
+decompressed at all raises ``InputError``.
+
+Two views of the same stream:
+
+* ``TextSource.blocks()`` yields ``Block``\\ s: about ``chunk_bytes`` of raw bytes holding whole
+  lines (each ends with ``\\n`` except a cut last line), with the number of their first line.
+  The log reader scans blocks with one multi-pattern search and decodes only the lines it
+  needs (``LineCleaner``).  A line longer than ``max_line_bytes`` that spans reads is cut at
+  that length, counted, and the rest of it dropped while reading, so memory stays at about one
+  chunk plus one capped line whatever the input.
+* ``TextSource.lines()`` yields ``(line_number, text)`` for every line, cleaned (see
+  ``LineCleaner.clean``).  Line numbers are 1-based and count ``\\n`` only.
+
+Memory is independent of the input's size; ``TextSource.stats`` tells what was read and what
+was repaired.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import os
+import shutil
+import subprocess
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import IO
+
+import regex
+
+from oomlens.errors import InputError
+
+MAX_LINE_BYTES = 64 * 1024
+"""Lines are cut to this many bytes: no OOM message or log record is anywhere near as long."""
+
+READ_CHUNK_BYTES = 1 << 20
+
+HEAD_BYTES = 64 * 1024
+"""How much decompressed text ``read_head`` returns for content sniffing."""
+
+
+class Compression(StrEnum):
+    """How an input's bytes are wrapped, told by its first bytes."""
+
+    NONE = "none"
+    GZIP = "gzip"
+    BZIP2 = "bzip2"
+    XZ = "xz"
+    ZSTD = "zstd"
+
+
+_MAGIC: tuple[tuple[bytes, Compression], ...] = (
+    (b"\x1f\x8b", Compression.GZIP),
+    (b"BZh", Compression.BZIP2),
+    (b"\xfd7zXZ\x00", Compression.XZ),
+    (b"\x28\xb5\x2f\xfd", Compression.ZSTD),
+)
+
+
+def sniff_compression(head: bytes) -> Compression:
+    """The compression whose magic bytes start ``head``, else ``Compression.NONE``."""
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            if kind is Compression.BZIP2 and not (len(head) > 3 and head[3:4].isdigit()):
+                continue
+            return kind
+    return Compression.NONE
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What reading one input found: filled in while the stream is consumed."""
+
+    bytes_read: int = 0
+    """Decompressed bytes read so far."""
+    lines: int = 0
+    """Lines seen (the last line counts even when it has no newline)."""
+    long_lines: int = 0
+    """Lines cut to ``max_line_bytes``: those spanning reads, and those a consumer cleaned."""
+    invalid_utf8_lines: int = 0
+    """Cleaned lines whose invalid UTF-8 was replaced by U+FFFD."""
+    nul_lines: int = 0
+    """Cleaned lines that held NUL bytes (removed)."""
+    ended_mid_line: bool = False
+    """The input's last line has no newline: it was cut, or the writer died mid-line."""
+    problem: str | None = None
+    """Why reading stopped early (a compressed stream cut short or corrupt), if it did."""
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Raw bytes holding whole lines; ``first_line`` is the 1-based number of the first one."""
+
+    first_line: int
+    data: bytes
+
+
+_ANSI_RE = regex.compile(r"\x1b(?:\[[0-?]*+[ -/]*+[@-~]|\][^\x07\x1b]*+(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+class LineCleaner:
+    """Turns one raw line into text that matchers can trust; counts the repairs in ``stats``.
+
+    ``clean`` drops the line end, keeps the last non-blank ``\\r`` segment (what a terminal
+    would show after a progress bar rewrote the line), removes NULs, decodes UTF-8 replacing
+    invalid bytes, removes ANSI escape sequences and cuts the line to ``max_line_bytes``.
+    """
+
+    __slots__ = ("max_line_bytes", "stats")
+
+    def __init__(self, stats: StreamStats, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.stats = stats
+        self.max_line_bytes = max_line_bytes
+
+    def clean(self, raw: bytes) -> str:
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if len(raw) > self.max_line_bytes:
+            raw = raw[: self.max_line_bytes]
+            self.stats.long_lines += 1
+        if b"\r" in raw:
+            raw = last_carriage_segment(raw)
+        if b"\x00" in raw:
+            raw = raw.replace(b"\x00", b"")
+            self.stats.nul_lines += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            self.stats.invalid_utf8_lines += 1
+        if "\x1b" in text:
+            text = _ANSI_RE.sub("", text)
+        return text
+
+
+def last_carriage_segment(raw: bytes) -> bytes:
+    """What a terminal shows of a line rewritten with ``\\r``: its last non-blank segment."""
+    raw = raw.rstrip(b"\r")
+    if b"\r" not in raw:
+        return raw
+    for segment in reversed(raw.split(b"\r")):
+        if segment.strip():
+            return segment
+    return b""
+
+
+class TextSource:
+    """One text input, possibly compressed; iterate ``blocks()`` or ``lines()`` once or more.
+
+    Construct with ``open_text``, which checks that the file can be opened.  Every iteration
+    re-opens the file and resets ``stats``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        display: str | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        chunk_bytes: int = READ_CHUNK_BYTES,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.display = display if display is not None else self.path
+        self.max_line_bytes = max_line_bytes
+        self.chunk_bytes = max(chunk_bytes, 4096)
+        self.stats = StreamStats()
+        self.compression = Compression.NONE
+        try:
+            with open(self.path, "rb") as raw:
+                self.compression = sniff_compression(raw.read(8))
+        except OSError as exc:
+            raise _open_error(self.display, exc) from exc
+        if self.compression is Compression.ZSTD:
+            _zstd_available(self.display)
+
+    @contextmanager
+    def open_binary(self) -> Iterator[IO[bytes]]:
+        """The decompressed byte stream.  Raises InputError if it cannot be opened."""
+        try:
+            raw = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise _open_error(self.display, exc) from exc
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            stream: IO[bytes]
+            if self.compression is Compression.GZIP:
+                stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            elif self.compression is Compression.BZIP2:
+                stream = bz2.BZ2File(raw, mode="rb")
+            elif self.compression is Compression.XZ:
+                stream = lzma.LZMAFile(raw, mode="rb")
+            elif self.compression is Compression.ZSTD:
+                stream, proc = _open_zstd(raw, self.display)
+            else:
+                stream = raw
+            yield stream
+        finally:
+            if proc is not None:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            raw.close()
+
+    def _chunks(self) -> Iterator[bytes]:
+        with self.open_binary() as stream:
+            while True:
+                try:
+                    chunk = stream.read(self.chunk_bytes)
+                except EOFError:
+                    self.stats.problem = (
+                        f"the {self.compression} stream ends early (the file was cut); "
+                        "read what was there"
+                    )
+                    return
+                except (OSError, lzma.LZMAError, zlib.error, ValueError) as exc:
+                    if self.stats.bytes_read == 0:
+                        raise InputError(
+                            self.display,
+                            f"looks {self.compression}-compressed but cannot be decompressed ({exc})",
+                            "check that the file is complete and not corrupt",
+                        ) from exc
+                    self.stats.problem = (
+                        f"the {self.compression} stream is corrupt after "
+                        f"{self.stats.bytes_read} bytes ({exc}); read what was before"
+                    )
+                    return
+                if not chunk:
+                    return
+                self.stats.bytes_read += len(chunk)
+                yield chunk
+
+    def blocks(self) -> Iterator[Block]:
+        """Line-aligned raw blocks; see the module docstring for the guarantees."""
+        self.stats = StreamStats()
+        stats = self.stats
+        max_line = self.max_line_bytes
+        partial = bytearray()
+        dropping = False
+        next_line = 1
+        for chunk in self._chunks():
+            pos = 0
+            if dropping:
+                newline = chunk.find(b"\n")
+                if newline < 0:
+                    continue
+                pos = newline + 1
+                dropping = False
+            last_newline = chunk.rfind(b"\n", pos)
+            if last_newline < 0:
+                partial += chunk[pos:] if pos else chunk
+                if len(partial) > max_line:
+                    yield Block(next_line, bytes(partial[:max_line]) + b"\n")
+                    next_line += 1
+                    stats.long_lines += 1
+                    partial.clear()
+                    dropping = True
+                continue
+            if partial:
+                first_newline = chunk.find(b"\n", pos)
+                if len(partial) + first_newline - pos > max_line:
+                    partial += chunk[pos : pos + max_line]
+                    yield Block(next_line, bytes(partial[:max_line]) + b"\n")
+                    next_line += 1
+                    stats.long_lines += 1
+                    partial.clear()
+                    pos = first_newline + 1
+            if last_newline + 1 > pos:
+                body = chunk[pos : last_newline + 1]
+                data = bytes(partial) + body if partial else body
+                partial.clear()
+                yield Block(next_line, data)
+                next_line += data.count(b"\n")
+            partial += chunk[last_newline + 1 :]
+        if partial:
+            stats.ended_mid_line = True
+            yield Block(next_line, bytes(partial))
+            next_line += 1
+        elif dropping:
+            stats.ended_mid_line = True
+        stats.lines = next_line - 1
+
+    def lines(self) -> Iterator[tuple[int, str]]:
+        """Every line as ``(line_number, cleaned_text)``."""
+        cleaner = None
+        for block in self.blocks():
+            if cleaner is None:
+                cleaner = LineCleaner(self.stats, self.max_line_bytes)
+            number = block.first_line
+            parts = block.data.split(b"\n")
+            if block.data.endswith(b"\n"):
+                parts.pop()
+            for raw in parts:
+                yield number, cleaner.clean(raw)
+                number += 1
+
+
+def open_text(
+    path: str | os.PathLike[str],
+    *,
+    display: str | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    chunk_bytes: int = READ_CHUNK_BYTES,
+) -> TextSource:
+    """A ``TextSource`` for ``path``.
+
+    Raises InputError when the file does not exist, is a directory, cannot be read, or is
+    zstd-compressed with no zstd decoder available.
+    """
+    display = display if display is not None else os.fspath(path)
+    if os.path.isdir(path):
+        raise InputError(display, "is a directory, not a file", "pass the files inside it")
+    return TextSource(path, display=display, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+
+
+def read_head(path: str | os.PathLike[str], limit: int = HEAD_BYTES, *, display: str | None = None) -> bytes:
+    """Up to ``limit`` decompressed bytes from the start of ``path``, for content sniffing.
+
+    A cut or corrupt compressed stream yields what could be decompressed.  Raises InputError
+    as ``open_text`` does.
+    """
+    source = open_text(path, display=display)
+    out = bytearray()
+    with source.open_binary() as stream:
+        while len(out) < limit:
+            try:
+                chunk = stream.read(min(limit - len(out), 65536))
+            except (EOFError, OSError, lzma.LZMAError, zlib.error, ValueError):
+                break
+            if not chunk:
+                break
+            out += chunk
+    return bytes(out)
+
+
+def _open_error(display: str, exc: OSError) -> InputError:
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return InputError(display, "does not exist", "check the path")
+    if isinstance(exc, IsADirectoryError):
+        return InputError(display, "is a directory, not a file", "pass the files inside it")
+    if isinstance(exc, PermissionError):
+        return InputError(display, "cannot be read (permission denied)", "check its permissions")
+    return InputError(display, f"cannot be read ({reason})")
+
+
+def _zstd_module_available() -> bool:
+    try:
+        import zstandard  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _zstd_available(display: str) -> None:
+    if _zstd_module_available() or shutil.which("zstd"):
+        return
+    raise InputError(
+        display,
+        "is zstd-compressed, and neither the 'zstandard' Python module nor the 'zstd' program "
+        "is available",
+        "pip install zstandard (or install the zstd program), or decompress the file first",
+    )
+
+
+def _open_zstd(raw: IO[bytes], display: str) -> tuple[IO[bytes], subprocess.Popen[bytes] | None]:
+    if _zstd_module_available():
+        import zstandard
+
+        reader: IO[bytes] = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return reader, None
+    program = shutil.which("zstd")
+    if program is None:  # pragma: no cover - checked when the source was made
+        _zstd_available(display)
+        raise AssertionError("unreachable")
+    proc = subprocess.Popen(
+        [program, "-d", "-c", "-q"],
+        stdin=raw,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    return _ProcessReader(proc), proc
+
+
+class _ProcessReader(io.RawIOBase):
+    """A decompressor subprocess's stdout; a non-zero exit at its end reads as a cut stream."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        super().__init__()
+        self._proc = proc
+        assert proc.stdout is not None
+        self._out = proc.stdout
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._out.read(size)
+        if not data and self._proc.wait() != 0:
+            raise EOFError("zstd reported an error (cut or corrupt input)")
+        return data
