@@ -1,0 +1,866 @@
+"""One streaming pass over a training log: every matcher, bounded memory, ``LogFacts`` out.
+
+``read_log(path, rank=None, host=None)`` reads a plain or compressed log and returns
+``LogFacts``.  ``rank``/``host`` are what the file's location says (per-rank log files of
+``torchrun --log-dir`` or ``deepspeed --enable_each_rank_log``); they apply to lines that carry
+no rank prefix of their own.  Raises ``InputError`` only when the file cannot be opened or is
+empty; anything inside it (binary garbage, invalid UTF-8, cut lines) is tolerated and noted.
+
+How it stays fast: the raw bytes are scanned block by block with one multi-pattern search for
+the anchors of every matcher (``ANCHORS``; Aho-Corasick through ``ahocorasick_rs`` when
+installed, else one compiled alternation).  Only lines holding an anchor are decoded and
+matched, except while some stream (rank) has a traceback, an exception message, a failure
+summary or the config dump open: then every line is read until it closes (or goes stale).
+
+How it stays bounded: a fixed number of facts per kind (the rest counted in
+``LogFacts.dropped``), thinned time series with running statistics, bounded tracebacks and
+messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+import regex
+
+from oomlens.errors import InputError
+from oomlens.facts import SourceRef
+from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
+from oomlens.facts.log import (
+    BatchAssertion,
+    CacheFlushSummary,
+    CacheFlushWarning,
+    ClosingSignal,
+    ConfigErrorLine,
+    DsConfigDump,
+    ExceptionEvent,
+    FailureSummary,
+    KilledSubprocess,
+    LabelStats,
+    LauncherExit,
+    LogFacts,
+    MemorySample,
+    MemorySeries,
+    OomEvent,
+    Phase,
+    PeerFailureSignal,
+    ProcessFailure,
+    StepSample,
+    StepSeries,
+    WorldSize,
+)
+from oomlens.ingest.log import deepspeed, kernel, steps, torch_oom, torchrun
+from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
+from oomlens.ingest.log.series import RunningStats, Thinned
+from oomlens.ingest.log.timestamps import leading_timestamp
+from oomlens.ingest.log.traceback import (
+    FinishedException,
+    TracebackAssembler,
+    classify_phase,
+)
+from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
+
+TRACEBACK_ANCHORS: tuple[bytes, ...] = (
+    b"Traceback (most recent call last)",
+    b"terminate called after throwing",
+)
+
+ANCHORS: tuple[bytes, ...] = tuple(
+    dict.fromkeys(
+        TRACEBACK_ANCHORS
+        + torch_oom.ANCHORS
+        + deepspeed.ANCHORS
+        + torchrun.ANCHORS
+        + kernel.ANCHORS
+        + steps.ANCHORS
+    )
+)
+"""Every literal a line must contain for some matcher to care about it."""
+
+MAX_STREAMS = 4096
+MAX_LABELS = 64
+_WORLD_PRIORITY = {"world_info": 0, "dist_world_size": 1, "config": 2, "config_dump": 3, "torchrun_summary": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderLimits:
+    """Bounds on what one log can make the reader keep."""
+
+    max_oom_events: int = 1000
+    max_exceptions: int = 500
+    max_events: int = 2000
+    """Per other list (failures, kernel lines, launcher lines...)."""
+    series_head: int = 32
+    series_middle: int = 192
+    series_tail: int = 32
+
+
+class _AnchorScanner:
+    """Start offsets of anchor matches in a block: Aho-Corasick when available."""
+
+    def __init__(self, anchors: tuple[bytes, ...]) -> None:
+        self._automaton = None
+        try:
+            import ahocorasick_rs
+
+            self._automaton = ahocorasick_rs.BytesAhoCorasick(
+                list(anchors), matchkind=ahocorasick_rs.MatchKind.LeftmostFirst
+            )
+        except ImportError:  # pragma: no cover - exercised where the extra is missing
+            self._pattern = re.compile(b"|".join(re.escape(a) for a in anchors))
+
+    @property
+    def accelerated(self) -> bool:
+        return self._automaton is not None
+
+    def positions(self, data: bytes) -> list[int]:
+        if self._automaton is not None:
+            return [start for _, start, _ in self._automaton.find_matches_as_indexes(data)]
+        return [m.start() for m in self._pattern.finditer(data)]
+
+
+_SCANNER: _AnchorScanner | None = None
+
+
+def _scanner() -> _AnchorScanner:
+    global _SCANNER
+    if _SCANNER is None:
+        _SCANNER = _AnchorScanner(ANCHORS)
+    return _SCANNER
+
+
+_GLUED = regex.compile(r"\[(?:rank|default)\d{1,6}\]:")
+_TERMINATE = regex.compile(r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'")
+_EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
+_PEER_QUICK = tuple(a.decode() for a in torchrun.ANCHORS if a not in (b"failed (exitcode", b"closing signal", b"terminated with", b"ChildFailedError"))
+_KERNEL_QUICK = tuple(a.decode() for a in kernel.ANCHORS)
+_STEP_QUICK = tuple(a.decode() for a in steps.ANCHORS)
+
+
+class _Stream:
+    __slots__ = ("config_dump", "config_ref", "failure_block", "pending_memory", "tb")
+
+    def __init__(self) -> None:
+        self.tb = TracebackAssembler()
+        self.failure_block: torchrun.FailureBlockParser | None = None
+        self.config_dump: deepspeed.ConfigDumpCollector | None = None
+        self.config_ref: SourceRef | None = None
+        self.pending_memory: tuple[SourceRef, str | None, deepspeed.MemoryReading, datetime | None, int | None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.tb.open or self.failure_block is not None or self.config_dump is not None
+
+
+class _MemoryKeeper:
+    __slots__ = ("allocated", "cpu", "host", "labels", "max_allocated", "rank", "reserved", "samples")
+
+    def __init__(self, rank: int | None, host: str | None, limits: ReaderLimits) -> None:
+        self.rank = rank
+        self.host = host
+        self.samples: Thinned[MemorySample] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.allocated = RunningStats()
+        self.reserved = RunningStats()
+        self.max_allocated = RunningStats()
+        self.cpu = RunningStats()
+        self.labels: dict[str, tuple[RunningStats, RunningStats]] = {}
+
+    def add(self, sample: MemorySample) -> None:
+        self.samples.add(sample)
+        self.allocated.add(sample.allocated)
+        self.reserved.add(sample.reserved)
+        self.max_allocated.add(sample.max_allocated)
+        if sample.cpu_used is not None:
+            self.cpu.add(sample.cpu_used)
+        if sample.label is not None:
+            stats = self.labels.get(sample.label)
+            if stats is None and len(self.labels) < MAX_LABELS:
+                stats = self.labels[sample.label] = (RunningStats(), RunningStats())
+            if stats is not None:
+                stats[0].add(sample.allocated)
+                stats[1].add(sample.reserved)
+
+    def freeze(self) -> MemorySeries:
+        return MemorySeries(
+            rank=self.rank,
+            host=self.host,
+            samples=self.samples.items(),
+            total_samples=self.samples.count,
+            allocated=self.allocated.freeze(),
+            reserved=self.reserved.freeze(),
+            max_allocated=self.max_allocated.freeze(),
+            cpu_used=self.cpu.freeze() if self.cpu.count else None,
+            by_label=tuple(LabelStats(label, a.freeze(), r.freeze()) for label, (a, r) in self.labels.items()),
+        )
+
+
+class _Bounded:
+    """A list that keeps ``limit`` items and counts the rest under ``name``."""
+
+    __slots__ = ("dropped", "items", "limit", "name")
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.items: list[object] = []
+        self.dropped = 0
+
+    def add(self, item: object) -> None:
+        if len(self.items) < self.limit:
+            self.items.append(item)
+        else:
+            self.dropped += 1
+
+
+class LogReader:
+    """The state of one pass; use ``read_log``."""
+
+    def __init__(self, source: TextSource, *, rank: int | None, host: str | None, limits: ReaderLimits) -> None:
+        self.source = source
+        self.path = source.display
+        self.layout_rank = rank
+        self.layout_host = host
+        self.limits = limits
+        self.cleaner = LineCleaner(source.stats, source.max_line_bytes)
+        try:
+            self.year: int | None = datetime.fromtimestamp(os.stat(source.path).st_mtime).year
+        except OSError:  # pragma: no cover
+            self.year = None
+        self.last_time: datetime | None = None
+        self.last_step: int | None = None
+        self.known_hosts: set[str] = set()
+        self.local_to_global: dict[tuple[object, ...], int] = {}
+        self.pid_local_rank: dict[int, int] = {}
+        self.streams: dict[tuple[object, ...], _Stream] = {}
+        self.open_streams: dict[tuple[object, ...], _Stream] = {}
+        self.ranks_seen: set[int] = set()
+        self.hosts_seen: set[str] = set()
+        self.prev_tail = b""
+        self.cut_tracebacks = 0
+        self.lines_since_stale_check = 0
+        lim = limits.max_events
+        self.oom = _Bounded("oom_events", limits.max_oom_events)
+        self.exceptions = _Bounded("exceptions", limits.max_exceptions)
+        self.batch = _Bounded("batch_assertions", lim)
+        self.config_errors = _Bounded("config_errors", lim)
+        self.launcher_exits = _Bounded("launcher_exits", lim)
+        self.killed = _Bounded("killed_subprocesses", lim)
+        self.closing = _Bounded("closing_signals", lim)
+        self.failures = _Bounded("process_failures", lim)
+        self.summaries = _Bounded("failure_summaries", 64)
+        self.peers = _Bounded("peer_failures", lim)
+        self.kills = _Bounded("kernel_oom_kills", lim)
+        self.invocations = _Bounded("oom_invocations", lim)
+        self.slurm = _Bounded("slurm_oom_kills", lim)
+        self.fatal = _Bounded("fatal_signals", lim)
+        self.memory: dict[tuple[int | None, str | None], _MemoryKeeper] = {}
+        self.flushes: Thinned[CacheFlushWarning] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.flush_total = 0
+        self.flush_max = 0
+        self.flush_first: CacheFlushWarning | None = None
+        self.flush_last: CacheFlushWarning | None = None
+        self.step_samples: Thinned[StepSample] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.loss = RunningStats()
+        self.max_step: int | None = None
+        self.last_step_sample: StepSample | None = None
+        self.last_by_rank: dict[int | None, StepSample] = {}
+        self.config_dump: DsConfigDump | None = None
+        self.config_dumps_seen = 0
+        self.world: WorldSize | None = None
+        self.oom_keys: dict[tuple[object, ...], int] = {}
+
+    # --- the pass -------------------------------------------------------------------------
+
+    def run(self) -> LogFacts:
+        scanner = _scanner()
+        for block in self.source.blocks():
+            data = block.data
+            positions = scanner.positions(data)
+            self._scan_block(data, positions, block.first_line)
+            self.prev_tail = data[-16384:]
+        self._close_all(at_end=True)
+        return self._facts()
+
+    def _scan_block(self, data: bytes, positions: list[int], first_line: int) -> None:
+        pos = 0
+        number = first_line
+        index = 0
+        count = len(positions)
+        size = len(data)
+        while True:
+            if self.open_streams:
+                if pos >= size:
+                    return
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    end = size
+                self._line(data, pos, end, number)
+                number += 1
+                pos = end + 1
+                while index < count and positions[index] < pos:
+                    index += 1
+                self.lines_since_stale_check += 1
+                if self.lines_since_stale_check >= 32:
+                    self.lines_since_stale_check = 0
+                    self._close_stale(number)
+                continue
+            if index >= count:
+                return
+            hit = positions[index]
+            start = data.rfind(b"\n", pos, hit)
+            start = pos if start < 0 else start + 1
+            number += data.count(b"\n", pos, start)
+            end = data.find(b"\n", hit)
+            if end < 0:
+                end = size
+            self._line(data, start, end, number)
+            number += 1
+            pos = end + 1
+            while index < count and positions[index] < pos:
+                index += 1
+
+    def _line(self, data: bytes, start: int, end: int, number: int) -> None:
+        text = self.cleaner.clean(data[start:end])
+        if text:
+            self._handle(text, number, data, start, None, 0)
+        else:
+            for key, stream in list(self.open_streams.items()):
+                if not key and stream.tb.open:
+                    self._feed_stream(stream, key, "", SourceRef(self.path, number, self.layout_rank, self.layout_host))
+
+    # --- one line -------------------------------------------------------------------------
+
+    def _handle(self, text: str, number: int, data: bytes, start: int, outer: LinePrefix | None, depth: int) -> None:
+        rest, prefix = strip_prefixes(text, self.known_hosts)
+        if outer is not None and prefix.host is None and outer.host is not None:
+            prefix = LinePrefix(outer.host, prefix.rank, prefix.local_rank, prefix.role, (("host", outer.host),) + prefix.key)
+        if depth < 8 and "[" in rest:
+            glued = _GLUED.search(rest, 1)
+            if glued is not None:
+                self._handle_rest(rest[: glued.start()], prefix, number, data, start)
+                self._handle(rest[glued.start() :], number, data, start, prefix, depth + 1)
+                return
+        self._handle_rest(rest, prefix, number, data, start)
+
+    def _rank_of(self, prefix: LinePrefix) -> int | None:
+        if prefix.rank is not None:
+            if prefix.local_rank is not None and len(self.local_to_global) < MAX_STREAMS:
+                self.local_to_global[(prefix.host, prefix.role, prefix.local_rank)] = prefix.rank
+            return prefix.rank
+        if prefix.local_rank is not None:
+            return self.local_to_global.get((prefix.host, prefix.role, prefix.local_rank), prefix.local_rank)
+        return self.layout_rank
+
+    def _stream(self, key: tuple[object, ...]) -> _Stream:
+        stream = self.streams.get(key)
+        if stream is None:
+            if len(self.streams) >= MAX_STREAMS:
+                self._close_all(at_end=False)
+                self.streams.clear()
+            stream = self.streams[key] = _Stream()
+        return stream
+
+    def _handle_rest(self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int) -> None:
+        rank = self._rank_of(prefix)
+        host = prefix.host if prefix.host is not None else self.layout_host
+        if rank is not None and len(self.ranks_seen) < MAX_STREAMS:
+            self.ranks_seen.add(rank)
+        if host is not None and len(self.hosts_seen) < MAX_STREAMS:
+            self.hosts_seen.add(host)
+        when: datetime | None = None
+        first = rest[:1]
+        if first and first in "[0123456789IWEF":
+            when, has_year = leading_timestamp(rest, self.year)
+            if when is not None:
+                self.last_time = when
+                if has_year:
+                    self.year = when.year
+        record = deepspeed.parse_logger_line(rest) if first == "[" else None
+        if record is not None and rank is None and record.rank is not None:
+            rank = record.rank
+        ref = SourceRef(self.path, number, rank, host)
+        key = prefix.key
+        stream = self._stream(key)
+        if stream.open or "Traceback" in rest or stream.pending_memory is not None:
+            if self._feed_stream(stream, key, rest, ref):
+                return
+        message = record.message if record is not None else rest
+        self._match(rest, message, record, ref, when, prefix, stream, key, data, start)
+
+    def _feed_stream(self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef) -> bool:
+        """Feed the stream's state machines; True when the line was consumed by one."""
+        if stream.failure_block is not None:
+            if stream.failure_block.feed(rest, ref.line):
+                if stream.failure_block.done:
+                    self._finish_failure_block(stream)
+                    self._sync_open(key, stream)
+                return True
+            self._finish_failure_block(stream)
+            self._sync_open(key, stream)
+        if stream.config_dump is not None:
+            if stream.config_dump.feed(rest):
+                return True
+            self._finish_config_dump(stream)
+            self._sync_open(key, stream)
+        if stream.pending_memory is not None and "CPU Virtual Memory" not in rest:
+            self._flush_memory(stream, None)
+        finished = stream.tb.feed(rest, ref)
+        if finished is not None:
+            self._finished(finished)
+        current = stream.tb.exception_class
+        if current is not None and current.endswith("ChildFailedError"):
+            finished = stream.tb.close()
+            if finished is not None:
+                self._finished(finished)
+            stream.failure_block = torchrun.FailureBlockParser(ref)
+        self._sync_open(key, stream)
+        return False
+
+    def _sync_open(self, key: tuple[object, ...], stream: _Stream) -> None:
+        if stream.open:
+            self.open_streams[key] = stream
+        else:
+            self.open_streams.pop(key, None)
+
+    def _match(
+        self,
+        rest: str,
+        message: str,
+        record: deepspeed.LoggerRecord | None,
+        ref: SourceRef,
+        when: datetime | None,
+        prefix: LinePrefix,
+        stream: _Stream,
+        key: tuple[object, ...],
+        data: bytes,
+        start: int,
+    ) -> None:
+        # Exceptions and OOMs not already inside a traceback.
+        if not stream.tb.open:
+            terminate = _TERMINATE.search(rest) if "terminate called" in rest else None
+            if terminate is not None:
+                finished = stream.tb.start_exception(terminate.group("cls"), rest, ref)
+                if finished is not None:
+                    self._finished(finished)
+                self._sync_open(key, stream)
+            elif torch_oom.looks_like_oom(rest):
+                cls = _EXCEPTION_CLASS.search(rest)
+                finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref)
+                if finished is not None:
+                    self._finished(finished)
+                self._sync_open(key, stream)
+        if "Max_MA" in message:
+            reading = deepspeed.parse_memory_line(message)
+            if reading is not None:
+                if stream.pending_memory is not None:
+                    self._flush_memory(stream, None)
+                label = self._label_before(data, start, prefix.key)
+                stream.pending_memory = (ref, label, reading, when or self.last_time, self.last_step)
+                return
+        if "CPU Virtual Memory" in message:
+            cpu = deepspeed.parse_cpu_line(message)
+            if cpu is not None and stream.pending_memory is not None:
+                self._flush_memory(stream, cpu)
+            return
+        if "cache flushes since last step" in message:
+            flushes = deepspeed.parse_cache_flush(message)
+            if flushes is not None:
+                self._add_flush(CacheFlushWarning(ref, flushes, self.last_step, when or self.last_time))
+            return
+        if "DeepSpeedEngine configuration" in message and record is not None:
+            self.config_dumps_seen += 1
+            if self.config_dump is None and stream.config_dump is None:
+                stream.config_dump = deepspeed.ConfigDumpCollector()
+                stream.config_ref = ref
+                self._sync_open(key, stream)
+            return
+        if "Check batch related parameters" in message:
+            numbers = deepspeed.parse_batch_assertion(message)
+            if numbers is not None:
+                self.batch.add(BatchAssertion(ref, numbers.train_batch_size, numbers.micro_batch_per_gpu,
+                                              numbers.gradient_accumulation_steps, numbers.world_size,
+                                              when or self.last_time))
+            return
+        if "defined" in message or "provided" in message or "mismatch" in message or "greater than 0" in message or "divisible" in message:
+            error = deepspeed.parse_config_error(message)
+            if error is not None:
+                self.config_errors.add(ConfigErrorLine(ref, error))
+                return
+        if "exits with return code" in message or "Killing subprocess" in message or "spawned with command" in message:
+            self._launcher(message, ref, when)
+            return
+        if "WORLD INFO DICT" in message or "world_size" in message:
+            world = deepspeed.parse_world_size(message)
+            if world is not None:
+                self._set_world(world[0], world[1], ref)
+                return
+        if "failed (exitcode" in message or "closing signal" in message or "terminated with" in message:
+            if self._agent(message, ref, when, data, start):
+                return
+        if any(quick in message for quick in _PEER_QUICK):
+            peer = torchrun.parse_peer_failure(message)
+            if peer is not None:
+                kind, text_rank = peer
+                source = ref if ref.rank is not None or text_rank is None else replace(ref, rank=text_rank)
+                self.peers.add(PeerFailureSignal(source, kind, message[:500], when or self._time_before(data, start)))
+        if any(quick in rest for quick in _KERNEL_QUICK):
+            event = kernel.parse_kernel_line(rest, ref, self.year)
+            if event is not None:
+                self._kernel_event(event)
+                return
+        if any(quick in message for quick in _STEP_QUICK):
+            reading = steps.parse_step_line(message)
+            if reading is not None:
+                self._add_step(reading, ref, when or self.last_time)
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def _finished(self, finished: FinishedException) -> None:
+        traceback = finished.traceback
+        if not finished.exception_class and not finished.text:
+            self.cut_tracebacks += 1
+            return
+        phase, evidence = classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
+        oom = torch_oom.parse_oom_message(finished.text, exception_class=finished.exception_class or None)
+        ref = finished.source
+        when = self.last_time
+        if oom is not None:
+            event = OomEvent(
+                source=ref,
+                message=oom,
+                phase=phase,
+                phase_evidence=evidence,
+                traceback=traceback,
+                origin="log",
+                timestamp=when,
+                timestamp_exact=False,
+            )
+            self._add_oom(event)
+            return
+        if traceback is None and not finished.exception_class:
+            return
+        peer = torchrun.parse_peer_failure(finished.text) is not None or "DistBackendError" in finished.exception_class
+        self.exceptions.add(
+            ExceptionEvent(
+                source=ref,
+                exception_class=finished.exception_class,
+                text=finished.text[:2000],
+                traceback=traceback,
+                phase=phase,
+                phase_evidence=evidence,
+                peer_failure=peer,
+                timestamp=when,
+                timestamp_exact=False,
+            )
+        )
+
+    def _oom_key(self, event: OomEvent) -> tuple[object, ...]:
+        m = event.message
+        return (m.kind, m.tried_to_allocate, m.total_capacity, m.free, m.process_in_use, m.text[:400])
+
+    def _add_oom(self, event: OomEvent) -> None:
+        key = self._oom_key(event)
+        if len(self.oom.items) < self.oom.limit and (key in self.oom_keys or len(self.oom_keys) < 4 * self.oom.limit):
+            # The latest copy: a failure summary quotes the OOM its worker printed just before.
+            self.oom_keys[key] = len(self.oom.items)
+        self.oom.add(event)
+
+    def _flush_memory(self, stream: _Stream, cpu: tuple[int, float] | None) -> None:
+        pending, stream.pending_memory = stream.pending_memory, None
+        if pending is None:
+            return
+        ref, label, reading, when, step = pending
+        sample = MemorySample(ref, label, reading.allocated, reading.max_allocated, reading.reserved,
+                              reading.max_reserved, cpu[0] if cpu else None, cpu[1] if cpu else None, step, when)
+        key = (ref.rank, ref.host)
+        keeper = self.memory.get(key)
+        if keeper is None:
+            if len(self.memory) >= MAX_STREAMS:
+                return
+            keeper = self.memory[key] = _MemoryKeeper(ref.rank, ref.host, self.limits)
+        keeper.add(sample)
+
+    def _label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
+        """The previous line of the same stream (the ``see_memory_usage`` label)."""
+        window = data[max(0, start - 16384) : start]
+        if start < 16384:
+            window = self.prev_tail + window
+        end = len(window)
+        for _ in range(16):
+            if end <= 0:
+                return None
+            begin = window.rfind(b"\n", 0, end - 1) + 1
+            raw = window[begin:end]
+            end = begin
+            text = self.cleaner.clean(raw)
+            rest, prefix = strip_prefixes(text, self.known_hosts)
+            if prefix.key != key:
+                continue
+            label = deepspeed.strip_logger(rest).strip()
+            if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
+                return None
+            return label[:200]
+        return None
+
+    def _time_before(self, data: bytes, start: int) -> datetime | None:
+        window = data[max(0, start - 16384) : start]
+        end = len(window)
+        for _ in range(64):
+            if end <= 0:
+                break
+            begin = window.rfind(b"\n", 0, end - 1) + 1
+            raw = window[begin:end]
+            end = begin
+            rest, _ = strip_prefixes(self.cleaner.clean(raw))
+            when, _ = leading_timestamp(rest, self.year)
+            if when is not None:
+                return when
+        return self.last_time
+
+    def _add_flush(self, warning: CacheFlushWarning) -> None:
+        self.flushes.add(warning)
+        self.flush_total += warning.flushes
+        self.flush_max = max(self.flush_max, warning.flushes)
+        if self.flush_first is None:
+            self.flush_first = warning
+        self.flush_last = warning
+
+    def _launcher(self, message: str, ref: SourceRef, when: datetime | None) -> None:
+        line = deepspeed.parse_launcher_line(message)
+        if line is None:
+            return
+        if line.kind == "spawned" and line.pid is not None and line.local_rank is not None:
+            if len(self.pid_local_rank) < MAX_STREAMS:
+                self.pid_local_rank[line.pid] = line.local_rank
+        elif line.kind == "killing" and line.pid is not None:
+            self.killed.add(KilledSubprocess(ref, line.pid, self.pid_local_rank.get(line.pid), when))
+        elif line.kind == "exit" and line.return_code is not None:
+            self.launcher_exits.add(LauncherExit(ref, line.return_code, line.local_rank, when))
+
+    def _agent(self, message: str, ref: SourceRef, when: datetime | None, data: bytes, start: int) -> bool:
+        line = torchrun.parse_agent_line(message)
+        if line is None:
+            return False
+        when = when or self._time_before(data, start)
+        if line.kind == "closing" and line.pid is not None:
+            self.closing.add(ClosingSignal(ref, line.pid, line.signal or "", self.pid_local_rank.get(line.pid), when))
+            return True
+        if line.pid is not None and line.local_rank is not None and len(self.pid_local_rank) < MAX_STREAMS:
+            self.pid_local_rank[line.pid] = line.local_rank
+        self.failures.add(
+            ProcessFailure(
+                source=ref,
+                origin="torchrun_agent" if line.kind == "failed" else "mp_spawn",
+                exitcode=line.exitcode,
+                signal=line.signal,
+                rank=None,
+                local_rank=line.local_rank,
+                pid=line.pid,
+                host=ref.host,
+                timestamp=when,
+                root_cause=False,
+                error_file=None,
+                message=None,
+                oom=None,
+            )
+        )
+        return True
+
+    def _finish_failure_block(self, stream: _Stream) -> None:
+        parser, stream.failure_block = stream.failure_block, None
+        if parser is None or parser._rules == 0:
+            return
+        summary = parser.finish()
+        self.summaries.add(summary)
+        for failure in summary.failures:
+            self.failures.add(failure)
+            if failure.pid is not None and failure.local_rank is not None and len(self.pid_local_rank) < MAX_STREAMS:
+                self.pid_local_rank.setdefault(failure.pid, failure.local_rank)
+            if failure.rank is not None and len(self.ranks_seen) < MAX_STREAMS:
+                self.ranks_seen.add(failure.rank)
+            if failure.oom is not None:
+                self._fold_summary_oom(failure)
+        ranks = {f.rank for f in summary.failures if f.rank is not None}
+        if ranks:
+            self._set_world(max(ranks) + 1, "torchrun_summary", summary.source)
+
+    def _fold_summary_oom(self, failure: ProcessFailure) -> None:
+        assert failure.oom is not None
+        probe = OomEvent(failure.source, failure.oom, Phase.UNKNOWN, None, None, "failure_summary",
+                         failure.timestamp, False, failure.local_rank)
+        index = self.oom_keys.get(self._oom_key(probe))
+        earlier = self.oom.items[index] if index is not None and index < len(self.oom.items) else None
+        if isinstance(earlier, OomEvent) and earlier.source.rank in (None, failure.rank, failure.local_rank):
+            assert index is not None
+            source = earlier.source
+            if source.rank is None and failure.rank is not None:
+                source = replace(source, rank=failure.rank)
+            self.oom.items[index] = replace(earlier, source=source, reported_elsewhere=earlier.reported_elsewhere + 1,
+                                            local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank)
+            return
+        self._add_oom(probe)
+
+    def _finish_config_dump(self, stream: _Stream) -> None:
+        collector, stream.config_dump = stream.config_dump, None
+        if collector is None or stream.config_ref is None or self.config_dump is not None:
+            return
+        self.config_dump = DsConfigDump(
+            stream.config_ref,
+            tuple(collector.entries),
+            collector.json_text,
+            collector.complete,
+        )
+        for name, value in collector.entries:
+            if name == "world_size":
+                try:
+                    number = float(value.strip())
+                except ValueError:
+                    break
+                self._set_world(int(number) if number.is_integer() else number, "config_dump", stream.config_ref)
+                break
+
+    def _set_world(self, value: int | float, origin: str, ref: SourceRef) -> None:
+        if self.world is None or _WORLD_PRIORITY[origin] < _WORLD_PRIORITY[self.world.origin]:
+            self.world = WorldSize(value, origin, ref)
+
+    def _kernel_event(self, event: object) -> None:
+        if isinstance(event, KernelOomKill):
+            self.kills.add(event)
+        elif isinstance(event, OomKillerInvoked):
+            self.invocations.add(event)
+        elif isinstance(event, SlurmOomKill):
+            self.slurm.add(event)
+        elif isinstance(event, FatalSignalLine):
+            self.fatal.add(event)
+
+    def _add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
+        sample = StepSample(ref, reading.kind, reading.step, reading.total, reading.loss, reading.epoch,
+                            reading.memory_allocated, reading.max_memory_allocated, reading.skipped, when)
+        self.step_samples.add(sample)
+        if reading.step is not None:
+            self.last_step = reading.step
+            self.max_step = reading.step if self.max_step is None else max(self.max_step, reading.step)
+        if reading.loss is not None and reading.loss == reading.loss:
+            self.loss.add(reading.loss)
+        self.last_step_sample = sample
+        if ref.rank in self.last_by_rank or len(self.last_by_rank) < MAX_STREAMS:
+            self.last_by_rank[ref.rank] = sample
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def _close_stale(self, number: int) -> None:
+        for key, stream in list(self.open_streams.items()):
+            if stream.tb.stale(number):
+                finished = stream.tb.close()
+                if finished is not None:
+                    self._finished(finished)
+            if stream.failure_block is not None and stream.failure_block._lines > 0 and stream.tb.stale(number):
+                self._finish_failure_block(stream)
+            self._sync_open(key, stream)
+        # streams whose only open state is a dump or block still close when they end; a
+        # dump or block is bounded in lines, so these cannot stay open forever.
+
+    def _close_all(self, *, at_end: bool) -> None:
+        for key, stream in list(self.streams.items()):
+            if stream.tb.open:
+                if at_end:
+                    self.ended_in_traceback = True
+                finished = stream.tb.close()
+                if finished is not None:
+                    self._finished(finished)
+            if stream.failure_block is not None:
+                self._finish_failure_block(stream)
+            if stream.config_dump is not None:
+                self._finish_config_dump(stream)
+            if stream.pending_memory is not None:
+                self._flush_memory(stream, None)
+            self.open_streams.pop(key, None)
+
+    ended_in_traceback = False
+
+    def _facts(self) -> LogFacts:
+        stats = self.source.stats
+        notes: list[str] = []
+        if stats.problem:
+            notes.append(stats.problem)
+        if stats.invalid_utf8_lines:
+            notes.append(f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)")
+        if stats.nul_lines:
+            notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
+        if stats.long_lines:
+            notes.append(f"{stats.long_lines} line(s) longer than {self.source.max_line_bytes} bytes were cut")
+        if stats.ended_mid_line:
+            notes.append("the last line has no end of line: the log was cut or its writer died mid-line")
+        if self.ended_in_traceback:
+            notes.append("the log ends inside a traceback or an exception message")
+        if self.cut_tracebacks:
+            notes.append(f"{self.cut_tracebacks} traceback(s) stopped before their exception line")
+        lists = (self.oom, self.exceptions, self.batch, self.config_errors, self.launcher_exits, self.killed,
+                 self.closing, self.failures, self.summaries, self.peers, self.kills, self.invocations,
+                 self.slurm, self.fatal)
+        dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
+        return LogFacts(
+            path=self.path,
+            compression=str(self.source.compression),
+            bytes_read=stats.bytes_read,
+            lines=stats.lines,
+            long_lines=stats.long_lines,
+            invalid_utf8_lines=stats.invalid_utf8_lines,
+            ended_mid_line=stats.ended_mid_line,
+            ended_in_traceback=self.ended_in_traceback,
+            layout_rank=self.layout_rank,
+            oom_events=tuple(self.oom.items),  # type: ignore[arg-type]
+            exceptions=tuple(self.exceptions.items),  # type: ignore[arg-type]
+            memory=tuple(k.freeze() for k in self.memory.values()),
+            cache_flushes=CacheFlushSummary(self.flushes.count, self.flush_total, self.flush_max,
+                                            self.flush_first, self.flush_last, self.flushes.items()),
+            steps=StepSeries(self.step_samples.count, self.step_samples.items(), self.last_step_sample,
+                             self.max_step, self.loss.freeze() if self.loss.count else None,
+                             tuple(self.last_by_rank.values())),
+            config_dump=self.config_dump,
+            config_dumps_seen=self.config_dumps_seen,
+            batch_assertions=tuple(self.batch.items),  # type: ignore[arg-type]
+            config_errors=tuple(self.config_errors.items),  # type: ignore[arg-type]
+            world_size=self.world,
+            launcher_exits=tuple(self.launcher_exits.items),  # type: ignore[arg-type]
+            killed_subprocesses=tuple(self.killed.items),  # type: ignore[arg-type]
+            closing_signals=tuple(self.closing.items),  # type: ignore[arg-type]
+            process_failures=tuple(self.failures.items),  # type: ignore[arg-type]
+            failure_summaries=tuple(self.summaries.items),  # type: ignore[arg-type]
+            peer_failures=tuple(self.peers.items),  # type: ignore[arg-type]
+            kernel_oom_kills=tuple(self.kills.items),  # type: ignore[arg-type]
+            oom_invocations=tuple(self.invocations.items),  # type: ignore[arg-type]
+            slurm_oom_kills=tuple(self.slurm.items),  # type: ignore[arg-type]
+            fatal_signals=tuple(self.fatal.items),  # type: ignore[arg-type]
+            ranks_seen=tuple(sorted(self.ranks_seen)),
+            hosts_seen=tuple(sorted(self.hosts_seen)),
+            dropped=dropped,
+            notes=tuple(notes),
+        )
+
+
+def read_log(
+    path: str | os.PathLike[str],
+    *,
+    rank: int | None = None,
+    host: str | None = None,
+    display: str | None = None,
+    limits: ReaderLimits | None = None,
+) -> LogFacts:
+    """Read one training log in one streaming pass; see the module docstring.
+
+    Raises InputError when the file does not exist, cannot be read, is a directory, is
+    empty, or cannot be decompressed at all.
+    """
+    source = open_text(path, display=display)
+    try:
+        empty = os.path.getsize(path) == 0
+    except OSError as exc:  # pragma: no cover - open_text checked it
+        raise InputError(source.display, f"cannot be read ({exc})") from exc
+    if empty:
+        raise InputError(source.display, "is empty", "pass the log of the failed run")
+    reader = LogReader(source, rank=rank, host=host, limits=limits or ReaderLimits())
+    return reader.run()

@@ -1,0 +1,87 @@
+"""Progress lines: which step a run reached, and the loss printed with it.
+
+Forms: DeepSpeed ``step=N, skipped=M, lr=...``; DeepSpeed ThroughputTimer
+``epoch=E/micro_step=M/global_step=N, ... MemAllocated=xGB, MaxMemAllocated=yGB`` (and the
+older ``N/M, SamplesPerSec=..., MemAllocated=...``); HF Trainer ``{'loss': 1.23, ...,
+'epoch': 0.5}``; tqdm ``45/100 [00:10<00:12, ...]``; generic ``step N ... loss X``,
+``iter N/M``, ``global_step N``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import regex
+
+ANCHORS: tuple[bytes, ...] = (
+    b"step",
+    b"Step",
+    b"iter",
+    b"Iter",
+    b"loss",
+    b"it/s]",
+    b"s/it]",
+    b"SamplesPerSec",
+)
+
+_GIB = 1024**3
+_FLOAT = r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,4})?|nan|inf"
+_DS_STEP = regex.compile(r"\bstep=(?P<step>\d{1,12}), skipped=(?P<skipped>\d{1,12})")
+_THROUGHPUT = regex.compile(
+    r"global_step=(?P<step>\d{1,12})[^\n]{0,400}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
+)
+_OLD_THROUGHPUT = regex.compile(
+    r"(?P<step>\d{1,12})/(?P<total>\d{1,12}), SamplesPerSec=[^\n]{0,100}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
+)
+_HF = regex.compile(r"\{'loss': '?(?P<loss>" + _FLOAT + r")'?,[^\n]{0,2000}?'epoch': '?(?P<epoch>" + _FLOAT + r")'?")
+_TQDM = regex.compile(r"\|\s{0,4}(?P<step>\d{1,12})/(?P<total>\d{1,12}) \[(?:\d{1,4}:)?\d{1,4}:\d\d[<,]")
+_GENERIC_STEP = regex.compile(
+    r"\b(?:global[_ ]step|step|iteration|iter)\b\s{0,3}[:=#]?\s{0,3}\[?(?P<step>\d{1,12})(?:\s{0,2}/\s{0,2}(?P<total>\d{1,12}))?",
+    regex.IGNORECASE,
+)
+_GENERIC_LOSS = regex.compile(r"\bloss\b'?\"?\s{0,3}[:=]\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReading:
+    kind: str
+    step: int | None
+    total: int | None = None
+    loss: float | None = None
+    epoch: float | None = None
+    memory_allocated: int | None = None
+    max_memory_allocated: int | None = None
+    skipped: int | None = None
+
+
+def parse_step_line(text: str) -> StepReading | None:
+    """The progress a line reports, or None.  See ``StepSample`` for the kinds."""
+    match = _DS_STEP.search(text)
+    if match is not None:
+        return StepReading("deepspeed", int(match.group("step")), skipped=int(match.group("skipped")))
+    if "MemAllocated=" in text:
+        match = _THROUGHPUT.search(text) or _OLD_THROUGHPUT.search(text)
+        if match is not None:
+            total = match.groupdict().get("total")
+            return StepReading("throughput", int(match.group("step")), int(total) if total else None,
+                               memory_allocated=round(float(match.group("mem")) * _GIB),
+                               max_memory_allocated=round(float(match.group("max")) * _GIB))
+    if "'loss'" in text:
+        match = _HF.search(text)
+        if match is not None:
+            return StepReading("hf", None, loss=float(match.group("loss")), epoch=float(match.group("epoch")))
+    if "/s]" in text or "s/it]" in text or "<" in text:
+        match = _TQDM.search(text)
+        if match is not None:
+            return StepReading("tqdm", int(match.group("step")), int(match.group("total")))
+    match = _GENERIC_STEP.search(text)
+    if match is not None:
+        loss = _GENERIC_LOSS.search(text)
+        if loss is not None or match.group("total") is not None:
+            return StepReading(
+                "generic",
+                int(match.group("step")),
+                int(match.group("total")) if match.group("total") else None,
+                loss=float(loss.group("loss")) if loss else None,
+            )
+    return None

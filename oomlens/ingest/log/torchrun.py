@@ -1,0 +1,252 @@
+"""torch.distributed.elastic (torchrun) and torch.multiprocessing lines, and the signs that a
+rank is failing because a peer died.
+
+* agent lines (all generations): ``failed (exitcode: -9) local_rank: 1 (pid: 2306) of
+  binary: ...``, ``Sending process 2305 closing signal SIGTERM``;
+* ``torch.multiprocessing.spawn``: ``process 0 terminated with signal SIGKILL`` /
+  ``... with exit code 1``;
+* the ``ChildFailedError`` block (``FailureBlockParser``): ``<script> FAILED``, each failure's
+  time, host, rank, local rank, exit code, pid, error file and traceback, and which is the
+  root cause (first observed);
+* peer-failure lines: NCCL watchdog timeouts, ``DistBackendError`` aborts, lost connections.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from datetime import datetime
+
+import regex
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import FailureSummary, ProcessFailure
+from oomlens.ingest.log import timestamps
+from oomlens.ingest.log.torch_oom import parse_oom_message
+
+ANCHORS: tuple[bytes, ...] = (
+    b"failed (exitcode",
+    b"closing signal",
+    b"terminated with",
+    b"ChildFailedError",
+    b"atchdog",
+    b"DistBackendError",
+    b"terminate called",
+    b"reset by peer",
+    b"Broken pipe",
+    b"remote process exited",
+    b"ncclRemoteError",
+    b"DistNetworkError",
+    b"DistStoreError",
+    b"closed by peer",
+    b"communicator was aborted",
+)
+
+_AGENT_FAILED = regex.compile(
+    r"failed \(exitcode: (?P<code>-?\d{1,6})\) local_rank: (?P<lr>\d{1,6}) \(pid: (?P<pid>\d{1,10})\)"
+)
+_CLOSING = regex.compile(r"Sending process (?P<pid>\d{1,10}) closing signal (?P<sig>SIG[A-Z0-9]{1,10})")
+_SPAWN = regex.compile(
+    r"process (?P<idx>\d{1,6}) terminated with (?:signal (?P<sig>SIG[A-Z0-9]{1,10})|exit code (?P<code>-?\d{1,6}))"
+)
+_PEER = (
+    ("watchdog_timeout", regex.compile(r"Watchdog caught collective operation timeout")),
+    ("watchdog_exception", regex.compile(r"detected by watchdog|watchdog got stuck|Heartbeat monitor timed out")),
+    ("terminate_dist_backend", regex.compile(r"terminate called after throwing an instance of 'c10::DistBackendError'")),
+    ("connection_lost", regex.compile(
+        r"Connection reset by peer|Broken pipe|remote process exited|closed by peer|ncclRemoteError|"
+        r"DistNetworkError|DistStoreError")),
+    ("nccl_error", regex.compile(r"NCCL communicator was aborted|DistBackendError")),
+)
+_RANK_IN_TEXT = regex.compile(r"\bRank (\d{1,6})\]")
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``SIGKILL`` for ``-9`` (and for a shell's ``137``); None for a normal exit code."""
+    if exitcode is None:
+        return None
+    number = -exitcode if exitcode < 0 else (exitcode - 128 if 128 < exitcode < 160 else 0)
+    if number <= 0:
+        return None
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLine:
+    """``kind``: ``failed`` (exitcode, local_rank, pid), ``closing`` (pid, signal),
+    ``spawn`` (index as local_rank, signal or exitcode)."""
+
+    kind: str
+    exitcode: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    signal: str | None = None
+
+
+def parse_agent_line(text: str) -> AgentLine | None:
+    match = _AGENT_FAILED.search(text)
+    if match is not None:
+        code = int(match.group("code"))
+        return AgentLine("failed", code, int(match.group("lr")), int(match.group("pid")), signal_name(code))
+    match = _CLOSING.search(text)
+    if match is not None:
+        return AgentLine("closing", pid=int(match.group("pid")), signal=match.group("sig"))
+    match = _SPAWN.search(text)
+    if match is not None:
+        code = int(match.group("code")) if match.group("code") else None
+        sig = match.group("sig") or signal_name(code)
+        return AgentLine("spawn", code, int(match.group("idx")), None, sig)
+    return None
+
+
+def parse_peer_failure(text: str) -> tuple[str, int | None] | None:
+    """``(kind, rank named in the text)`` when the line says a collective failed because of a
+    peer; see ``PeerFailureSignal`` for the kinds."""
+    for kind, pattern in _PEER:
+        if pattern.search(text) is not None:
+            rank = _RANK_IN_TEXT.search(text)
+            return kind, int(rank.group(1)) if rank else None
+    return None
+
+
+_RULE = regex.compile(r"[=]{10,}\s*\Z")
+_SECTION = regex.compile(r"[-]{10,}\s*\Z")
+_ENTRY = regex.compile(r"\[(\d{1,6})\]:\s*\Z")
+_FIELD = regex.compile(r"  (time|host|rank|exitcode|error_file|traceback)\s{0,12}: ?(.*)\Z")
+_RANK_FIELD = regex.compile(r"(-?\d{1,6}) \(local_rank: (-?\d{1,6})\)")
+_EXIT_FIELD = regex.compile(r"(-?\d{1,6}) \(pid: (\d{1,10})\)")
+_SIGNAL_TEXT = regex.compile(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{1,10}|<N/A>)\) received by PID")
+MAX_BLOCK_LINES = 4000
+MAX_FAILURES = 1024
+MAX_TRACEBACK_LINES = 400
+
+
+class FailureBlockParser:
+    """Parses the lines after ``ChildFailedError:`` into a ``FailureSummary``.
+
+    Feed each following line of the agent's stream; ``feed`` returns True while the line
+    belongs to the block.  ``finish()`` builds the summary (``complete`` False when the block
+    was cut or malformed).
+    """
+
+    def __init__(self, source: SourceRef) -> None:
+        self.source = source
+        self.title: str | None = None
+        self.failures: list[ProcessFailure] = []
+        self._rules = 0
+        self._sections = 0
+        self._root = False
+        self._fields: dict[str, str] | None = None
+        self._traceback: list[str] = []
+        self._in_traceback = False
+        self._entry_line: int | None = None
+        self._lines = 0
+        self.complete = False
+        self.done = False
+
+    def feed(self, text: str, line: int | None) -> bool:
+        if self.done:
+            return False
+        self._lines += 1
+        if self._lines > MAX_BLOCK_LINES:
+            self._close_entry()
+            self.done = True
+            return False
+        stripped = text.strip()
+        if _RULE.match(stripped):
+            self._rules += 1
+            if self._rules >= 2:
+                self._close_entry()
+                self.complete = True
+                self.done = True
+            return True
+        if self._rules == 0:
+            if not stripped:
+                return True
+            self.done = True  # no block after all
+            return False
+        if _SECTION.match(stripped):
+            self._close_entry()
+            self._sections += 1
+            return True
+        if self.title is None and stripped.endswith(" FAILED"):
+            self.title = stripped[: -len(" FAILED")]
+            return True
+        if stripped in ("Failures:", "<NO_OTHER_FAILURES>"):
+            return True
+        if stripped == "Root Cause (first observed failure):":
+            self._close_entry()
+            self._root = True
+            return True
+        entry = _ENTRY.match(stripped)
+        if entry is not None:
+            self._close_entry()
+            self._fields = {}
+            self._entry_line = line
+            return True
+        if self._fields is not None:
+            field = _FIELD.match(text)
+            if field is not None and not (self._in_traceback and text.startswith("    ")):
+                self._in_traceback = field.group(1) == "traceback"
+                if self._in_traceback:
+                    self._traceback = [field.group(2)]
+                else:
+                    self._fields[field.group(1)] = field.group(2).strip()
+                return True
+            if self._in_traceback:
+                if len(self._traceback) < MAX_TRACEBACK_LINES:
+                    self._traceback.append(text[2:] if text.startswith("  ") else text)
+                return True
+        self._close_entry()
+        self.done = True
+        return False
+
+    def _close_entry(self) -> None:
+        fields, self._fields = self._fields, None
+        traceback_lines, self._traceback = self._traceback, []
+        self._in_traceback = False
+        if fields is None or len(self.failures) >= MAX_FAILURES:
+            return
+        rank = local_rank = exitcode = pid = None
+        rank_match = _RANK_FIELD.match(fields.get("rank", ""))
+        if rank_match is not None:
+            rank, local_rank = int(rank_match.group(1)), int(rank_match.group(2))
+        exit_match = _EXIT_FIELD.match(fields.get("exitcode", ""))
+        if exit_match is not None:
+            exitcode, pid = int(exit_match.group(1)), int(exit_match.group(2))
+        traceback_text = "\n".join(traceback_lines).strip()
+        signal_text = _SIGNAL_TEXT.search(traceback_text)
+        signal = signal_name(exitcode)
+        if signal_text is not None and signal_text.group(2) != "<N/A>":
+            signal = signal_text.group(2)
+        message = next((ln.strip() for ln in reversed(traceback_lines) if ln.strip()), None)
+        error_file = fields.get("error_file")
+        self.failures.append(
+            ProcessFailure(
+                source=SourceRef(self.source.path, self._entry_line, rank, fields.get("host")),
+                origin="torchrun_summary",
+                exitcode=exitcode,
+                signal=signal if exitcode is None or exitcode < 0 or exitcode > 128 else None,
+                rank=rank,
+                local_rank=local_rank,
+                pid=pid,
+                host=fields.get("host"),
+                timestamp=_summary_time(fields.get("time", "")),
+                root_cause=self._root,
+                error_file=None if error_file in (None, "<N/A>") else error_file,
+                message=message[:2000] if message else None,
+                oom=parse_oom_message(traceback_text) if traceback_text else None,
+            )
+        )
+
+    def finish(self) -> FailureSummary:
+        self._close_entry()
+        self.done = True
+        return FailureSummary(self.source, self.title, tuple(self.failures), self.complete)
+
+
+def _summary_time(text: str) -> datetime | None:
+    return timestamps.parse_any(text)

@@ -1,0 +1,322 @@
+"""Assemble Python tracebacks from a stream of lines, and tell the training phase from frames.
+
+One ``TracebackAssembler`` per producing stream (rank): feed it that stream's lines (prefixes
+already stripped) and it returns a ``FinishedException`` when an exception message ends:
+``Traceback (most recent call last):``, the ``File "...", line N, in f`` frames, the
+exception line and its continuation lines (multi-line messages such as cudaMallocAsync's or
+the driver's), ended by a blank line, a chain marker (``During handling of the above
+exception...``), a new traceback, a log record, a bounded number of lines, or ``close()``.
+
+Memory is bounded: a traceback keeps its first and last frames, an exception message a
+bounded number of lines and characters.
+
+``classify_phase(frames)`` maps frames to a ``Phase``; see its docstring for the rules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import regex
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import Frame, Phase, Traceback
+
+HEADER = "Traceback (most recent call last):"
+CHAIN_MARKERS = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+MAX_HEAD_FRAMES = 8
+MAX_TAIL_FRAMES = 56
+MAX_EXCEPTION_LINES = 12
+MAX_EXCEPTION_CHARS = 8000
+STALE_AFTER_LINES = 400
+"""An open traceback whose stream printed nothing for this many lines of the file is closed:
+its process stopped writing (killed) and other streams go on."""
+
+_FRAME = regex.compile(r'\s{0,12}File "(?P<file>[^"\n]{1,1000})", line (?P<line>\d{1,9}), in (?P<func>\S{1,300})')
+_EXCEPTION_LINE = regex.compile(
+    r"(?P<cls>[A-Za-z_][\w]{0,100}(?:\.[A-Za-z_][\w]{0,100}){0,12})(?::(?: (?P<msg>.*))?)?\Z"
+)
+_LOG_RECORD = regex.compile(r"\[\d{4}-\d\d-\d\d[ T]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} ")
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedException:
+    """An exception message that ended, with its traceback when one preceded it."""
+
+    source: SourceRef
+    """Where the exception line was read."""
+    exception_class: str
+    text: str
+    traceback: Traceback | None
+
+
+class TracebackAssembler:
+    """Per-stream state machine; see the module docstring."""
+
+    __slots__ = (
+        "_chained",
+        "_exc_class",
+        "_exc_lines",
+        "_exc_ref",
+        "_frames_head",
+        "_frames_omitted",
+        "_frames_tail",
+        "_header_ref",
+        "_last_line",
+        "_state",
+    )
+
+    def __init__(self) -> None:
+        self._state = 0  # 0 idle, 1 in frames, 2 in exception message
+        self._header_ref: SourceRef | None = None
+        self._frames_head: list[Frame] = []
+        self._frames_tail: deque[Frame] = deque(maxlen=MAX_TAIL_FRAMES)
+        self._frames_omitted = 0
+        self._exc_class = ""
+        self._exc_lines: list[str] = []
+        self._exc_ref: SourceRef | None = None
+        self._chained = False
+        self._last_line = 0
+
+    @property
+    def open(self) -> bool:
+        """True while a traceback or an exception message is being collected."""
+        return self._state != 0
+
+    @property
+    def exception_class(self) -> str | None:
+        """The class of the exception message being collected, if one is."""
+        return self._exc_class if self._state == 2 else None
+
+    def stale(self, line_number: int) -> bool:
+        return self._state != 0 and line_number - self._last_line > STALE_AFTER_LINES
+
+    def start_exception(self, exception_class: str, text: str, ref: SourceRef) -> FinishedException | None:
+        """Start collecting an exception message seen outside a traceback (e.g. the
+        ``what():`` of an uncaught C++ exception); returns what this closed."""
+        finished = self.close() if self._state == 2 else None
+        self._state = 2
+        self._exc_class = exception_class
+        self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
+        self._exc_ref = ref
+        self._last_line = ref.line or 0
+        return finished
+
+    def feed(self, text: str, ref: SourceRef) -> FinishedException | None:
+        """Feed one line of this stream; returns an exception that this line ended, if any."""
+        line = ref.line or 0
+        stripped = text.strip()
+        if stripped.endswith(HEADER):
+            finished = self.close() if self._state else None
+            self._begin(ref)
+            return finished
+        if self._state == 0:
+            return None
+        if stripped in CHAIN_MARKERS:
+            finished = self.close()
+            self._chained = True
+            self._last_line = line
+            return finished
+        if self._state == 1:
+            self._last_line = line
+            frame = _FRAME.match(text)
+            if frame is not None:
+                self._add_frame(Frame(frame.group("file"), int(frame.group("line")), frame.group("func")))
+                return None
+            if not stripped or text[:1] in " \t":
+                return None  # source line, carets, or a blank inside the traceback
+            match = _EXCEPTION_LINE.match(text)
+            if match is None or _LOG_RECORD.match(text):
+                # Not an exception line: the traceback was cut here.
+                return self.close()
+            self._state = 2
+            self._exc_class = match.group("cls")
+            self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
+            self._exc_ref = ref
+            return None
+        # state 2: continuation lines of the exception message
+        if not stripped or _LOG_RECORD.match(text) or len(self._exc_lines) >= MAX_EXCEPTION_LINES:
+            return self.close()
+        self._exc_lines.append(text[:MAX_EXCEPTION_CHARS])
+        self._last_line = line
+        return None
+
+    def close(self) -> FinishedException | None:
+        """End what is open (end of input, stale stream, new traceback)."""
+        state, self._state = self._state, 0
+        if state == 0:
+            return None
+        traceback = None
+        if self._header_ref is not None:
+            traceback = Traceback(
+                source=self._header_ref,
+                frames=tuple(self._frames_head) + tuple(self._frames_tail),
+                frames_omitted=self._frames_omitted,
+                exception_class=self._exc_class if state == 2 else None,
+                exception_text=_join(self._exc_lines) if state == 2 else None,
+                cut=state == 1,
+                chained=self._chained,
+            )
+        self._header_ref = None
+        self._chained = False
+        if state == 1:
+            assert traceback is not None
+            return FinishedException(traceback.source, "", "", traceback)
+        assert self._exc_ref is not None
+        return FinishedException(self._exc_ref, self._exc_class, _join(self._exc_lines), traceback)
+
+    def _begin(self, ref: SourceRef) -> None:
+        self._state = 1
+        self._header_ref = ref
+        self._frames_head = []
+        self._frames_tail = deque(maxlen=MAX_TAIL_FRAMES)
+        self._frames_omitted = 0
+        self._exc_lines = []
+        self._last_line = ref.line or 0
+
+    def _add_frame(self, frame: Frame) -> None:
+        if len(self._frames_head) < MAX_HEAD_FRAMES:
+            self._frames_head.append(frame)
+            return
+        if len(self._frames_tail) == MAX_TAIL_FRAMES:
+            self._frames_omitted += 1
+        self._frames_tail.append(frame)
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(lines)[:MAX_EXCEPTION_CHARS]
+
+
+def exception_message(exception_class: str, text: str) -> str:
+    """The message of an exception line ``cls: message`` (the text after the class)."""
+    head = exception_class + ":"
+    if text.startswith(head):
+        return text[len(head) :].lstrip()
+    return text
+
+
+# --- phases -------------------------------------------------------------------------------
+
+_CHECKPOINT_FUNCS = frozenset(
+    {
+        "save_16bit_model", "save_checkpoint", "_save_checkpoint", "_zero3_consolidated_16bit_state_dict",
+        "save_model", "save_pretrained", "save_fp16_model", "_save_zero_checkpoint",
+        "_save_optimizer_and_scheduler", "consolidate_state_dict", "_get_zero_param_shapes",
+        "get_fp32_state_dict_from_zero_checkpoint", "save_state", "_save_tpu", "save_16bit_state_dict",
+    }
+)
+_GENERATION_FUNCS = frozenset(
+    {"generate", "_sample", "greedy_search", "_greedy_search", "beam_search", "_beam_search",
+     "assisted_decoding", "_assisted_decoding", "contrastive_search", "_contrastive_search",
+     "sample", "beam_sample", "_beam_sample", "generate_until"}
+)
+_EVAL_FUNCS = frozenset(
+    {"evaluate", "evaluation_loop", "prediction_step", "prediction_loop", "predict", "eval_step",
+     "validation_step", "validate", "_evaluate", "run_eval", "evaluate_model", "eval_loop",
+     "test_step", "run_validation", "validation_loop", "do_eval", "eval_epoch", "val_step"}
+)
+_EVAL_NAME = regex.compile(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
+_INIT_FUNCS = frozenset(
+    {"_post_init_method", "from_pretrained", "_load_pretrained_model", "initialize",
+     "_configure_distributed_model", "_configure_optimizer", "_configure_zero_optimizer",
+     "_create_fp32_partitions", "_setup_for_real_optimizer", "_prepare_deepspeed",
+     "reset_parameters", "_init_weights", "init_weights", "load_checkpoint", "_create_fp16_partitions",
+     "_create_fp16_partitions_with_defragmentation", "defragment", "_init_model"}
+)
+_STEP_FUNCS = frozenset(
+    {"step", "_optimizer_step", "_take_model_step", "optimizer_step", "_single_tensor_adam",
+     "_multi_tensor_adam", "_fused_adam", "_single_tensor_adamw", "_multi_tensor_adamw", "_init_group",
+     "_prepare_fp32_grad_for_sub_group", "unscale_and_clip_grads", "_post_step", "_update_scale",
+     "clip_grad_norm_", "_pre_step", "_apply_optimizer"}
+)
+_BACKWARD_FUNCS = frozenset(
+    {"backward", "_engine_run_backward", "run_backward", "_backward", "unpack_hook", "recompute_fn",
+     "reduce_partition_and_remove_grads", "reduce_ready_partitions_and_remove_grads",
+     "__reduce_and_partition_ipg_grads", "reduce_independent_p_g_buckets_and_remove_grads",
+     "_run_after_backward_hook", "_backward_hook", "grad"}
+)
+_FORWARD_FUNCS = frozenset(
+    {"forward", "_call_impl", "_wrapped_call_impl", "_pre_forward_module_hook",
+     "pre_sub_module_forward_function", "_post_forward_module_hook", "post_sub_module_forward_function",
+     "compute_loss", "_forward", "forward_step", "__call__"}
+)
+_CONTEXT = (Phase.CHECKPOINT_SAVE, Phase.GENERATION, Phase.EVALUATION, Phase.DATA_LOADING, Phase.MODEL_INIT)
+
+
+def _frame_phase(frame: Frame) -> Phase | None:
+    func = frame.function
+    path = frame.filename.replace("\\", "/")
+    if "torch/utils/data/" in path:
+        return Phase.DATA_LOADING
+    if func in _CHECKPOINT_FUNCS or (func in ("save", "_save") and "torch/serialization" in path):
+        return Phase.CHECKPOINT_SAVE
+    if func in _GENERATION_FUNCS and (func == "generate" or "generat" in path):
+        return Phase.GENERATION
+    if func in _EVAL_FUNCS or _EVAL_NAME.match(func):
+        return Phase.EVALUATION
+    if func in _INIT_FUNCS or (
+        func == "__init__"
+        and ("torch/nn/modules/" in path or "deepspeed/runtime/" in path or "deepspeed/__init__" in path)
+    ) or (func in ("to", "cuda", "_apply") and "torch/nn/modules/module.py" in path):
+        if func == "initialize" and "deepspeed" not in path:
+            return None
+        if func == "grad":
+            return None
+        return Phase.MODEL_INIT
+    if func in _BACKWARD_FUNCS or func.endswith("_backward") or "backward_" in func or (
+        "reduce_and_partition_ipg_grads" in func
+    ):
+        if func == "grad" and "torch/autograd" not in path:
+            return None
+        return Phase.BACKWARD
+    if func in _STEP_FUNCS or "torch/optim/" in path or "deepspeed/ops/adam" in path:
+        return Phase.OPTIMIZER_STEP
+    if func in _FORWARD_FUNCS:
+        if func == "__call__" and "torch/nn/modules/module.py" not in path:
+            return None
+        return Phase.FORWARD
+    return None
+
+
+def _evidence(frame: Frame) -> str:
+    return f"{frame.filename}:{frame.line} in {frame.function}"
+
+
+def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str | None]:
+    """The training phase a traceback's frames (outermost first) show, and the deciding frame.
+
+    Context phases (checkpoint save, generation, evaluation, data loading, model init) win
+    over training phases, innermost context first: ``evaluate -> forward`` is evaluation,
+    ``save_checkpoint`` is a save wherever it is called from.  Otherwise the innermost
+    training frame decides (forward, backward, optimizer step), except that a forward run
+    inside a backward (activation-checkpoint recomputation) is backward.  A frame of
+    ``torch.no_grad``'s decorator around a forward with no other evidence reads as
+    evaluation.  ``(Phase.UNKNOWN, None)`` when no frame says anything.
+    """
+    training: tuple[Phase, Frame] | None = None
+    backward_outside: Frame | None = None
+    no_grad = False
+    for frame in reversed(frames):
+        phase = _frame_phase(frame)
+        if phase in _CONTEXT:
+            return phase, _evidence(frame)
+        if frame.function == "decorate_context" and "torch/utils/_contextlib" in frame.filename:
+            no_grad = True
+        if phase is None:
+            continue
+        if training is None:
+            training = (phase, frame)
+        elif phase is Phase.BACKWARD and backward_outside is None:
+            backward_outside = frame
+    if training is None:
+        return Phase.UNKNOWN, None
+    phase, frame = training
+    if phase is Phase.FORWARD and backward_outside is not None:
+        return Phase.BACKWARD, _evidence(backward_outside)
+    if phase is Phase.FORWARD and no_grad:
+        return Phase.EVALUATION, _evidence(frame)
+    return phase, _evidence(frame)
