@@ -239,6 +239,8 @@ class LogReader:
         self.ranks_seen: set[int] = set()
         self.hosts_seen: set[str] = set()
         self.prev_tail = b""
+        self.block_data = b""
+        self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
         lim = limits.max_events
@@ -270,7 +272,7 @@ class LogReader:
         self.config_dump: DsConfigDump | None = None
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
-        self.oom_keys: dict[tuple[object, ...], int] = {}
+        self.summary_ooms: list[ProcessFailure] = []
 
     # --- the pass -------------------------------------------------------------------------
 
@@ -282,6 +284,8 @@ class LogReader:
             self._scan_block(data, positions, block.first_line)
             self.prev_tail = data[-16384:]
         self._close_all(at_end=True)
+        self._fold_summary_ooms()
+        self.oom.items.sort(key=lambda e: e.source.line or 0)  # type: ignore[attr-defined]
         return self._facts()
 
     def _scan_block(self, data: bytes, positions: list[int], first_line: int) -> None:
@@ -323,6 +327,8 @@ class LogReader:
                 index += 1
 
     def _line(self, data: bytes, start: int, end: int, number: int) -> None:
+        self.block_data = data
+        self.line_start = start
         text = self.cleaner.clean(data[start:end])
         if text:
             self._handle(text, number, data, start, None, 0)
@@ -407,7 +413,10 @@ class LogReader:
             self._sync_open(key, stream)
         if stream.pending_memory is not None and "CPU Virtual Memory" not in rest:
             self._flush_memory(stream, None)
-        finished = stream.tb.feed(rest, ref)
+        now = self.last_time
+        if stream.tb.open and stream.tb.exception_class is None and rest[:1] not in (" ", "\t", ""):
+            now = self._time_before(self.block_data, self.line_start)  # a likely exception line
+        finished = stream.tb.feed(rest, ref, now)
         if finished is not None:
             self._finished(finished)
         current = stream.tb.exception_class
@@ -442,13 +451,13 @@ class LogReader:
         if not stream.tb.open:
             terminate = _TERMINATE.search(rest) if "terminate called" in rest else None
             if terminate is not None:
-                finished = stream.tb.start_exception(terminate.group("cls"), rest, ref)
+                finished = stream.tb.start_exception(terminate.group("cls"), rest, ref, self._time_before(data, start))
                 if finished is not None:
                     self._finished(finished)
                 self._sync_open(key, stream)
             elif torch_oom.looks_like_oom(rest):
                 cls = _EXCEPTION_CLASS.search(rest)
-                finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref)
+                finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, self._time_before(data, start))
                 if finished is not None:
                     self._finished(finished)
                 self._sync_open(key, stream)
@@ -526,7 +535,7 @@ class LogReader:
         phase, evidence = classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         oom = torch_oom.parse_oom_message(finished.text, exception_class=finished.exception_class or None)
         ref = finished.source
-        when = self.last_time
+        when = finished.time
         if oom is not None:
             event = OomEvent(
                 source=ref,
@@ -557,15 +566,12 @@ class LogReader:
             )
         )
 
-    def _oom_key(self, event: OomEvent) -> tuple[object, ...]:
+    @staticmethod
+    def _oom_key(event: OomEvent) -> tuple[object, ...]:
         m = event.message
         return (m.kind, m.tried_to_allocate, m.total_capacity, m.free, m.process_in_use, m.text[:400])
 
     def _add_oom(self, event: OomEvent) -> None:
-        key = self._oom_key(event)
-        if len(self.oom.items) < self.oom.limit and (key in self.oom_keys or len(self.oom_keys) < 4 * self.oom.limit):
-            # The latest copy: a failure summary quotes the OOM its worker printed just before.
-            self.oom_keys[key] = len(self.oom.items)
         self.oom.add(event)
 
     def _flush_memory(self, stream: _Stream, cpu: tuple[int, float] | None) -> None:
@@ -688,20 +694,42 @@ class LogReader:
             self._set_world(max(ranks) + 1, "torchrun_summary", summary.source)
 
     def _fold_summary_oom(self, failure: ProcessFailure) -> None:
-        assert failure.oom is not None
-        probe = OomEvent(failure.source, failure.oom, Phase.UNKNOWN, None, None, "failure_summary",
-                         failure.timestamp, False, failure.local_rank)
-        index = self.oom_keys.get(self._oom_key(probe))
-        earlier = self.oom.items[index] if index is not None and index < len(self.oom.items) else None
-        if isinstance(earlier, OomEvent) and earlier.source.rank in (None, failure.rank, failure.local_rank):
-            assert index is not None
+        if len(self.summary_ooms) < self.limits.max_events:
+            self.summary_ooms.append(failure)
+
+    def _fold_summary_ooms(self) -> None:
+        """A failure summary quotes the OOM its worker printed before: fold each quote into
+        the latest earlier event with the same message (giving it the summary's rank when it
+        had none); a quote with no such event becomes an event of its own."""
+        events: list[OomEvent] = self.oom.items  # type: ignore[assignment]
+        by_key: dict[tuple[object, ...], list[int]] = {}
+        for index, event in enumerate(events):
+            by_key.setdefault(self._oom_key(event), []).append(index)
+        for failure in self.summary_ooms:
+            assert failure.oom is not None
+            quote = OomEvent(failure.source, failure.oom, Phase.UNKNOWN, None, None, "failure_summary",
+                             failure.timestamp, False, failure.local_rank)
+            line = failure.source.line or 0
+            candidates = [
+                i for i in by_key.get(self._oom_key(quote), [])
+                if (events[i].source.line or 0) < line
+                and events[i].origin == "log"
+                and events[i].source.rank in (None, failure.rank, failure.local_rank)
+            ]
+            if not candidates:
+                self.oom.add(quote)
+                continue
+            index = max(candidates, key=lambda i: events[i].source.line or 0)
+            earlier = events[index]
             source = earlier.source
             if source.rank is None and failure.rank is not None:
                 source = replace(source, rank=failure.rank)
-            self.oom.items[index] = replace(earlier, source=source, reported_elsewhere=earlier.reported_elsewhere + 1,
-                                            local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank)
-            return
-        self._add_oom(probe)
+            events[index] = replace(
+                earlier,
+                source=source,
+                reported_elsewhere=earlier.reported_elsewhere + 1,
+                local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank,
+            )
 
     def _finish_config_dump(self, stream: _Stream) -> None:
         collector, stream.config_dump = stream.config_dump, None

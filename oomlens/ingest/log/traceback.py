@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 
 import regex
 
@@ -52,6 +53,8 @@ class FinishedException:
     exception_class: str
     text: str
     traceback: Traceback | None
+    time: datetime | None = None
+    """What the caller passed as ``now`` with the exception line."""
 
 
 class TracebackAssembler:
@@ -62,6 +65,7 @@ class TracebackAssembler:
         "_exc_class",
         "_exc_lines",
         "_exc_ref",
+        "_exc_time",
         "_frames_head",
         "_frames_omitted",
         "_frames_tail",
@@ -79,6 +83,7 @@ class TracebackAssembler:
         self._exc_class = ""
         self._exc_lines: list[str] = []
         self._exc_ref: SourceRef | None = None
+        self._exc_time: datetime | None = None
         self._chained = False
         self._last_line = 0
 
@@ -95,7 +100,9 @@ class TracebackAssembler:
     def stale(self, line_number: int) -> bool:
         return self._state != 0 and line_number - self._last_line > STALE_AFTER_LINES
 
-    def start_exception(self, exception_class: str, text: str, ref: SourceRef) -> FinishedException | None:
+    def start_exception(
+        self, exception_class: str, text: str, ref: SourceRef, now: datetime | None = None
+    ) -> FinishedException | None:
         """Start collecting an exception message seen outside a traceback (e.g. the
         ``what():`` of an uncaught C++ exception); returns what this closed."""
         finished = self.close() if self._state == 2 else None
@@ -103,11 +110,15 @@ class TracebackAssembler:
         self._exc_class = exception_class
         self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
         self._exc_ref = ref
+        self._exc_time = now
         self._last_line = ref.line or 0
         return finished
 
-    def feed(self, text: str, ref: SourceRef) -> FinishedException | None:
-        """Feed one line of this stream; returns an exception that this line ended, if any."""
+    def feed(self, text: str, ref: SourceRef, now: datetime | None = None) -> FinishedException | None:
+        """Feed one line of this stream; returns an exception that this line ended, if any.
+
+        ``now`` (the caller's current time estimate) is kept with an exception line and
+        handed back as ``FinishedException.time``."""
         line = ref.line or 0
         stripped = text.strip()
         if stripped.endswith(HEADER):
@@ -137,6 +148,7 @@ class TracebackAssembler:
             self._exc_class = match.group("cls")
             self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
             self._exc_ref = ref
+            self._exc_time = now
             return None
         # state 2: continuation lines of the exception message
         if not stripped or _LOG_RECORD.match(text) or len(self._exc_lines) >= MAX_EXCEPTION_LINES:
@@ -167,7 +179,7 @@ class TracebackAssembler:
             assert traceback is not None
             return FinishedException(traceback.source, "", "", traceback)
         assert self._exc_ref is not None
-        return FinishedException(self._exc_ref, self._exc_class, _join(self._exc_lines), traceback)
+        return FinishedException(self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time)
 
     def _begin(self, ref: SourceRef) -> None:
         self._state = 1
