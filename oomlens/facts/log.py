@@ -523,3 +523,15 @@ class LogFacts:
     dropped: tuple[tuple[str, int], ...]
     """``(kind, count)`` of facts not kept because a list reached its bound."""
     notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFileFacts:
+    """A torchelastic ``error.json`` (written by ``@record``): the failure it records and, when
+    its message is an OOM, the OOM event (``origin="error_file"``) with the traceback taken
+    from ``extraInfo.py_callstack``."""
+
+    path: str
+    failure: ProcessFailure
+    oom_event: OomEvent | None
+    traceback: Traceback | None
