@@ -57,7 +57,8 @@ _DS_KEYS = (
 )
 _KERNEL_LINE = regex.compile(
     r"\[\s{0,12}\d{1,10}\.\d{1,9}\] |\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] |"
-    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S{0,20}) \S{1,255} kernel: "
+    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S{0,20}) \S{1,255} kernel: |"
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? "
 )
 _LOG_MARKERS = regex.compile(
     r"Traceback \(most recent call last\)|\[(?:rank|default)\d{1,6}\]:|OutOfMemoryError|out of memory|"
@@ -266,13 +267,18 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
             except InputError as exc:
                 skipped.append((shown, exc.problem))
                 continue
-            if detection.kind is InputKind.UNKNOWN:
-                skipped.append((shown, detection.reason))
-                continue
             rank, local_rank, attempt, run_id, stream = _location(os.path.relpath(entry.path, root))
-            files.append(DiscoveredFile(entry.path, detection.kind, detection.reason, rank, local_rank,
-                                        attempt, run_id, stream))
-        stack.extend(reversed(subdirs))
+            kind, reason = detection.kind, detection.reason
+            if kind is InputKind.UNKNOWN and reason.startswith("text without") and (
+                stream is not None or rank is not None
+            ):
+                # A per-rank file of a launcher's layout is that rank's output, whatever it says.
+                kind, reason = InputKind.TRAINING_LOG, "a per-rank log file of the launcher's layout"
+            if kind is InputKind.UNKNOWN:
+                skipped.append((shown, reason))
+                continue
+            files.append(DiscoveredFile(entry.path, kind, reason, rank, local_rank, attempt, run_id, stream))
+        stack.extend((path, depth + 1) for path in reversed(subdirs))
     if any(f.attempt is not None for f in files):
         layout = "torchrun_log_dir"
     elif any(_DS_RANK_FILE.search(f.path.replace(os.sep, "/")) for f in files):

@@ -214,9 +214,12 @@ class TextSource:
 
     def _chunks(self) -> Iterator[bytes]:
         with self.open_binary() as stream:
+            # Decompressors raise at a cut stream's end and lose what read() had gathered:
+            # read1() hands over each decompressed piece as it comes.
+            read = getattr(stream, "read1", None) if self.compression is not Compression.NONE else None
             while True:
                 try:
-                    chunk = stream.read(self.chunk_bytes)
+                    chunk = _read_chunk(read, self.chunk_bytes) if read is not None else stream.read(self.chunk_bytes)
                 except EOFError:
                     self.stats.problem = (
                         f"the {self.compression} stream ends early (the file was cut); "
@@ -303,6 +306,25 @@ class TextSource:
             for raw in parts:
                 yield number, cleaner.clean(raw)
                 number += 1
+
+
+def _read_chunk(read1, size: int) -> bytes:  # type: ignore[no-untyped-def]
+    """Up to ``size`` bytes through ``read1``; a piece read before an error is kept for the
+    next call, so that nothing decompressed is lost."""
+    parts: list[bytes] = []
+    total = 0
+    while total < size:
+        try:
+            piece = read1(min(size - total, 65536))
+        except (EOFError, OSError, lzma.LZMAError, zlib.error, ValueError):
+            if parts:
+                break  # hand over what we have; the next call raises again
+            raise
+        if not piece:
+            break
+        parts.append(piece)
+        total += len(piece)
+    return b"".join(parts)
 
 
 def open_text(

@@ -42,6 +42,7 @@ ANCHORS: tuple[bytes, ...] = (
 
 _UPTIME = regex.compile(r"\[\s{0,12}(\d{1,10}\.\d{1,9})\] ")
 _DMESG_T = regex.compile(r"\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] ")
+_DMESG_ISO = regex.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? ")
 _JOURNAL = regex.compile(
     r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:[+-]\d\d:?\d\d|Z)?) "
     r"\S{1,255} kernel: (?:\[\s{0,12}\d{1,10}\.\d{1,9}\] )?"
@@ -88,6 +89,10 @@ def strip_kernel_stamp(text: str, year: int | None) -> tuple[str, datetime | Non
             uptime = float(stamp.group(1))
         return rest, when, uptime
     match = _DMESG_T.match(text)
+    if match is not None:
+        when, _ = timestamps.leading_timestamp(text, year)
+        return text[match.end() :], when, None
+    match = _DMESG_ISO.match(text)
     if match is not None:
         when, _ = timestamps.leading_timestamp(text, year)
         return text[match.end() :], when, None

@@ -66,6 +66,8 @@ from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 TRACEBACK_ANCHORS: tuple[bytes, ...] = (
     b"Traceback (most recent call last)",
     b"terminate called after throwing",
+    b"During handling of the above exception",
+    b"direct cause of the following exception",
 )
 
 ANCHORS: tuple[bytes, ...] = tuple(
@@ -390,7 +392,7 @@ class LogReader:
         ref = SourceRef(self.path, number, rank, host)
         key = prefix.key
         stream = self._stream(key)
-        if stream.open or "Traceback" in rest or stream.pending_memory is not None:
+        if stream.open or "Traceback" in rest or "above exception" in rest or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref):
                 return
         message = record.message if record is not None else rest

@@ -125,13 +125,16 @@ class TracebackAssembler:
             finished = self.close() if self._state else None
             self._begin(ref)
             return finished
-        if self._state == 0:
-            return None
         if stripped in CHAIN_MARKERS:
+            if self._state == 0:
+                self._chained = True  # the next traceback was caused by the last one
+                return None
             finished = self.close()
             self._chained = True
             self._last_line = line
             return finished
+        if self._state == 0:
+            return None
         if self._state == 1:
             self._last_line = line
             frame = _FRAME.match(text)

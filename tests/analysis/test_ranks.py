@@ -1,0 +1,59 @@
+"""Who failed first, who only died because a peer did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomlens.analysis.ranks import rank_picture
+from oomlens.ingest.elastic import read_error_file
+from oomlens.ingest.log import read_log
+
+ASSETS = Path(__file__).parents[1] / "assets" / "logs"
+LAB_LINES = (ASSETS / "lab_log_torch2.11_h200.txt").read_text().splitlines()
+
+
+def _section(name: str) -> list[str]:
+    start = next(i for i, line in enumerate(LAB_LINES) if line.startswith("=" * 30 + f" {name} "))
+    end = next(i for i in range(start + 1, len(LAB_LINES)) if LAB_LINES[i].startswith("=" * 30 + " "))
+    return LAB_LINES[start:end]
+
+
+def _read(tmp_path: Path, name: str):
+    target = tmp_path / f"{name}.log"
+    target.write_text("\n".join(_section(name)) + "\n")
+    return read_log(target)
+
+
+def test_plain_torchrun_oom_is_attributed_to_the_root_cause_rank(tmp_path: Path) -> None:
+    picture = rank_picture([_read(tmp_path, "E_torchrun_plain_oom_0")])
+    assert picture.first_failed is not None and picture.first_failed.rank == 1
+    assert picture.first_failed.outcome == "oom" and picture.first_failed.attributed
+    assert picture.peer_victims == (0,)
+    victim = next(s for s in picture.ranks if s.rank == 0)
+    assert victim.signal == "SIGTERM" and "SIGTERM" in (victim.peer_evidence or "")
+
+
+def test_sigkilled_rank_is_first_and_the_terminated_peer_a_victim(tmp_path: Path) -> None:
+    picture = rank_picture([_read(tmp_path, "E_torchrun_plain_kill_0")])
+    first = picture.first_failed
+    assert first is not None and (first.rank, first.outcome, first.signal) == (1, "signal", "SIGKILL")
+    assert picture.peer_victims == (0,)
+
+
+def test_two_ranks_failing_on_their_own_ordered_by_time(tmp_path: Path) -> None:
+    body = [line for line in _section("B10_cudnn_full") if line.startswith(("Traceback", "  ", "torch."))]
+    lines = [f"[rank1]:[E1130 04:58:20.000000000 x.cpp:1] first", *(f"[rank1]: {x}" for x in body),
+             f"[rank0]:[E1130 04:58:25.000000000 x.cpp:1] later", *(f"[rank0]: {x}" for x in body)]
+    target = tmp_path / "two.log"
+    target.write_text("\n".join(lines) + "\n")
+    picture = rank_picture([read_log(target)])
+    assert picture.first_failed is not None and picture.first_failed.rank == 1
+    assert picture.basis == "timestamp"
+
+
+def test_error_file_joins_the_picture(tmp_path: Path) -> None:
+    facts = read_error_file(ASSETS / "torchelastic_error_file_example.json", local_rank=1)
+    picture = rank_picture([_read(tmp_path, "E_torchrun_record_oom_4")], error_files=[facts])
+    first = picture.first_failed
+    assert first is not None and first.rank == 1 and first.outcome == "oom"
+    assert any(f.origin == "error_file" for f in first.failures)

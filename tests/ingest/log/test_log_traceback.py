@@ -1,0 +1,103 @@
+"""Traceback assembly and phase classification."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import Frame, Phase
+from oomlens.ingest.log.traceback import TracebackAssembler, classify_phase
+
+DS = "/usr/lib/python3/site-packages/deepspeed/runtime"
+TORCH = "/usr/lib/python3/site-packages/torch"
+HF = "/usr/lib/python3/site-packages/transformers"
+
+
+def frames(*spec: tuple[str, str]) -> list[Frame]:
+    return [Frame(path, i + 1, func) for i, (path, func) in enumerate(spec)]
+
+
+# Frame names and files are those the reference notes name as ZeRO-3 allocation sites (section
+# 1.12) and the HF Trainer / torch call paths.
+@pytest.mark.parametrize(
+    ("stack", "phase"),
+    [
+        ([("train.py", "<module>"), (f"{DS}/../__init__.py", "initialize"), (f"{DS}/engine.py", "__init__"),
+          (f"{DS}/engine.py", "_configure_distributed_model"), (f"{TORCH}/nn/modules/module.py", "to")],
+         Phase.MODEL_INIT),
+        ([("train.py", "<module>"), (f"{DS}/zero/partition_parameters.py", "_post_init_method")], Phase.MODEL_INIT),
+        ([("train.py", "main"), (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward"),
+          (f"{DS}/zero/parameter_offload.py", "_pre_forward_module_hook"),
+          (f"{DS}/zero/partitioned_param_coordinator.py", "fetch_sub_module")], Phase.FORWARD),
+        ([("train.py", "main"), (f"{DS}/engine.py", "backward"), (f"{TORCH}/_tensor.py", "backward"),
+          (f"{TORCH}/autograd/graph.py", "_engine_run_backward"), (f"{DS}/zero/stage3.py", "reduce_partition_and_remove_grads")],
+         Phase.BACKWARD),
+        ([("train.py", "main"), (f"{TORCH}/_tensor.py", "backward"), (f"{TORCH}/utils/checkpoint.py", "unpack_hook"),
+          (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward")], Phase.BACKWARD),
+        ([("train.py", "main"), (f"{DS}/engine.py", "step"), (f"{DS}/engine.py", "_take_model_step"),
+          (f"{DS}/zero/stage3.py", "_optimizer_step"), (f"{TORCH}/optim/adam.py", "_multi_tensor_adam")],
+         Phase.OPTIMIZER_STEP),
+        ([("train.py", "main"), (f"{HF}/trainer.py", "evaluate"), (f"{HF}/trainer.py", "evaluation_loop"),
+          (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward")], Phase.EVALUATION),
+        ([("gen.py", "main"), (f"{TORCH}/utils/_contextlib.py", "decorate_context"), (f"{HF}/generation/utils.py", "generate"),
+          (f"{HF}/generation/utils.py", "_sample"), ("model.py", "forward")], Phase.GENERATION),
+        ([("train.py", "main"), (f"{DS}/engine.py", "save_16bit_model"),
+          (f"{DS}/engine.py", "_zero3_consolidated_16bit_state_dict")], Phase.CHECKPOINT_SAVE),
+        ([("train.py", "main"), (f"{TORCH}/utils/data/dataloader.py", "__next__"),
+          (f"{TORCH}/utils/data/dataloader.py", "_next_data")], Phase.DATA_LOADING),
+        ([("probe.py", "<module>")], Phase.UNKNOWN),
+    ],
+)
+def test_phase_from_frames(stack: list[tuple[str, str]], phase: Phase) -> None:
+    result, evidence = classify_phase(frames(*stack))
+    assert result is phase
+    assert (evidence is None) == (phase is Phase.UNKNOWN)
+
+
+def _feed(assembler: TracebackAssembler, lines: list[str]):
+    out = []
+    for number, line in enumerate(lines, start=1):
+        finished = assembler.feed(line, SourceRef("log", number))
+        if finished is not None:
+            out.append(finished)
+    finished = assembler.close()
+    if finished is not None:
+        out.append(finished)
+    return out
+
+
+def test_chained_exceptions_and_multi_line_messages() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/tmp/oomlab/B9_cublas_full.py", line 17, in <module>',
+        '    a = torch.ones(64, 64, device="cuda")',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "/tmp/oomlab/B9_cublas_full.py", line 21, in <module>',
+        "torch.AcceleratorError: CUDA error: out of memory",
+        "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.",
+        "",
+    ]
+    first, second = _feed(TracebackAssembler(), lines)
+    assert first.exception_class == "torch.OutOfMemoryError" and not first.traceback.chained
+    assert second.exception_class == "torch.AcceleratorError" and second.traceback.chained
+    assert second.text.count("\n") == 1 and second.source.line == 10
+
+
+def test_cut_traceback_is_reported_as_cut() -> None:
+    (finished,) = _feed(TracebackAssembler(), ["Traceback (most recent call last):", '  File "a.py", line 1, in f'])
+    assert finished.traceback is not None and finished.traceback.cut and finished.exception_class == ""
+
+
+def test_long_traceback_keeps_head_and_tail_frames() -> None:
+    lines = ["Traceback (most recent call last):"]
+    lines += [f'  File "f{i}.py", line {i}, in g{i}' for i in range(5000)]
+    lines += ["RecursionError: maximum recursion depth exceeded"]
+    (finished,) = _feed(TracebackAssembler(), lines)
+    tb = finished.traceback
+    assert tb is not None and len(tb.frames) < 100
+    assert tb.frames[0].function == "g0" and tb.frames[-1].function == "g4999"
+    assert tb.frames_omitted == 5000 - len(tb.frames)
