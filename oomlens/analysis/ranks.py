@@ -115,11 +115,17 @@ def rank_picture(
                 builder(peer.source.rank).peer_evidence.append((peer.source, peer.kind))
         for killed in facts.killed_subprocesses:
             if killed.local_rank is not None:
-                builder(killed.local_rank).peer_evidence.append((killed.source, "killed_by_launcher"))
+                builder(killed.local_rank).peer_evidence.append(
+                    (killed.source, "killed_by_launcher")
+                )
         for closing in facts.closing_signals:
-            rank = closing.local_rank if closing.local_rank is not None else pid_rank.get(closing.pid)
+            rank = (
+                closing.local_rank if closing.local_rank is not None else pid_rank.get(closing.pid)
+            )
             if rank is not None:
-                builder(rank).peer_evidence.append((closing.source, f"{closing.signal}_from_launcher"))
+                builder(rank).peer_evidence.append(
+                    (closing.source, f"{closing.signal}_from_launcher")
+                )
         kernel_kills.extend(facts.kernel_oom_kills)
     for error_file in error_files:
         rank = _rank_of_failure(error_file.failure)
@@ -151,7 +157,9 @@ def rank_picture(
     return RankPicture(ranks, first, basis, victims)
 
 
-def _earliest(times: Iterable[tuple[datetime | None, SourceRef]]) -> tuple[datetime | None, SourceRef | None]:
+def _earliest(
+    times: Iterable[tuple[datetime | None, SourceRef]],
+) -> tuple[datetime | None, SourceRef | None]:
     known = [(t, ref) for t, ref in times if t is not None]
     if known:
         return min(known, key=lambda item: item[0])
@@ -162,8 +170,11 @@ def _earliest(times: Iterable[tuple[datetime | None, SourceRef]]) -> tuple[datet
 def _status(b: _Builder) -> RankStatus:
     own_exceptions = [e for e in b.exceptions if not e.peer_failure]
     peer_exceptions = [e for e in b.exceptions if e.peer_failure]
-    bad_failures = [f for f in b.failures if f.signal not in _PEER_SIGNALS and (f.exitcode or 0) != 0
-                    or f.origin == "error_file"]
+    bad_failures = [
+        f
+        for f in b.failures
+        if f.signal not in _PEER_SIGNALS and (f.exitcode or 0) != 0 or f.origin == "error_file"
+    ]
     peer_failures = [f for f in b.failures if f.signal in _PEER_SIGNALS]
     exitcode = next((f.exitcode for f in bad_failures if f.exitcode is not None), None)
     signal = next((f.signal for f in bad_failures if f.signal is not None), None)
@@ -193,12 +204,15 @@ def _status(b: _Builder) -> RankStatus:
     peer_text = None
     if not own_failure:
         if peer_failures:
-            peer_text = f"{peer_failures[0].signal} from the launcher ({peer_failures[0].source.describe()})"
+            failure = peer_failures[0]
+            peer_text = f"{failure.signal} from the launcher ({failure.source.describe()})"
         elif b.peer_evidence:
             ref, kind = b.peer_evidence[0]
             peer_text = f"{kind} ({ref.describe()})"
         elif peer_exceptions:
-            peer_text = f"{peer_exceptions[0].exception_class} ({peer_exceptions[0].source.describe()})"
+            peer_text = (
+                f"{peer_exceptions[0].exception_class} ({peer_exceptions[0].source.describe()})"
+            )
     return RankStatus(
         rank=b.rank,
         outcome=outcome,
@@ -217,7 +231,9 @@ def _status(b: _Builder) -> RankStatus:
     )
 
 
-def _first_failed(own: list[RankStatus], builders: dict[int | None, _Builder]) -> tuple[RankStatus | None, str | None]:
+def _first_failed(
+    own: list[RankStatus], builders: dict[int | None, _Builder]
+) -> tuple[RankStatus | None, str | None]:
     if not own:
         return None, None
     if len(own) == 1:
@@ -229,7 +245,9 @@ def _first_failed(own: list[RankStatus], builders: dict[int | None, _Builder]) -
         return roots[0], "root_cause"
     paths = {s.first_source.path for s in own if s.first_source is not None}
     if len(paths) == 1:
-        return min(own, key=lambda s: (s.first_source.line or 0) if s.first_source else 0), "line_order"
+        return min(
+            own, key=lambda s: (s.first_source.line or 0) if s.first_source else 0
+        ), "line_order"
     timed = [s for s in own if s.first_time is not None]
     if timed:
         return min(timed, key=lambda s: s.first_time or datetime.min), "timestamp"

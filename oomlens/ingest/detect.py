@@ -23,7 +23,7 @@ from enum import StrEnum
 import regex
 
 from oomlens.errors import InputError
-from oomlens.ingest.textstream import Compression, open_text, read_head, sniff_compression
+from oomlens.ingest.textstream import Compression, open_text, read_head
 
 HEAD_BYTES = 64 * 1024
 MAX_DEPTH = 6
@@ -50,18 +50,33 @@ class Detection:
 
 
 _DS_KEYS = (
-    "zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps", "fp16", "bf16", "optimizer", "scheduler", "gradient_clipping",
-    "steps_per_print", "zero_allow_untested_optimizer", "wall_clock_breakdown", "activation_checkpointing",
-    "zero_force_ds_cpu_optimizer", "memory_breakdown", "flops_profiler", "data_types",
+    "zero_optimization",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "fp16",
+    "bf16",
+    "optimizer",
+    "scheduler",
+    "gradient_clipping",
+    "steps_per_print",
+    "zero_allow_untested_optimizer",
+    "wall_clock_breakdown",
+    "activation_checkpointing",
+    "zero_force_ds_cpu_optimizer",
+    "memory_breakdown",
+    "flops_profiler",
+    "data_types",
 )
 _KERNEL_LINE = regex.compile(
     r"\[\s{0,12}\d{1,10}\.\d{1,9}\] |\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] |"
-    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S{0,20}) \S{1,255} kernel: |"
+    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S{0,20}) \S{1,255} kern"
+    r"el: |"
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? "
 )
 _LOG_MARKERS = regex.compile(
-    r"Traceback \(most recent call last\)|\[(?:rank|default)\d{1,6}\]:|OutOfMemoryError|out of memory|"
+    r"Traceback \(most recent call last\)|\[(?:rank|default)\d{1,6}\]:|OutOfMemoryError|out of me"
+    r"mory|"
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\]|"
     r"(?m:^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6,9} )|NCCL (?:INFO|WARN)|torch\.distributed|"
     r"CUDA error|\bstep=\d|'loss': |\b(?:epoch|loss|step|iter)\b\s{0,2}[:=]\s{0,2}\d|"
@@ -96,12 +111,17 @@ def _classify_json(head: bytes, path: str, size: int) -> tuple[InputKind, str] |
         keys = [key for key in _DS_KEYS if key in data]
         if keys:
             return InputKind.DS_CONFIG, "JSON with DeepSpeed keys: " + ", ".join(keys[:4])
-        return InputKind.UNKNOWN, "JSON, but neither a DeepSpeed config nor a torchelastic error file"
+        return (
+            InputKind.UNKNOWN,
+            "JSON, but neither a DeepSpeed config nor a torchelastic error file",
+        )
     if '"extraInfo"' in text or '"py_callstack"' in text:
         return InputKind.ELASTIC_ERROR, "JSON-like with torchelastic 'extraInfo'"
     keys = [key for key in _DS_KEYS if f'"{key}"' in text]
     if keys:
-        return InputKind.DS_CONFIG, "JSON-like with DeepSpeed keys: " + ", ".join(keys[:4]) + " (not strictly valid JSON)"
+        return InputKind.DS_CONFIG, "JSON-like with DeepSpeed keys: " + ", ".join(
+            keys[:4]
+        ) + " (not strictly valid JSON)"
     return None
 
 
@@ -118,17 +138,33 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
     if size == 0:
         return Detection(shown, InputKind.UNKNOWN, Compression.NONE, "the file is empty")
     if len(first) == 2 and first[0] == 0x80 and 2 <= first[1] <= 5:
-        return Detection(shown, InputKind.SNAPSHOT_PICKLE, Compression.NONE, f"pickle protocol {first[1]}")
+        return Detection(
+            shown, InputKind.SNAPSHOT_PICKLE, Compression.NONE, f"pickle protocol {first[1]}"
+        )
     head = read_head(path, HEAD_BYTES, display=shown)
     compression = source.compression
     if compression is not Compression.NONE:
         if not head:
-            return Detection(shown, InputKind.UNKNOWN, compression, f"{compression} data that decompresses to nothing")
+            return Detection(
+                shown,
+                InputKind.UNKNOWN,
+                compression,
+                f"{compression} data that decompresses to nothing",
+            )
         if head[0] == 0x80 and len(head) > 1 and 2 <= head[1] <= 5:
-            return Detection(shown, InputKind.SNAPSHOT_PICKLE, compression, f"{compression}-compressed pickle protocol {head[1]}")
+            return Detection(
+                shown,
+                InputKind.SNAPSHOT_PICKLE,
+                compression,
+                f"{compression}-compressed pickle protocol {head[1]}",
+            )
     if _text_ratio(head) < 0.7:
         return Detection(shown, InputKind.UNKNOWN, compression, "binary data, not text")
-    decoded_size = size if compression is Compression.NONE else len(head) + (1 if len(head) >= HEAD_BYTES else 0)
+    decoded_size = (
+        size
+        if compression is Compression.NONE
+        else len(head) + (1 if len(head) >= HEAD_BYTES else 0)
+    )
     json_kind = _classify_json(head, shown, decoded_size)
     if json_kind is not None:
         return Detection(shown, json_kind[0], compression, json_kind[1])
@@ -138,12 +174,26 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         lines = lines[:-1]  # the head may cut the last line
     kernel_lines = sum(1 for line in lines if _KERNEL_LINE.match(line))
     if lines and kernel_lines * 2 >= len(lines):
-        return Detection(shown, InputKind.KERNEL_LOG, compression, f"{kernel_lines} of {len(lines)} lines are kernel log lines")
+        return Detection(
+            shown,
+            InputKind.KERNEL_LOG,
+            compression,
+            f"{kernel_lines} of {len(lines)} lines are kernel log lines",
+        )
     marker = _LOG_MARKERS.search(text)
     if marker is not None:
-        return Detection(shown, InputKind.TRAINING_LOG, compression, f"text with a training-log marker ({marker.group(0)!r})")
-    return Detection(shown, InputKind.UNKNOWN, compression,
-                     "text without any training-log, kernel-log or config marker in its first 64 KiB")
+        return Detection(
+            shown,
+            InputKind.TRAINING_LOG,
+            compression,
+            f"text with a training-log marker ({marker.group(0)!r})",
+        )
+    return Detection(
+        shown,
+        InputKind.UNKNOWN,
+        compression,
+        "text without any training-log, kernel-log or config marker in its first 64 KiB",
+    )
 
 
 # --- run directories ------------------------------------------------------------------------
@@ -152,14 +202,63 @@ _TORCHRUN_FILE = regex.compile(
     r"(?:^|/)(?P<run>[^/]{1,200})/attempt_(?P<attempt>\d{1,6})/(?P<local>\d{1,6})/(?P<name>stdout\.log|stderr\.log|error\.json)\Z"
 )
 _DS_RANK_FILE = regex.compile(r"(?:^|/)\d{14}_rank(?P<rank>\d{1,6})\.log\Z")
-_RANK_IN_NAME = regex.compile(r"(?:^|[/_.-])rank[_-]?(?P<rank>\d{1,6})(?=[_.-][^/]*\Z|\Z)", regex.IGNORECASE)
-_SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv", "venv", ".ipynb_checkpoints",
-                        "site-packages", ".mypy_cache", ".pytest_cache", ".tox", ".cache"})
+_RANK_IN_NAME = regex.compile(
+    r"(?:^|[/_.-])rank[_-]?(?P<rank>\d{1,6})(?=[_.-][^/]*\Z|\Z)", regex.IGNORECASE
+)
+_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        "__pycache__",
+        "node_modules",
+        ".venv",
+        "venv",
+        ".ipynb_checkpoints",
+        "site-packages",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".tox",
+        ".cache",
+    }
+)
 _JUNK_SUFFIXES = (
-    ".png", ".jpg", ".jpeg", ".gif", ".svg", ".ico", ".pdf", ".so", ".o", ".a", ".pyc", ".whl",
-    ".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".npy", ".npz", ".h5", ".onnx", ".tar", ".zip",
-    ".parquet", ".arrow", ".msgpack", ".py", ".sh", ".md", ".ipynb", ".html", ".css", ".js", ".lock",
-    ".wandb", ".tfevents", ".db", ".sqlite",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".gif",
+    ".svg",
+    ".ico",
+    ".pdf",
+    ".so",
+    ".o",
+    ".a",
+    ".pyc",
+    ".whl",
+    ".pt",
+    ".pth",
+    ".bin",
+    ".ckpt",
+    ".safetensors",
+    ".npy",
+    ".npz",
+    ".h5",
+    ".onnx",
+    ".tar",
+    ".zip",
+    ".parquet",
+    ".arrow",
+    ".msgpack",
+    ".py",
+    ".sh",
+    ".md",
+    ".ipynb",
+    ".html",
+    ".css",
+    ".js",
+    ".lock",
+    ".wandb",
+    ".tfevents",
+    ".db",
+    ".sqlite",
 )
 
 
@@ -195,8 +294,13 @@ def _location(relative: str) -> tuple[int | None, int | None, int | None, str | 
     match = _TORCHRUN_FILE.search(rel)
     if match is not None:
         stream = match.group("name").split(".")[0]
-        return (None, int(match.group("local")), int(match.group("attempt")), match.group("run"),
-                stream if stream != "error" else None)
+        return (
+            None,
+            int(match.group("local")),
+            int(match.group("attempt")),
+            match.group("run"),
+            stream if stream != "error" else None,
+        )
     match = _DS_RANK_FILE.search(rel)
     if match is not None:
         return int(match.group("rank")), None, None, None, None
@@ -219,7 +323,9 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
     try:
         os.listdir(root)
     except OSError as exc:
-        raise InputError(shown_root, f"cannot be listed ({exc.strerror or exc})", "check its permissions") from exc
+        raise InputError(
+            shown_root, f"cannot be listed ({exc.strerror or exc})", "check its permissions"
+        ) from exc
     files: list[DiscoveredFile] = []
     skipped: list[tuple[str, str]] = []
     examined = 0
@@ -230,7 +336,9 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
         try:
             entries = sorted(os.scandir(current), key=lambda e: e.name)
         except OSError as exc:
-            skipped.append((_shown(shown_root, root, current), f"cannot be listed ({exc.strerror or exc})"))
+            skipped.append(
+                (_shown(shown_root, root, current), f"cannot be listed ({exc.strerror or exc})")
+            )
             continue
         subdirs: list[str] = []
         for entry in entries:
@@ -251,7 +359,9 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
             if not stat.S_ISREG(info.st_mode):
                 skipped.append((shown, "not a regular file"))
                 continue
-            if entry.name.lower().endswith(_JUNK_SUFFIXES) and not entry.name.lower().endswith((".log", ".txt", ".json")):
+            if entry.name.lower().endswith(_JUNK_SUFFIXES) and not entry.name.lower().endswith(
+                (".log", ".txt", ".json")
+            ):
                 skipped.append((shown, "not a log, snapshot, config or kernel log (by its name)"))
                 continue
             if examined >= MAX_FILES:
@@ -269,15 +379,22 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
                 continue
             rank, local_rank, attempt, run_id, stream = _location(os.path.relpath(entry.path, root))
             kind, reason = detection.kind, detection.reason
-            if kind is InputKind.UNKNOWN and reason.startswith("text without") and (
-                stream is not None or rank is not None
+            if (
+                kind is InputKind.UNKNOWN
+                and reason.startswith("text without")
+                and (stream is not None or rank is not None)
             ):
                 # A per-rank file of a launcher's layout is that rank's output, whatever it says.
-                kind, reason = InputKind.TRAINING_LOG, "a per-rank log file of the launcher's layout"
+                kind, reason = (
+                    InputKind.TRAINING_LOG,
+                    "a per-rank log file of the launcher's layout",
+                )
             if kind is InputKind.UNKNOWN:
                 skipped.append((shown, reason))
                 continue
-            files.append(DiscoveredFile(entry.path, kind, reason, rank, local_rank, attempt, run_id, stream))
+            files.append(
+                DiscoveredFile(entry.path, kind, reason, rank, local_rank, attempt, run_id, stream)
+            )
         stack.extend((path, depth + 1) for path in reversed(subdirs))
     if any(f.attempt is not None for f in files):
         layout = "torchrun_log_dir"

@@ -2,7 +2,8 @@
 
 Two shapes (torch.distributed.elastic ``ProcessFailure._get_error_data``)::
 
-    {"message": {"message": "<Class>: <text>", "extraInfo": {"py_callstack": "...", "timestamp": "<epoch s>"}}}
+    {"message": {"message": "<Class>: <text>",
+                 "extraInfo": {"py_callstack": "...", "timestamp": "<epoch s>"}}}
     {"message": "<text>", "timestamp": <epoch s>}
 
 ``read_error_file(path, rank=None, local_rank=None)`` returns ``ErrorFileFacts``.  The
@@ -38,7 +39,7 @@ def _timestamp(value: object) -> datetime | None:
 def _traceback_of(callstack: str, path: str) -> Traceback | None:
     assembler = TracebackAssembler()
     found: Traceback | None = None
-    for number, line in enumerate(callstack.splitlines()[:5000], start=1):
+    for _number, line in enumerate(callstack.splitlines()[:5000], start=1):
         finished = assembler.feed(line, SourceRef(path, None))
         if finished is not None and finished.traceback is not None and found is None:
             found = finished.traceback
@@ -63,8 +64,11 @@ def read_error_file(
     except OSError as exc:
         raise InputError(shown, f"cannot be read ({exc.strerror or exc})") from exc
     if size > MAX_ERROR_FILE_BYTES:
-        raise ResourceLimitError(shown, f"is {size} bytes, more than an error file can be",
-                                 "pass the training log instead")
+        raise ResourceLimitError(
+            shown,
+            f"is {size} bytes, more than an error file can be",
+            "pass the training log instead",
+        )
     raw = read_head(path, MAX_ERROR_FILE_BYTES, display=shown)
     try:
         data = json.loads(raw.decode("utf-8", "replace"))
@@ -76,7 +80,11 @@ def read_error_file(
     callstack = ""
     if isinstance(message_field, dict):
         message = str(message_field.get("message", ""))
-        extra = message_field.get("extraInfo") if isinstance(message_field.get("extraInfo"), dict) else {}
+        extra = (
+            message_field.get("extraInfo")
+            if isinstance(message_field.get("extraInfo"), dict)
+            else {}
+        )
         assert isinstance(extra, dict)
         callstack = str(extra.get("py_callstack", ""))
         when = _timestamp(extra.get("timestamp"))
@@ -84,7 +92,9 @@ def read_error_file(
         message = message_field
         when = _timestamp(data.get("timestamp"))
     else:
-        raise InputError(shown, "is not a torchelastic error file ('message' is neither text nor an object)")
+        raise InputError(
+            shown, "is not a torchelastic error file ('message' is neither text nor an object)"
+        )
     source = SourceRef(shown, None, rank if rank is not None else local_rank, None)
     traceback = _traceback_of(callstack, shown) if callstack else None
     oom = parse_oom_message(message) or (parse_oom_message(callstack) if callstack else None)
@@ -105,6 +115,10 @@ def read_error_file(
     )
     event = None
     if oom is not None:
-        phase, evidence = classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
-        event = OomEvent(source, oom, phase, evidence, traceback, "error_file", when, True, local_rank)
+        phase, evidence = (
+            classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
+        )
+        event = OomEvent(
+            source, oom, phase, evidence, traceback, "error_file", when, True, local_rank
+        )
     return ErrorFileFacts(shown, failure, event, traceback)

@@ -185,7 +185,9 @@ class TextSource:
             _zstd_available(self.display)
 
     @contextmanager
-    def open_binary(self) -> Iterator[IO[bytes]]:
+    def open_binary(
+        self,
+    ) -> Iterator[IO[bytes] | gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile | io.RawIOBase]:
         """The decompressed byte stream.  Raises InputError if it cannot be opened."""
         try:
             raw = open(self.path, "rb")  # noqa: SIM115 - closed below
@@ -193,7 +195,7 @@ class TextSource:
             raise _open_error(self.display, exc) from exc
         proc: subprocess.Popen[bytes] | None = None
         try:
-            stream: IO[bytes]
+            stream: IO[bytes] | gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile | _ProcessReader
             if self.compression is Compression.GZIP:
                 stream = gzip.GzipFile(fileobj=raw, mode="rb")
             elif self.compression is Compression.BZIP2:
@@ -216,10 +218,16 @@ class TextSource:
         with self.open_binary() as stream:
             # Decompressors raise at a cut stream's end and lose what read() had gathered:
             # read1() hands over each decompressed piece as it comes.
-            read = getattr(stream, "read1", None) if self.compression is not Compression.NONE else None
+            read = (
+                getattr(stream, "read1", None) if self.compression is not Compression.NONE else None
+            )
             while True:
                 try:
-                    chunk = _read_chunk(read, self.chunk_bytes) if read is not None else stream.read(self.chunk_bytes)
+                    chunk = (
+                        _read_chunk(read, self.chunk_bytes)
+                        if read is not None
+                        else stream.read(self.chunk_bytes)
+                    )
                 except EOFError:
                     self.stats.problem = (
                         f"the {self.compression} stream ends early (the file was cut); "
@@ -230,7 +238,8 @@ class TextSource:
                     if self.stats.bytes_read == 0:
                         raise InputError(
                             self.display,
-                            f"looks {self.compression}-compressed but cannot be decompressed ({exc})",
+                            f"looks {self.compression}-compressed but cannot be "
+                            f"decompressed ({exc})",
                             "check that the file is complete and not corrupt",
                         ) from exc
                     self.stats.problem = (
@@ -345,7 +354,9 @@ def open_text(
     return TextSource(path, display=display, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
 
 
-def read_head(path: str | os.PathLike[str], limit: int = HEAD_BYTES, *, display: str | None = None) -> bytes:
+def read_head(
+    path: str | os.PathLike[str], limit: int = HEAD_BYTES, *, display: str | None = None
+) -> bytes:
     """Up to ``limit`` decompressed bytes from the start of ``path``, for content sniffing.
 
     A cut or corrupt compressed stream yields what could be decompressed.  Raises InputError
@@ -395,7 +406,9 @@ def _zstd_available(display: str) -> None:
     )
 
 
-def _open_zstd(raw: IO[bytes], display: str) -> tuple[IO[bytes], subprocess.Popen[bytes] | None]:
+def _open_zstd(
+    raw: IO[bytes], display: str
+) -> tuple[IO[bytes] | _ProcessReader, subprocess.Popen[bytes] | None]:
     if _zstd_module_available():
         import zstandard
 

@@ -14,7 +14,9 @@ LAB_LINES = (ASSETS / "lab_log_torch2.11_h200.txt").read_text().splitlines()
 
 def _section(name: str) -> list[str]:
     start = next(i for i, line in enumerate(LAB_LINES) if line.startswith("=" * 30 + f" {name} "))
-    end = next(i for i in range(start + 1, len(LAB_LINES)) if LAB_LINES[i].startswith("=" * 30 + " "))
+    end = next(
+        i for i in range(start + 1, len(LAB_LINES)) if LAB_LINES[i].startswith("=" * 30 + " ")
+    )
     return LAB_LINES[start:end]
 
 
@@ -36,14 +38,26 @@ def test_plain_torchrun_oom_is_attributed_to_the_root_cause_rank(tmp_path: Path)
 def test_sigkilled_rank_is_first_and_the_terminated_peer_a_victim(tmp_path: Path) -> None:
     picture = rank_picture([_read(tmp_path, "E_torchrun_plain_kill_0")])
     first = picture.first_failed
-    assert first is not None and (first.rank, first.outcome, first.signal) == (1, "signal", "SIGKILL")
+    assert first is not None and (first.rank, first.outcome, first.signal) == (
+        1,
+        "signal",
+        "SIGKILL",
+    )
     assert picture.peer_victims == (0,)
 
 
 def test_two_ranks_failing_on_their_own_ordered_by_time(tmp_path: Path) -> None:
-    body = [line for line in _section("B10_cudnn_full") if line.startswith(("Traceback", "  ", "torch."))]
-    lines = [f"[rank1]:[E1130 04:58:20.000000000 x.cpp:1] first", *(f"[rank1]: {x}" for x in body),
-             f"[rank0]:[E1130 04:58:25.000000000 x.cpp:1] later", *(f"[rank0]: {x}" for x in body)]
+    body = [
+        line
+        for line in _section("B10_cudnn_full")
+        if line.startswith(("Traceback", "  ", "torch."))
+    ]
+    lines = [
+        "[rank1]:[E1130 04:58:20.000000000 x.cpp:1] first",
+        *(f"[rank1]: {x}" for x in body),
+        "[rank0]:[E1130 04:58:25.000000000 x.cpp:1] later",
+        *(f"[rank0]: {x}" for x in body),
+    ]
     target = tmp_path / "two.log"
     target.write_text("\n".join(lines) + "\n")
     picture = rank_picture([read_log(target)])

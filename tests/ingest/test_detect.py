@@ -21,12 +21,20 @@ SAMPLE_PICKLE_HEAD = b"\x80\x04\x95"  # pickle protocol 4, as torch 2.11 writes 
 
 def _kernel_lines() -> str:
     # the kernel's formats (reference notes 1.11): dmesg, dmesg -T and journal stamps
-    return "\n".join([
-        "[ 5012.123456] python invoked oom-killer: gfp_mask=0x140cca, order=0, oom_score_adj=0",
-        "[Mon Nov 30 04:58:18 2026] Out of memory: Killed process 4242 (python) total-vm:1024kB, "
-        "anon-rss:512kB, file-rss:0kB, shmem-rss:0kB",
-        "Nov 30 04:58:18 node-1 kernel: oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python,pid=4242,uid=0",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "[ 5012.123456] python invoked oom-killer: gfp_mask=0x140cca, order=0, oom_score_"
+                "adj=0",
+                "[Mon Nov 30 04:58:18 2026] Out of memory: Killed process 4242 (python) total-vm:"
+                "1024kB, "
+                "anon-rss:512kB, file-rss:0kB, shmem-rss:0kB",
+                "Nov 30 04:58:18 node-1 kernel: oom-kill:constraint=CONSTRAINT_NONE,nodemask=(nul"
+                "l),task=python,pid=4242,uid=0",
+            ]
+        )
+        + "\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -36,9 +44,16 @@ def _kernel_lines() -> str:
         (gzip.compress(LAB.read_bytes()), InputKind.TRAINING_LOG),
         (bz2.compress(LAB.read_bytes()), InputKind.TRAINING_LOG),
         (ERROR_FILE.read_bytes(), InputKind.ELASTIC_ERROR),
-        (json.dumps({"message": "OutOfMemoryError: x", "timestamp": 1796014820}).encode(), InputKind.ELASTIC_ERROR),
-        (json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}).encode(),
-         InputKind.DS_CONFIG),
+        (
+            json.dumps({"message": "OutOfMemoryError: x", "timestamp": 1796014820}).encode(),
+            InputKind.ELASTIC_ERROR,
+        ),
+        (
+            json.dumps(
+                {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}
+            ).encode(),
+            InputKind.DS_CONFIG,
+        ),
         (b'{"train_batch_size": 8, "bf16": {"enabled": true},}', InputKind.DS_CONFIG),
         (SAMPLE_PICKLE_HEAD + b"\x00" * 64, InputKind.SNAPSHOT_PICKLE),
         (gzip.compress(SAMPLE_PICKLE_HEAD + b"\x00" * 64), InputKind.SNAPSHOT_PICKLE),
@@ -58,7 +73,11 @@ def test_kind_by_content_not_name(tmp_path: Path, content: bytes, kind: InputKin
 
 
 def test_real_snapshot_pickles_are_sniffed_when_present() -> None:
-    samples = sorted(Path("/work/shared/samples").glob("*.pickle")) if Path("/work/shared/samples").is_dir() else []
+    samples = (
+        sorted(Path("/work/shared/samples").glob("*.pickle"))
+        if Path("/work/shared/samples").is_dir()
+        else []
+    )
     for sample in samples:
         assert detect_kind(sample).kind is InputKind.SNAPSHOT_PICKLE
 
@@ -76,7 +95,10 @@ def _torchrun_log_dir(root: Path) -> None:
     (run / "0" / "stderr.log").write_bytes(b"")
     (run / "0" / "stdout.log").write_bytes(b"")
     lines = LAB.read_text().splitlines()
-    start = lines.index("FILE /tmp/oomlab/trlogs/12eb2aba-c55e-4939-81ce-fe04c2057f58_bz6ra3wp/attempt_0/1/stderr.log 1032")
+    start = lines.index(
+        "FILE /tmp/oomlab/trlogs/12eb2aba-c55e-4939-81ce-fe04c2057f58_bz6ra3wp/attempt_0/1/stderr"
+        ".log 1032"
+    )
     (run / "1" / "stderr.log").write_text("\n".join(lines[start + 1 : start + 10]) + "\n")
     (run / "1" / "stdout.log").write_text("hello from rank 1 stdout\n")
     shutil.copy(ERROR_FILE, run / "1" / "error.json")
@@ -89,16 +111,26 @@ def test_torchrun_log_dir_is_one_run_with_local_ranks(tmp_path: Path) -> None:
     run = discover_run(tmp_path)
     assert run.layout == "torchrun_log_dir"
     kinds = sorted((f.local_rank, Path(f.path).name, f.kind.value) for f in run.files)
-    assert kinds == [(1, "error.json", "elastic_error"), (1, "stderr.log", "training_log"), (1, "stdout.log", "training_log")]
+    assert kinds == [
+        (1, "error.json", "elastic_error"),
+        (1, "stderr.log", "training_log"),
+        (1, "stdout.log", "training_log"),
+    ]
     assert {f.attempt for f in run.files} == {0}
-    reasons = dict((Path(p).name, why) for p, why in run.skipped)
-    assert reasons["stderr.log"] == "empty" and "name" in reasons["notes.png"] and reasons[".git"] == "skipped directory"
+    reasons = {Path(p).name: why for p, why in run.skipped}
+    assert (
+        reasons["stderr.log"] == "empty"
+        and "name" in reasons["notes.png"]
+        and reasons[".git"] == "skipped directory"
+    )
 
 
 def test_deepspeed_each_rank_logs(tmp_path: Path) -> None:
     body = LAB.read_text().splitlines()[127:138]
     for rank in (0, 1):
-        (tmp_path / f"20261130045900_rank{rank}.log").write_text("\n".join(f"[rank{rank}]: {x}" for x in body) + "\n")
+        (tmp_path / f"20261130045900_rank{rank}.log").write_text(
+            "\n".join(f"[rank{rank}]: {x}" for x in body) + "\n"
+        )
     run = discover_run(tmp_path)
     assert run.layout == "deepspeed_rank_logs"
     assert sorted(f.rank for f in run.files) == [0, 1]

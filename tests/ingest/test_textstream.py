@@ -24,9 +24,15 @@ def _plain_lines() -> list[str]:
 
 @pytest.mark.parametrize(
     ("compress", "kind"),
-    [(gzip.compress, Compression.GZIP), (bz2.compress, Compression.BZIP2), (lzma.compress, Compression.XZ)],
+    [
+        (gzip.compress, Compression.GZIP),
+        (bz2.compress, Compression.BZIP2),
+        (lzma.compress, Compression.XZ),
+    ],
 )
-def test_compressed_logs_read_like_plain_whatever_their_name(tmp_path: Path, compress, kind) -> None:
+def test_compressed_logs_read_like_plain_whatever_their_name(
+    tmp_path: Path, compress, kind
+) -> None:
     # GIVEN the real log compressed, under a misleading name
     target = tmp_path / "run.log"
     target.write_bytes(compress(LAB.read_bytes()))

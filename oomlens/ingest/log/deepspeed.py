@@ -51,22 +51,28 @@ _LOGGER = regex.compile(
 )
 _RANK_TAG = regex.compile(r"\[Rank (?P<rank>-?\d{1,6})\] ")
 _MEMORY = regex.compile(
-    r"MA (?P<ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}Max_MA (?P<max_ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}"
+    r"MA (?P<ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}Max_MA (?P<max_ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,"
+    r"40}"
     r"CA (?P<ca>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}Max_CA (?P<max_ca>\d{1,9}(?:\.\d{1,6})?) GB"
 )
 _CPU = regex.compile(
-    r"CPU Virtual Memory:\s{1,10}used = (?P<used>\d{1,9}(?:\.\d{1,6})?) GB, percent = (?P<pct>\d{1,3}(?:\.\d{1,6})?)%"
+    r"CPU Virtual Memory:\s{1,10}used = (?P<used>\d{1,9}(?:\.\d{1,6})?) GB, percent = (?P<pct>\d{"
+    r"1,3}(?:\.\d{1,6})?)%"
 )
 _CACHE_FLUSH = regex.compile(r"(?P<n>\d{1,12}) pytorch allocator cache flushes since last step")
 _BATCH = regex.compile(
     r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
-    r"gradient_acc_step \* world_size ?(?P<tb>[\d.]{1,20}) != (?P<mb>[\d.]{1,20}) \* (?P<ga>[\d.]{1,20}) \* (?P<ws>[\d.]{1,20})"
+    r"gradient_acc_step \* world_size ?(?P<tb>[\d.]{1,20}) != (?P<mb>[\d.]{1,20}) \* (?P<ga>[\d.]"
+    r"{1,20}) \* (?P<ws>[\d.]{1,20})"
 )
 _CONFIG_ERRORS = regex.compile(
-    r"DeepSpeedConfig: \w{1,60} is not defined|Either train_batch_size or train_micro_batch_size_per_gpu "
+    r"DeepSpeedConfig: \w{1,60} is not defined|Either train_batch_size or train_micro_batch_size_"
+    r"per_gpu "
     r"needs to be provided|Please correct the following DeepSpeed config values that mismatch "
-    r"TrainingArguments values|Maximum supported ZeRO stage is \d|Train batch size: [\d.]{1,20} has to be greater than 0|"
-    r"Micro batch size per gpu: [\d.]{1,20} has to be greater than 0|Gradient accumulation steps: [\d.]{1,20} has to be greater than 0|"
+    r"TrainingArguments values|Maximum supported ZeRO stage is \d|Train batch size: [\d.]{1,20} h"
+    r"as to be greater than 0|"
+    r"Micro batch size per gpu: [\d.]{1,20} has to be greater than 0|Gradient accumulation steps:"
+    r" [\d.]{1,20} has to be greater than 0|"
     r"Train batch size must be divisible by micro-batch data parallelism"
 )
 _EXIT = regex.compile(r"exits with return code = (?P<rc>-?\d{1,6})")
@@ -75,7 +81,9 @@ _KILLING = regex.compile(r"Killing subprocess (?P<pid>\d{1,10})")
 _SPAWNED = regex.compile(r"process (?P<pid>\d{1,10}) spawned with command: ")
 _WORLD_INFO = regex.compile(r"WORLD INFO DICT: (?P<dict>\{.{0,20000}\})")
 _DIST_WORLD = regex.compile(r"dist_world_size=(?P<n>\d{1,7})")
-_CONFIG_WORLD = regex.compile(r"Config mesh_device \S{1,200} world_size = (?P<n>\d{1,7}(?:\.\d{1,4})?)")
+_CONFIG_WORLD = regex.compile(
+    r"Config mesh_device \S{1,200} world_size = (?P<n>\d{1,7}(?:\.\d{1,4})?)"
+)
 _DUMP_ENTRY = regex.compile(r"  (?P<key>[A-Za-z_][\w]{0,80}) (?:\.{1,40} |\s)(?P<value>.*)")
 _INT_LIST = regex.compile(r"\[(?P<items>[\d,\s]{0,20000})\]")
 
@@ -140,8 +148,12 @@ def parse_memory_line(text: str) -> MemoryReading | None:
     match = _MEMORY.search(text)
     if match is None:
         return None
-    return MemoryReading(_gib(match.group("ma")), _gib(match.group("max_ma")),
-                         _gib(match.group("ca")), _gib(match.group("max_ca")))
+    return MemoryReading(
+        _gib(match.group("ma")),
+        _gib(match.group("max_ma")),
+        _gib(match.group("ca")),
+        _gib(match.group("max_ca")),
+    )
 
 
 def parse_cpu_line(text: str) -> tuple[int, float] | None:
@@ -174,8 +186,12 @@ def parse_batch_assertion(text: str) -> BatchNumbers | None:
     match = _BATCH.search(text)
     if match is None:
         return None
-    return BatchNumbers(_number(match.group("tb")), _number(match.group("mb")),
-                        _number(match.group("ga")), _number(match.group("ws")))
+    return BatchNumbers(
+        _number(match.group("tb")),
+        _number(match.group("mb")),
+        _number(match.group("ga")),
+        _number(match.group("ws")),
+    )
 
 
 def parse_config_error(text: str) -> str | None:
@@ -199,16 +215,22 @@ def parse_launcher_line(text: str) -> LauncherLine | None:
     match = _EXIT.search(text)
     if match is not None:
         local = _CMD_LOCAL_RANK.search(text, 0, match.start())
-        return LauncherLine("exit", return_code=int(match.group("rc")),
-                            local_rank=int(local.group("lr")) if local else None)
+        return LauncherLine(
+            "exit",
+            return_code=int(match.group("rc")),
+            local_rank=int(local.group("lr")) if local else None,
+        )
     match = _KILLING.search(text)
     if match is not None:
         return LauncherLine("killing", pid=int(match.group("pid")))
     match = _SPAWNED.search(text)
     if match is not None:
         local = _CMD_LOCAL_RANK.search(text, match.end())
-        return LauncherLine("spawned", pid=int(match.group("pid")),
-                            local_rank=int(local.group("lr")) if local else None)
+        return LauncherLine(
+            "spawned",
+            pid=int(match.group("pid")),
+            local_rank=int(local.group("lr")) if local else None,
+        )
     return None
 
 
@@ -280,7 +302,9 @@ class ConfigDumpCollector:
                 return False
             self._open_value = entry.group("value").count("{") - entry.group("value").count("}")
             if len(self.entries) < MAX_DUMP_ENTRIES:
-                self.entries.append((entry.group("key"), entry.group("value")[:MAX_DUMP_VALUE_CHARS]))
+                self.entries.append(
+                    (entry.group("key"), entry.group("value")[:MAX_DUMP_VALUE_CHARS])
+                )
             else:
                 self.overflow = True
             return True

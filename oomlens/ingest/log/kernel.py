@@ -44,30 +44,34 @@ _UPTIME = regex.compile(r"\[\s{0,12}(\d{1,10}\.\d{1,9})\] ")
 _DMESG_T = regex.compile(r"\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] ")
 _DMESG_ISO = regex.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? ")
 _JOURNAL = regex.compile(
-    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:[+-]\d\d:?\d\d|Z)?) "
+    r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:[+-]"
+    r"\d\d:?\d\d|Z)?) "
     r"\S{1,255} kernel: (?:\[\s{0,12}\d{1,10}\.\d{1,9}\] )?"
 )
 _KILLED = regex.compile(
     r"(?P<cg>Memory cgroup out of memory: )?(?:Out of memory(?: \(oom_kill_allocating_task\))?: )?"
     r"Killed process (?P<pid>\d{1,10}) \((?P<name>[^)\n]{0,64})\)"
-    r"(?:,? total-vm:(?P<vm>\d{1,15})kB, anon-rss:(?P<anon>\d{1,15})kB, file-rss:(?P<file>\d{1,15})kB"
+    r"(?:,? total-vm:(?P<vm>\d{1,15})kB, anon-rss:(?P<anon>\d{1,15})kB, file-rss:(?P<file>\d{1,15"
+    r"})kB"
     r"(?:, shmem-rss:(?P<shmem>\d{1,15})kB)?)?"
 )
-_CONSTRAINT = regex.compile(
-    r"oom-kill:constraint=(?P<constraint>\w{1,40})(?P<rest>[^\n]{0,2000})"
-)
+_CONSTRAINT = regex.compile(r"oom-kill:constraint=(?P<constraint>\w{1,40})(?P<rest>[^\n]{0,2000})")
 _KV = regex.compile(r",(oom_memcg|task|pid)=([^,\s]{0,500})")
 _INVOKED = regex.compile(r"(?P<name>\S{1,64}) invoked oom-killer: ")
 _SLURM_EVENTS = regex.compile(
-    r"Detected (?P<n>\d{1,9}) oom[-_]kill events?(?:\(s\))? in (?:step |StepId=)?(?P<step>[\w.+-]{1,80})"
+    r"Detected (?P<n>\d{1,9}) oom[-_]kill events?(?:\(s\))? in (?:step |StepId=)?(?P<step>[\w.+-]"
+    r"{1,80})"
 )
-_SRUN_TASK = regex.compile(r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory")
+_SRUN_TASK = regex.compile(
+    r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
+)
 _BUS = regex.compile(r"(?:^|\s|:)Bus error\b")
 _SHELL_KILLED = regex.compile(r"(?:^|: |\d )Killed(?:\s|\Z)")
 _ABORTED = regex.compile(r"(?:^|: |\d )Aborted(?: \(core dumped\))?(?:\s|\Z)")
 _SEGV = regex.compile(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s|\Z)")
 _SHM = regex.compile(
-    r"insufficient shared memory|shared memory segment /dev/shm|/dev/shm[^\n]{0,120}No space left on device|"
+    r"insufficient shared memory|shared memory segment /dev/shm|/dev/shm[^\n]{0,120}No space left"
+    r" on device|"
     r"No space left on device[^\n]{0,120}/dev/shm"
 )
 
@@ -125,8 +129,15 @@ def parse_kernel_line(text: str, ref: SourceRef, year: int | None = None) -> Ker
         if match is not None:
             values = dict(_KV.findall(match.group("rest")))
             pid = values.get("pid")
-            return OomKillerInvoked(ref, None, match.group("constraint"), values.get("oom_memcg"),
-                                    values.get("task"), int(pid) if pid and pid.isdigit() else None, when)
+            return OomKillerInvoked(
+                ref,
+                None,
+                match.group("constraint"),
+                values.get("oom_memcg"),
+                values.get("task"),
+                int(pid) if pid and pid.isdigit() else None,
+                when,
+            )
         match = _INVOKED.search(body)
         if match is not None:
             return OomKillerInvoked(ref, match.group("name"), None, None, None, None, when)
@@ -136,7 +147,9 @@ def parse_kernel_line(text: str, ref: SourceRef, year: int | None = None) -> Ker
     if "Out Of Memory" in body:
         match = _SRUN_TASK.search(body)
         if match is not None:
-            return SlurmOomKill(ref, None, None, match.group("node"), int(match.group("task")), when)
+            return SlurmOomKill(
+                ref, None, None, match.group("node"), int(match.group("task")), when
+            )
     kind: FatalSignalKind | None = None
     if _SHM.search(body):
         kind = FatalSignalKind.SHM_EXHAUSTED
@@ -192,8 +205,15 @@ def read_kernel_log(path: str | os.PathLike[str], *, display: str | None = None)
             slurm.append(event)
         else:
             fatal.append(event)
-    return KernelLogFacts(shown, source.stats.lines, tuple(kills), tuple(invocations), tuple(slurm),
-                          tuple(fatal), dropped)
+    return KernelLogFacts(
+        shown,
+        source.stats.lines,
+        tuple(kills),
+        tuple(invocations),
+        tuple(slurm),
+        tuple(fatal),
+        dropped,
+    )
 
 
 _TEXT_ANCHORS = tuple(anchor.decode() for anchor in ANCHORS)

@@ -26,18 +26,50 @@ _HOST = regex.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
 _MPI = regex.compile(r"\[(\d{1,6}),(\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?")
 _ROLE = regex.compile(r"\[([A-Za-z_][A-Za-z_-]{0,30}?)(\d{1,6})\]: ?")
 _RAY = regex.compile(
-    r"\((?:([A-Za-z_][\w.-]{0,60}) )?(?:rank=(\d{1,6}),? )?pid=(\d{1,10})(?:, ip=[0-9A-Fa-f.:]{1,45})?\) "
+    r"\((?:([A-Za-z_][\w.-]{0,60}) )?(?:rank=(\d{1,6}),? )?pid=(\d{1,10})(?:, ip=[0-9A-Fa-f.:]{1,"
+    r"45})?\) "
 )
 _SRUN = regex.compile(r" {0,4}(\d{1,5}): ")
 _STREAM = regex.compile(r"(?:stderr|stdout): ")
-_KNOWN_NEXT = regex.compile(r"\[(?:\d{1,6},\d{1,6}\]<|[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]:|\d{4}-\d\d-\d\d )|\d{1,5}: ")
+_KNOWN_NEXT = regex.compile(
+    r"\[(?:\d{1,6},\d{1,6}\]<|[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]:|\d{4}-\d\d-\d\d )|\d{1,5}: "
+)
 
 _NOT_HOSTS = frozenset(
     {
-        "srun", "slurmstepd", "sbatch", "salloc", "pdsh", "ssh", "bash", "sh", "zsh", "env",
-        "python", "python2", "python3", "torchrun", "deepspeed", "accelerate", "mpirun",
-        "Traceback", "stderr", "stdout", "Note", "NOTE", "Warning", "WARNING", "Error", "ERROR",
-        "INFO", "DEBUG", "CRITICAL", "FATAL", "CAUGHT", "Killed", "Aborted",
+        "srun",
+        "slurmstepd",
+        "sbatch",
+        "salloc",
+        "pdsh",
+        "ssh",
+        "bash",
+        "sh",
+        "zsh",
+        "env",
+        "python",
+        "python2",
+        "python3",
+        "torchrun",
+        "deepspeed",
+        "accelerate",
+        "mpirun",
+        "Traceback",
+        "stderr",
+        "stdout",
+        "Note",
+        "NOTE",
+        "Warning",
+        "WARNING",
+        "Error",
+        "ERROR",
+        "INFO",
+        "DEBUG",
+        "CRITICAL",
+        "FATAL",
+        "CAUGHT",
+        "Killed",
+        "Aborted",
     }
 )
 _NOT_HOST_SUFFIXES = ("Error", "Exception", "Warning", "Exit", "Interrupt", "Iteration")
@@ -76,7 +108,9 @@ def strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str,
     were confirmed by a following known prefix, so that later lines from host names without
     digits or hyphens are recognised too."""
     first = text[:1]
-    if not first or (first not in "[( 0123456789sabcdefghijklmnopqrtuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"):
+    if not first or (
+        first not in "[( 0123456789sabcdefghijklmnopqrtuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    ):
         return text, NO_PREFIX
     host = role = None
     rank = local_rank = None

@@ -37,7 +37,6 @@ from oomlens.facts.log import (
     ConfigErrorLine,
     DsConfigDump,
     ExceptionEvent,
-    FailureSummary,
     KilledSubprocess,
     LabelStats,
     LauncherExit,
@@ -45,8 +44,8 @@ from oomlens.facts.log import (
     MemorySample,
     MemorySeries,
     OomEvent,
-    Phase,
     PeerFailureSignal,
+    Phase,
     ProcessFailure,
     StepSample,
     StepSeries,
@@ -84,7 +83,13 @@ ANCHORS: tuple[bytes, ...] = tuple(
 
 MAX_STREAMS = 4096
 MAX_LABELS = 64
-_WORLD_PRIORITY = {"world_info": 0, "dist_world_size": 1, "config": 2, "config_dump": 3, "torchrun_summary": 4}
+_WORLD_PRIORITY = {
+    "world_info": 0,
+    "dist_world_size": 1,
+    "config": 2,
+    "config_dump": 3,
+    "torchrun_summary": 4,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +140,15 @@ def _scanner() -> _AnchorScanner:
 
 
 _GLUED = regex.compile(r"\[(?:rank|default)\d{1,6}\]:")
-_TERMINATE = regex.compile(r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'")
+_TERMINATE = regex.compile(
+    r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'"
+)
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
-_PEER_QUICK = tuple(a.decode() for a in torchrun.ANCHORS if a not in (b"failed (exitcode", b"closing signal", b"terminated with", b"ChildFailedError"))
+_PEER_QUICK = tuple(
+    a.decode()
+    for a in torchrun.ANCHORS
+    if a not in (b"failed (exitcode", b"closing signal", b"terminated with", b"ChildFailedError")
+)
 _KERNEL_QUICK = tuple(a.decode() for a in kernel.ANCHORS)
 _STEP_QUICK = tuple(a.decode() for a in steps.ANCHORS)
 
@@ -150,7 +161,10 @@ class _Stream:
         self.failure_block: torchrun.FailureBlockParser | None = None
         self.config_dump: deepspeed.ConfigDumpCollector | None = None
         self.config_ref: SourceRef | None = None
-        self.pending_memory: tuple[SourceRef, str | None, deepspeed.MemoryReading, datetime | None, int | None] | None = None
+        self.pending_memory: (
+            tuple[SourceRef, str | None, deepspeed.MemoryReading, datetime | None, int | None]
+            | None
+        ) = None
 
     @property
     def open(self) -> bool:
@@ -158,12 +172,23 @@ class _Stream:
 
 
 class _MemoryKeeper:
-    __slots__ = ("allocated", "cpu", "host", "labels", "max_allocated", "rank", "reserved", "samples")
+    __slots__ = (
+        "allocated",
+        "cpu",
+        "host",
+        "labels",
+        "max_allocated",
+        "rank",
+        "reserved",
+        "samples",
+    )
 
     def __init__(self, rank: int | None, host: str | None, limits: ReaderLimits) -> None:
         self.rank = rank
         self.host = host
-        self.samples: Thinned[MemorySample] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.samples: Thinned[MemorySample] = Thinned(
+            limits.series_head, limits.series_middle, limits.series_tail
+        )
         self.allocated = RunningStats()
         self.reserved = RunningStats()
         self.max_allocated = RunningStats()
@@ -195,7 +220,9 @@ class _MemoryKeeper:
             reserved=self.reserved.freeze(),
             max_allocated=self.max_allocated.freeze(),
             cpu_used=self.cpu.freeze() if self.cpu.count else None,
-            by_label=tuple(LabelStats(label, a.freeze(), r.freeze()) for label, (a, r) in self.labels.items()),
+            by_label=tuple(
+                LabelStats(label, a.freeze(), r.freeze()) for label, (a, r) in self.labels.items()
+            ),
         )
 
 
@@ -220,7 +247,9 @@ class _Bounded:
 class LogReader:
     """The state of one pass; use ``read_log``."""
 
-    def __init__(self, source: TextSource, *, rank: int | None, host: str | None, limits: ReaderLimits) -> None:
+    def __init__(
+        self, source: TextSource, *, rank: int | None, host: str | None, limits: ReaderLimits
+    ) -> None:
         self.source = source
         self.path = source.display
         self.layout_rank = rank
@@ -261,12 +290,16 @@ class LogReader:
         self.slurm = _Bounded("slurm_oom_kills", lim)
         self.fatal = _Bounded("fatal_signals", lim)
         self.memory: dict[tuple[int | None, str | None], _MemoryKeeper] = {}
-        self.flushes: Thinned[CacheFlushWarning] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.flushes: Thinned[CacheFlushWarning] = Thinned(
+            limits.series_head, limits.series_middle, limits.series_tail
+        )
         self.flush_total = 0
         self.flush_max = 0
         self.flush_first: CacheFlushWarning | None = None
         self.flush_last: CacheFlushWarning | None = None
-        self.step_samples: Thinned[StepSample] = Thinned(limits.series_head, limits.series_middle, limits.series_tail)
+        self.step_samples: Thinned[StepSample] = Thinned(
+            limits.series_head, limits.series_middle, limits.series_tail
+        )
         self.loss = RunningStats()
         self.max_step: int | None = None
         self.last_step_sample: StepSample | None = None
@@ -337,14 +370,27 @@ class LogReader:
         else:
             for key, stream in list(self.open_streams.items()):
                 if not key and stream.tb.open:
-                    self._feed_stream(stream, key, "", SourceRef(self.path, number, self.layout_rank, self.layout_host))
+                    self._feed_stream(
+                        stream,
+                        key,
+                        "",
+                        SourceRef(self.path, number, self.layout_rank, self.layout_host),
+                    )
 
     # --- one line -------------------------------------------------------------------------
 
-    def _handle(self, text: str, number: int, data: bytes, start: int, outer: LinePrefix | None, depth: int) -> None:
+    def _handle(
+        self, text: str, number: int, data: bytes, start: int, outer: LinePrefix | None, depth: int
+    ) -> None:
         rest, prefix = strip_prefixes(text, self.known_hosts)
         if outer is not None and prefix.host is None and outer.host is not None:
-            prefix = LinePrefix(outer.host, prefix.rank, prefix.local_rank, prefix.role, (("host", outer.host),) + prefix.key)
+            prefix = LinePrefix(
+                outer.host,
+                prefix.rank,
+                prefix.local_rank,
+                prefix.role,
+                (("host", outer.host),) + prefix.key,
+            )
         if depth < 8 and "[" in rest:
             glued = _GLUED.search(rest, 1)
             if glued is not None:
@@ -359,7 +405,9 @@ class LogReader:
                 self.local_to_global[(prefix.host, prefix.role, prefix.local_rank)] = prefix.rank
             return prefix.rank
         if prefix.local_rank is not None:
-            return self.local_to_global.get((prefix.host, prefix.role, prefix.local_rank), prefix.local_rank)
+            return self.local_to_global.get(
+                (prefix.host, prefix.role, prefix.local_rank), prefix.local_rank
+            )
         return self.layout_rank
 
     def _stream(self, key: tuple[object, ...]) -> _Stream:
@@ -371,7 +419,9 @@ class LogReader:
             stream = self.streams[key] = _Stream()
         return stream
 
-    def _handle_rest(self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int) -> None:
+    def _handle_rest(
+        self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int
+    ) -> None:
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
         if rank is not None and len(self.ranks_seen) < MAX_STREAMS:
@@ -392,13 +442,20 @@ class LogReader:
         ref = SourceRef(self.path, number, rank, host)
         key = prefix.key
         stream = self._stream(key)
-        if stream.open or "Traceback" in rest or "above exception" in rest or stream.pending_memory is not None:
+        if (
+            stream.open
+            or "Traceback" in rest
+            or "above exception" in rest
+            or stream.pending_memory is not None
+        ):
             if self._feed_stream(stream, key, rest, ref):
                 return
         message = record.message if record is not None else rest
         self._match(rest, message, record, ref, when, prefix, stream, key, data, start)
 
-    def _feed_stream(self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef) -> bool:
+    def _feed_stream(
+        self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef
+    ) -> bool:
         """Feed the stream's state machines; True when the line was consumed by one."""
         if stream.failure_block is not None:
             if stream.failure_block.feed(rest, ref.line):
@@ -453,13 +510,17 @@ class LogReader:
         if not stream.tb.open:
             terminate = _TERMINATE.search(rest) if "terminate called" in rest else None
             if terminate is not None:
-                finished = stream.tb.start_exception(terminate.group("cls"), rest, ref, self._time_before(data, start))
+                finished = stream.tb.start_exception(
+                    terminate.group("cls"), rest, ref, self._time_before(data, start)
+                )
                 if finished is not None:
                     self._finished(finished)
                 self._sync_open(key, stream)
             elif torch_oom.looks_like_oom(rest):
                 cls = _EXCEPTION_CLASS.search(rest)
-                finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, self._time_before(data, start))
+                finished = stream.tb.start_exception(
+                    cls.group("cls") if cls else "", rest, ref, self._time_before(data, start)
+                )
                 if finished is not None:
                     self._finished(finished)
                 self._sync_open(key, stream)
@@ -469,7 +530,13 @@ class LogReader:
                 if stream.pending_memory is not None:
                     self._flush_memory(stream, None)
                 label = self._label_before(data, start, prefix.key)
-                stream.pending_memory = (ref, label, reading, when or self.last_time, self.last_step)
+                stream.pending_memory = (
+                    ref,
+                    label,
+                    reading,
+                    when or self.last_time,
+                    self.last_step,
+                )
                 return
         if "CPU Virtual Memory" in message:
             cpu = deepspeed.parse_cpu_line(message)
@@ -479,7 +546,9 @@ class LogReader:
         if "cache flushes since last step" in message:
             flushes = deepspeed.parse_cache_flush(message)
             if flushes is not None:
-                self._add_flush(CacheFlushWarning(ref, flushes, self.last_step, when or self.last_time))
+                self._add_flush(
+                    CacheFlushWarning(ref, flushes, self.last_step, when or self.last_time)
+                )
             return
         if "DeepSpeedEngine configuration" in message and record is not None:
             self.config_dumps_seen += 1
@@ -491,16 +560,33 @@ class LogReader:
         if "Check batch related parameters" in message:
             numbers = deepspeed.parse_batch_assertion(message)
             if numbers is not None:
-                self.batch.add(BatchAssertion(ref, numbers.train_batch_size, numbers.micro_batch_per_gpu,
-                                              numbers.gradient_accumulation_steps, numbers.world_size,
-                                              when or self.last_time))
+                self.batch.add(
+                    BatchAssertion(
+                        ref,
+                        numbers.train_batch_size,
+                        numbers.micro_batch_per_gpu,
+                        numbers.gradient_accumulation_steps,
+                        numbers.world_size,
+                        when or self.last_time,
+                    )
+                )
             return
-        if "defined" in message or "provided" in message or "mismatch" in message or "greater than 0" in message or "divisible" in message:
+        if (
+            "defined" in message
+            or "provided" in message
+            or "mismatch" in message
+            or "greater than 0" in message
+            or "divisible" in message
+        ):
             error = deepspeed.parse_config_error(message)
             if error is not None:
                 self.config_errors.add(ConfigErrorLine(ref, error))
                 return
-        if "exits with return code" in message or "Killing subprocess" in message or "spawned with command" in message:
+        if (
+            "exits with return code" in message
+            or "Killing subprocess" in message
+            or "spawned with command" in message
+        ):
             self._launcher(message, ref, when)
             return
         if "WORLD INFO DICT" in message or "world_size" in message:
@@ -508,24 +594,36 @@ class LogReader:
             if world is not None:
                 self._set_world(world[0], world[1], ref)
                 return
-        if "failed (exitcode" in message or "closing signal" in message or "terminated with" in message:
+        if (
+            "failed (exitcode" in message
+            or "closing signal" in message
+            or "terminated with" in message
+        ):
             if self._agent(message, ref, when, data, start):
                 return
         if any(quick in message for quick in _PEER_QUICK):
             peer = torchrun.parse_peer_failure(message)
             if peer is not None:
                 kind, text_rank = peer
-                source = ref if ref.rank is not None or text_rank is None else replace(ref, rank=text_rank)
-                self.peers.add(PeerFailureSignal(source, kind, message[:500], when or self._time_before(data, start)))
+                source = (
+                    ref
+                    if ref.rank is not None or text_rank is None
+                    else replace(ref, rank=text_rank)
+                )
+                self.peers.add(
+                    PeerFailureSignal(
+                        source, kind, message[:500], when or self._time_before(data, start)
+                    )
+                )
         if any(quick in rest for quick in _KERNEL_QUICK):
             event = kernel.parse_kernel_line(rest, ref, self.year)
             if event is not None:
                 self._kernel_event(event)
                 return
         if any(quick in message for quick in _STEP_QUICK):
-            reading = steps.parse_step_line(message)
-            if reading is not None:
-                self._add_step(reading, ref, when or self.last_time)
+            progress = steps.parse_step_line(message)
+            if progress is not None:
+                self._add_step(progress, ref, when or self.last_time)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -534,8 +632,12 @@ class LogReader:
         if not finished.exception_class and not finished.text:
             self.cut_tracebacks += 1
             return
-        phase, evidence = classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
-        oom = torch_oom.parse_oom_message(finished.text, exception_class=finished.exception_class or None)
+        phase, evidence = (
+            classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
+        )
+        oom = torch_oom.parse_oom_message(
+            finished.text, exception_class=finished.exception_class or None
+        )
         ref = finished.source
         when = finished.time
         if oom is not None:
@@ -553,7 +655,10 @@ class LogReader:
             return
         if traceback is None and not finished.exception_class:
             return
-        peer = torchrun.parse_peer_failure(finished.text) is not None or "DistBackendError" in finished.exception_class
+        peer = (
+            torchrun.parse_peer_failure(finished.text) is not None
+            or "DistBackendError" in finished.exception_class
+        )
         self.exceptions.add(
             ExceptionEvent(
                 source=ref,
@@ -571,7 +676,14 @@ class LogReader:
     @staticmethod
     def _oom_key(event: OomEvent) -> tuple[object, ...]:
         m = event.message
-        return (m.kind, m.tried_to_allocate, m.total_capacity, m.free, m.process_in_use, m.text[:400])
+        return (
+            m.kind,
+            m.tried_to_allocate,
+            m.total_capacity,
+            m.free,
+            m.process_in_use,
+            m.text[:400],
+        )
 
     def _add_oom(self, event: OomEvent) -> None:
         self.oom.add(event)
@@ -581,8 +693,18 @@ class LogReader:
         if pending is None:
             return
         ref, label, reading, when, step = pending
-        sample = MemorySample(ref, label, reading.allocated, reading.max_allocated, reading.reserved,
-                              reading.max_reserved, cpu[0] if cpu else None, cpu[1] if cpu else None, step, when)
+        sample = MemorySample(
+            ref,
+            label,
+            reading.allocated,
+            reading.max_allocated,
+            reading.reserved,
+            reading.max_reserved,
+            cpu[0] if cpu else None,
+            cpu[1] if cpu else None,
+            step,
+            when,
+        )
         key = (ref.rank, ref.host)
         keeper = self.memory.get(key)
         if keeper is None:
@@ -644,19 +766,31 @@ class LogReader:
             if len(self.pid_local_rank) < MAX_STREAMS:
                 self.pid_local_rank[line.pid] = line.local_rank
         elif line.kind == "killing" and line.pid is not None:
-            self.killed.add(KilledSubprocess(ref, line.pid, self.pid_local_rank.get(line.pid), when))
+            self.killed.add(
+                KilledSubprocess(ref, line.pid, self.pid_local_rank.get(line.pid), when)
+            )
         elif line.kind == "exit" and line.return_code is not None:
             self.launcher_exits.add(LauncherExit(ref, line.return_code, line.local_rank, when))
 
-    def _agent(self, message: str, ref: SourceRef, when: datetime | None, data: bytes, start: int) -> bool:
+    def _agent(
+        self, message: str, ref: SourceRef, when: datetime | None, data: bytes, start: int
+    ) -> bool:
         line = torchrun.parse_agent_line(message)
         if line is None:
             return False
         when = when or self._time_before(data, start)
         if line.kind == "closing" and line.pid is not None:
-            self.closing.add(ClosingSignal(ref, line.pid, line.signal or "", self.pid_local_rank.get(line.pid), when))
+            self.closing.add(
+                ClosingSignal(
+                    ref, line.pid, line.signal or "", self.pid_local_rank.get(line.pid), when
+                )
+            )
             return True
-        if line.pid is not None and line.local_rank is not None and len(self.pid_local_rank) < MAX_STREAMS:
+        if (
+            line.pid is not None
+            and line.local_rank is not None
+            and len(self.pid_local_rank) < MAX_STREAMS
+        ):
             self.pid_local_rank[line.pid] = line.local_rank
         self.failures.add(
             ProcessFailure(
@@ -685,7 +819,11 @@ class LogReader:
         self.summaries.add(summary)
         for failure in summary.failures:
             self.failures.add(failure)
-            if failure.pid is not None and failure.local_rank is not None and len(self.pid_local_rank) < MAX_STREAMS:
+            if (
+                failure.pid is not None
+                and failure.local_rank is not None
+                and len(self.pid_local_rank) < MAX_STREAMS
+            ):
                 self.pid_local_rank.setdefault(failure.pid, failure.local_rank)
             if failure.rank is not None and len(self.ranks_seen) < MAX_STREAMS:
                 self.ranks_seen.add(failure.rank)
@@ -709,11 +847,21 @@ class LogReader:
             by_key.setdefault(self._oom_key(event), []).append(index)
         for failure in self.summary_ooms:
             assert failure.oom is not None
-            quote = OomEvent(failure.source, failure.oom, Phase.UNKNOWN, None, None, "failure_summary",
-                             failure.timestamp, False, failure.local_rank)
+            quote = OomEvent(
+                failure.source,
+                failure.oom,
+                Phase.UNKNOWN,
+                None,
+                None,
+                "failure_summary",
+                failure.timestamp,
+                False,
+                failure.local_rank,
+            )
             line = failure.source.line or 0
             candidates = [
-                i for i in by_key.get(self._oom_key(quote), [])
+                i
+                for i in by_key.get(self._oom_key(quote), [])
                 if (events[i].source.line or 0) < line
                 and events[i].origin == "log"
                 and events[i].source.rank in (None, failure.rank, failure.local_rank)
@@ -730,7 +878,9 @@ class LogReader:
                 earlier,
                 source=source,
                 reported_elsewhere=earlier.reported_elsewhere + 1,
-                local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank,
+                local_rank=earlier.local_rank
+                if earlier.local_rank is not None
+                else failure.local_rank,
             )
 
     def _finish_config_dump(self, stream: _Stream) -> None:
@@ -749,7 +899,9 @@ class LogReader:
                     number = float(value.strip())
                 except ValueError:
                     break
-                self._set_world(int(number) if number.is_integer() else number, "config_dump", stream.config_ref)
+                self._set_world(
+                    int(number) if number.is_integer() else number, "config_dump", stream.config_ref
+                )
                 break
 
     def _set_world(self, value: int | float, origin: str, ref: SourceRef) -> None:
@@ -767,12 +919,24 @@ class LogReader:
             self.fatal.add(event)
 
     def _add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
-        sample = StepSample(ref, reading.kind, reading.step, reading.total, reading.loss, reading.epoch,
-                            reading.memory_allocated, reading.max_memory_allocated, reading.skipped, when)
+        sample = StepSample(
+            ref,
+            reading.kind,
+            reading.step,
+            reading.total,
+            reading.loss,
+            reading.epoch,
+            reading.memory_allocated,
+            reading.max_memory_allocated,
+            reading.skipped,
+            when,
+        )
         self.step_samples.add(sample)
         if reading.step is not None:
             self.last_step = reading.step
-            self.max_step = reading.step if self.max_step is None else max(self.max_step, reading.step)
+            self.max_step = (
+                reading.step if self.max_step is None else max(self.max_step, reading.step)
+            )
         if reading.loss is not None and reading.loss == reading.loss:
             self.loss.add(reading.loss)
         self.last_step_sample = sample
@@ -787,7 +951,11 @@ class LogReader:
                 finished = stream.tb.close()
                 if finished is not None:
                     self._finished(finished)
-            if stream.failure_block is not None and stream.failure_block._lines > 0 and stream.tb.stale(number):
+            if (
+                stream.failure_block is not None
+                and stream.failure_block._lines > 0
+                and stream.tb.stale(number)
+            ):
                 self._finish_failure_block(stream)
             self._sync_open(key, stream)
         # streams whose only open state is a dump or block still close when they end; a
@@ -817,20 +985,40 @@ class LogReader:
         if stats.problem:
             notes.append(stats.problem)
         if stats.invalid_utf8_lines:
-            notes.append(f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)")
+            notes.append(
+                f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)"
+            )
         if stats.nul_lines:
             notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
         if stats.long_lines:
-            notes.append(f"{stats.long_lines} line(s) longer than {self.source.max_line_bytes} bytes were cut")
+            notes.append(
+                f"{stats.long_lines} line(s) longer than "
+                f"{self.source.max_line_bytes} bytes were cut"
+            )
         if stats.ended_mid_line:
-            notes.append("the last line has no end of line: the log was cut or its writer died mid-line")
+            notes.append(
+                "the last line has no end of line: the log was cut or its writer died mid-line"
+            )
         if self.ended_in_traceback:
             notes.append("the log ends inside a traceback or an exception message")
         if self.cut_tracebacks:
             notes.append(f"{self.cut_tracebacks} traceback(s) stopped before their exception line")
-        lists = (self.oom, self.exceptions, self.batch, self.config_errors, self.launcher_exits, self.killed,
-                 self.closing, self.failures, self.summaries, self.peers, self.kills, self.invocations,
-                 self.slurm, self.fatal)
+        lists = (
+            self.oom,
+            self.exceptions,
+            self.batch,
+            self.config_errors,
+            self.launcher_exits,
+            self.killed,
+            self.closing,
+            self.failures,
+            self.summaries,
+            self.peers,
+            self.kills,
+            self.invocations,
+            self.slurm,
+            self.fatal,
+        )
         dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
         return LogFacts(
             path=self.path,
@@ -845,11 +1033,22 @@ class LogReader:
             oom_events=tuple(self.oom.items),  # type: ignore[arg-type]
             exceptions=tuple(self.exceptions.items),  # type: ignore[arg-type]
             memory=tuple(k.freeze() for k in self.memory.values()),
-            cache_flushes=CacheFlushSummary(self.flushes.count, self.flush_total, self.flush_max,
-                                            self.flush_first, self.flush_last, self.flushes.items()),
-            steps=StepSeries(self.step_samples.count, self.step_samples.items(), self.last_step_sample,
-                             self.max_step, self.loss.freeze() if self.loss.count else None,
-                             tuple(self.last_by_rank.values())),
+            cache_flushes=CacheFlushSummary(
+                self.flushes.count,
+                self.flush_total,
+                self.flush_max,
+                self.flush_first,
+                self.flush_last,
+                self.flushes.items(),
+            ),
+            steps=StepSeries(
+                self.step_samples.count,
+                self.step_samples.items(),
+                self.last_step_sample,
+                self.max_step,
+                self.loss.freeze() if self.loss.count else None,
+                tuple(self.last_by_rank.values()),
+            ),
             config_dump=self.config_dump,
             config_dumps_seen=self.config_dumps_seen,
             batch_assertions=tuple(self.batch.items),  # type: ignore[arg-type]

@@ -42,14 +42,26 @@ class Thinned(Generic[T]):
         self._tail.append((index, item))
 
     def items(self) -> tuple[T, ...]:
-        return tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in self._tail)
+        return (
+            tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in self._tail)
+        )
 
 
 class RunningStats:
     """Count, first, last, min, max, mean and the least-squares slope of value against sample
     index, updated in O(1) per value (Welford-style, numerically stable)."""
 
-    __slots__ = ("_cxy", "_m2x", "_mean_x", "_mean_y", "count", "first", "last", "maximum", "minimum")
+    __slots__ = (
+        "_cxy",
+        "_m2x",
+        "_mean_x",
+        "_mean_y",
+        "count",
+        "first",
+        "last",
+        "maximum",
+        "minimum",
+    )
 
     def __init__(self) -> None:
         self.count = 0
@@ -80,4 +92,6 @@ class RunningStats:
 
     def freeze(self) -> SeriesStats:
         slope = self._cxy / self._m2x if self.count >= 2 and self._m2x > 0 else None
-        return SeriesStats(self.count, self.first, self.last, self.minimum, self.maximum, self._mean_y, slope)
+        return SeriesStats(
+            self.count, self.first, self.last, self.minimum, self.maximum, self._mean_y, slope
+        )

@@ -28,18 +28,27 @@ _GIB = 1024**3
 _FLOAT = r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,4})?|nan|inf"
 _DS_STEP = regex.compile(r"\bstep=(?P<step>\d{1,12}), skipped=(?P<skipped>\d{1,12})")
 _THROUGHPUT = regex.compile(
-    r"global_step=(?P<step>\d{1,12})[^\n]{0,400}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
+    r"global_step=(?P<step>\d{1,12})[^\n]{0,400}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAlloc"
+    r"ated=(?P<max>[\d.]{1,20})GB"
 )
 _OLD_THROUGHPUT = regex.compile(
-    r"(?P<step>\d{1,12})/(?P<total>\d{1,12}), SamplesPerSec=[^\n]{0,100}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
+    r"(?P<step>\d{1,12})/(?P<total>\d{1,12}), SamplesPerSec=[^\n]{0,100}?MemAllocated=(?P<mem>[\d"
+    r".]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
 )
-_HF = regex.compile(r"\{'loss': '?(?P<loss>" + _FLOAT + r")'?,[^\n]{0,2000}?'epoch': '?(?P<epoch>" + _FLOAT + r")'?")
-_TQDM = regex.compile(r"\|\s{0,4}(?P<step>\d{1,12})/(?P<total>\d{1,12}) \[(?:\d{1,4}:)?\d{1,4}:\d\d[<,]")
+_HF = regex.compile(
+    r"\{'loss': '?(?P<loss>" + _FLOAT + r")'?,[^\n]{0,2000}?'epoch': '?(?P<epoch>" + _FLOAT + r")'?"
+)
+_TQDM = regex.compile(
+    r"\|\s{0,4}(?P<step>\d{1,12})/(?P<total>\d{1,12}) \[(?:\d{1,4}:)?\d{1,4}:\d\d[<,]"
+)
 _GENERIC_STEP = regex.compile(
-    r"\b(?:global[_ ]step|step|iteration|iter)\b\s{0,3}[:=#]?\s{0,3}\[?(?P<step>\d{1,12})(?:\s{0,2}/\s{0,2}(?P<total>\d{1,12}))?",
+    r"\b(?:global[_ ]step|step|iteration|iter)\b\s{0,3}[:=#]?\s{0,3}\[?(?P<step>\d{1,12})(?:\s{0,"
+    r"2}/\s{0,2}(?P<total>\d{1,12}))?",
     regex.IGNORECASE,
 )
-_GENERIC_LOSS = regex.compile(r"\bloss\b'?\"?\s{0,3}[:=]\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE)
+_GENERIC_LOSS = regex.compile(
+    r"\bloss\b'?\"?\s{0,3}[:=]\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +67,26 @@ def parse_step_line(text: str) -> StepReading | None:
     """The progress a line reports, or None.  See ``StepSample`` for the kinds."""
     match = _DS_STEP.search(text)
     if match is not None:
-        return StepReading("deepspeed", int(match.group("step")), skipped=int(match.group("skipped")))
+        return StepReading(
+            "deepspeed", int(match.group("step")), skipped=int(match.group("skipped"))
+        )
     if "MemAllocated=" in text:
         match = _THROUGHPUT.search(text) or _OLD_THROUGHPUT.search(text)
         if match is not None:
             total = match.groupdict().get("total")
-            return StepReading("throughput", int(match.group("step")), int(total) if total else None,
-                               memory_allocated=round(float(match.group("mem")) * _GIB),
-                               max_memory_allocated=round(float(match.group("max")) * _GIB))
+            return StepReading(
+                "throughput",
+                int(match.group("step")),
+                int(total) if total else None,
+                memory_allocated=round(float(match.group("mem")) * _GIB),
+                max_memory_allocated=round(float(match.group("max")) * _GIB),
+            )
     if "'loss'" in text:
         match = _HF.search(text)
         if match is not None:
-            return StepReading("hf", None, loss=float(match.group("loss")), epoch=float(match.group("epoch")))
+            return StepReading(
+                "hf", None, loss=float(match.group("loss")), epoch=float(match.group("epoch"))
+            )
     if "/s]" in text or "s/it]" in text or "<" in text:
         match = _TQDM.search(text)
         if match is not None:

@@ -18,8 +18,13 @@ _ISO = regex.compile(r"\[?(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[,.](
 _GLOG = regex.compile(r"\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _DMESG_T = regex.compile(r"\[(?:\w{3}) (\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
 _SYSLOG = regex.compile(r"(\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
-_MONTHS = {m: i for i, m in enumerate(
-    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"),
+        start=1,
+    )
+}
 
 
 def _micro(fraction: str | None) -> int:
@@ -28,7 +33,9 @@ def _micro(fraction: str | None) -> int:
     return int((fraction + "000000")[:6]) if len(fraction) != 3 else int(fraction) * 1000
 
 
-def _make(year: int, month: int, day: int, hour: int, minute: int, second: int, micro: int) -> datetime | None:
+def _make(
+    year: int, month: int, day: int, hour: int, minute: int, second: int, micro: int
+) -> datetime | None:
     try:
         return datetime(year, month, day, hour, minute, second, micro)
     except ValueError:
@@ -42,11 +49,15 @@ def leading_timestamp(text: str, year: int | None) -> tuple[datetime | None, boo
     match = _ISO.match(head) or _ISO.match(head, 1)
     if match is not None:
         g = match.groups()
-        return _make(int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5]), _micro(g[6])), True
+        return _make(
+            int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5]), _micro(g[6])
+        ), True
     match = _GLOG.match(head)
     if match is not None and year is not None:
         g = match.groups()
-        return _make(year, int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), _micro(g[5])), False
+        return _make(
+            year, int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), _micro(g[5])
+        ), False
     match = _DMESG_T.match(head)
     if match is not None and match.group(1) in _MONTHS:
         g = match.groups()

@@ -56,8 +56,13 @@ _ANY_BACKEND = r"(?P<backend>[A-Z][A-Za-z0-9]{0,15})"
 
 _ALLOC_START = regex.compile(_ANY_BACKEND + r" out of memory\. Tried to allocate ")
 _TRIED = regex.compile(r"Tried to allocate (?:(?P<eb>more than 1EB memory)|" + _SIZE + ")")
-_NEW_DEVICE = regex.compile(r"\b(?:GPU|XPU|NPU|device) (?P<dev>\d{1,4}|[\x00-\x1f])?[ ]?has a total capac(?P<typo>i?)ty of " + _SIZE)
-_TRUNCATED_AFTER_GPU = regex.compile(r"Tried to allocate \d[\d.]{0,30} ?[A-Za-z]{1,5}\. (?:GPU|XPU)[ \x00-\x1f]{0,4}\Z")
+_NEW_DEVICE = regex.compile(
+    r"\b(?:GPU|XPU|NPU|device) (?P<dev>\d{1,4}|[\x00-\x1f])?[ ]?has a total capac(?P<typo>i?)ty of "
+    + _SIZE
+)
+_TRUNCATED_AFTER_GPU = regex.compile(
+    r"Tried to allocate \d[\d.]{0,30} ?[A-Za-z]{1,5}\. (?:GPU|XPU)[ \x00-\x1f]{0,4}\Z"
+)
 _FREE_NEW = regex.compile(r"of which " + _SIZE + r" is free")
 _OTHER_PROCESS = regex.compile(r"Process (\d{1,10}) has " + _SIZE + " memory in use")
 _THIS_PROCESS = regex.compile(r"this process has " + _SIZE + " memory in use")
@@ -76,14 +81,19 @@ _ASYNC_FIELD = regex.compile(
     r"(?P<label>Currently allocated|Requested|Device limit|Free \(according to CUDA\)|"
     r"PyTorch limit \(set by user-supplied memory fraction\))\s{0,40}:\s{0,40}" + _SIZE
 )
-_MPS_FIELDS = regex.compile(
-    r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE
-)
+_MPS_FIELDS = regex.compile(r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE)
 _MPS_TRIED = regex.compile(r"Tried to allocate " + _SIZE + r" on (?:private|shared) pool")
-_NVML_ASSERT = regex.compile(r"NVML_SUCCESS == [^\n]{0,300}?INTERNAL ASSERT FAILED at [^\n]{0,200}?CUDACachingAllocator")
-_HOST = regex.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d{1,24}) bytes")
+_NVML_ASSERT = regex.compile(
+    r"NVML_SUCCESS == [^\n]{0,300}?INTERNAL ASSERT FAILED at [^\n]{0,200}?CUDACachingAllocator"
+)
+_HOST = regex.compile(
+    r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d{1,24}) bytes"
+)
 _CUBLAS = regex.compile(r"CUBLAS_STATUS_(ALLOC_FAILED|NOT_INITIALIZED)")
-_CUDNN = regex.compile(r"CUDNN_STATUS_(ALLOC_FAILED|NOT_INITIALIZED|INTERNAL_ERROR)|Unable to find a valid cuDNN algorithm")
+_CUDNN = regex.compile(
+    r"CUDNN_STATUS_(ALLOC_FAILED|NOT_INITIALIZED|INTERNAL_ERROR)|Unable to find a valid cuDNN alg"
+    r"orithm"
+)
 _CUSOLVER = regex.compile(r"(?i:cusolver_status_alloc_failed)")
 _NCCL_CALLOC = regex.compile(r"Failed to CUDA calloc (?:async )?(\d{1,24}) bytes")
 _NCCL_CUDA_FAILURE = regex.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
@@ -93,7 +103,9 @@ _DRIVER = regex.compile(
     r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES"
 )
 _THC = regex.compile(r"cuda runtime error \(2\) : out of memory|error=2 : out of memory")
-_EXCEPTION_BEFORE = regex.compile(r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z")
+_EXCEPTION_BEFORE = regex.compile(
+    r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z"
+)
 
 
 def looks_like_oom(text: str) -> bool:
@@ -299,7 +311,8 @@ def _simple(
         certain=certain,
         text=_clip(text, _line_start(text, start)),
         complete=True,
-        exception_class=_exception_class(text, _line_start(text, start)) or _exception_class(text, start)
+        exception_class=_exception_class(text, _line_start(text, start))
+        or _exception_class(text, start)
         or exception_class,
         backend=backend,
         tried_to_allocate=tried,
@@ -317,32 +330,57 @@ def _parse_nvml_assert(text: str, exception_class: str | None) -> OomMessage | N
     match = _NVML_ASSERT.search(text)
     if match is None:
         return None
-    return _simple(OomKind.PROBABLE_OOM_ASSERT, "nvml_assert", text, match.start(),
-                   exception_class, certain=False)
+    return _simple(
+        OomKind.PROBABLE_OOM_ASSERT,
+        "nvml_assert",
+        text,
+        match.start(),
+        exception_class,
+        certain=False,
+    )
 
 
 def _parse_host(text: str, exception_class: str | None) -> OomMessage | None:
     match = _HOST.search(text)
     if match is None:
         return None
-    return _simple(OomKind.HOST, "host", text, match.start(), exception_class, backend="CPU",
-                   tried=int(match.group(1)))
+    return _simple(
+        OomKind.HOST,
+        "host",
+        text,
+        match.start(),
+        exception_class,
+        backend="CPU",
+        tried=int(match.group(1)),
+    )
 
 
 def _parse_cublas(text: str, exception_class: str | None) -> OomMessage | None:
     match = _CUBLAS.search(text)
     if match is None:
         return None
-    return _simple(OomKind.CUBLAS, "cublas", text, match.start(), exception_class,
-                   certain=match.group(1) == "ALLOC_FAILED")
+    return _simple(
+        OomKind.CUBLAS,
+        "cublas",
+        text,
+        match.start(),
+        exception_class,
+        certain=match.group(1) == "ALLOC_FAILED",
+    )
 
 
 def _parse_cudnn(text: str, exception_class: str | None) -> OomMessage | None:
     match = _CUDNN.search(text)
     if match is None:
         return None
-    return _simple(OomKind.CUDNN, "cudnn", text, match.start(), exception_class,
-                   certain=match.group(1) == "ALLOC_FAILED")
+    return _simple(
+        OomKind.CUDNN,
+        "cudnn",
+        text,
+        match.start(),
+        exception_class,
+        certain=match.group(1) == "ALLOC_FAILED",
+    )
 
 
 def _parse_cusolver(text: str, exception_class: str | None) -> OomMessage | None:
@@ -361,15 +399,25 @@ def _parse_nccl(text: str, exception_class: str | None) -> OomMessage | None:
     nccl = _NCCL_ERROR.search(text)
     start = nccl.start() if nccl is not None and nccl.start() < first else first
     message_format = "nccl_warn" if "NCCL WARN" in text else "nccl"
-    return _simple(OomKind.NCCL, message_format, text, start, exception_class,
-                   tried=int(calloc.group(1)) if calloc else None)
+    return _simple(
+        OomKind.NCCL,
+        message_format,
+        text,
+        start,
+        exception_class,
+        tried=int(calloc.group(1)) if calloc else None,
+    )
 
 
 def _parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
     match = _DRIVER.search(text)
     if match is None:
         return None
-    backend = "HIP" if "HIP" in match.group(0) or "hip" in match.group(0) or "HSA" in match.group(0) else "CUDA"
+    backend = (
+        "HIP"
+        if "HIP" in match.group(0) or "hip" in match.group(0) or "HSA" in match.group(0)
+        else "CUDA"
+    )
     return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
 
 

@@ -43,19 +43,34 @@ ANCHORS: tuple[bytes, ...] = (
 )
 
 _AGENT_FAILED = regex.compile(
-    r"failed \(exitcode: (?P<code>-?\d{1,6})\) local_rank: (?P<lr>\d{1,6}) \(pid: (?P<pid>\d{1,10})\)"
+    r"failed \(exitcode: (?P<code>-?\d{1,6})\) local_rank: (?P<lr>\d{1,6}) \(pid: (?P<pid>\d{1,10"
+    r"})\)"
 )
-_CLOSING = regex.compile(r"Sending process (?P<pid>\d{1,10}) closing signal (?P<sig>SIG[A-Z0-9]{1,10})")
+_CLOSING = regex.compile(
+    r"Sending process (?P<pid>\d{1,10}) closing signal (?P<sig>SIG[A-Z0-9]{1,10})"
+)
 _SPAWN = regex.compile(
-    r"process (?P<idx>\d{1,6}) terminated with (?:signal (?P<sig>SIG[A-Z0-9]{1,10})|exit code (?P<code>-?\d{1,6}))"
+    r"process (?P<idx>\d{1,6}) terminated with (?:signal (?P<sig>SIG[A-Z0-9]{1,10})|exit code (?P"
+    r"<code>-?\d{1,6}))"
 )
 _PEER = (
     ("watchdog_timeout", regex.compile(r"Watchdog caught collective operation timeout")),
-    ("watchdog_exception", regex.compile(r"detected by watchdog|watchdog got stuck|Heartbeat monitor timed out")),
-    ("terminate_dist_backend", regex.compile(r"terminate called after throwing an instance of 'c10::DistBackendError'")),
-    ("connection_lost", regex.compile(
-        r"Connection reset by peer|Broken pipe|remote process exited|closed by peer|ncclRemoteError|"
-        r"DistNetworkError|DistStoreError")),
+    (
+        "watchdog_exception",
+        regex.compile(r"detected by watchdog|watchdog got stuck|Heartbeat monitor timed out"),
+    ),
+    (
+        "terminate_dist_backend",
+        regex.compile(r"terminate called after throwing an instance of 'c10::DistBackendError'"),
+    ),
+    (
+        "connection_lost",
+        regex.compile(
+            r"Connection reset by peer|Broken pipe|remote process exited|closed by peer|ncclRemot"
+            r"eError|"
+            r"DistNetworkError|DistStoreError"
+        ),
+    ),
     ("nccl_error", regex.compile(r"NCCL communicator was aborted|DistBackendError")),
 )
 _RANK_IN_TEXT = regex.compile(r"\bRank (\d{1,6})\]")
@@ -90,15 +105,17 @@ def parse_agent_line(text: str) -> AgentLine | None:
     match = _AGENT_FAILED.search(text)
     if match is not None:
         code = int(match.group("code"))
-        return AgentLine("failed", code, int(match.group("lr")), int(match.group("pid")), signal_name(code))
+        return AgentLine(
+            "failed", code, int(match.group("lr")), int(match.group("pid")), signal_name(code)
+        )
     match = _CLOSING.search(text)
     if match is not None:
         return AgentLine("closing", pid=int(match.group("pid")), signal=match.group("sig"))
     match = _SPAWN.search(text)
     if match is not None:
-        code = int(match.group("code")) if match.group("code") else None
-        sig = match.group("sig") or signal_name(code)
-        return AgentLine("spawn", code, int(match.group("idx")), None, sig)
+        spawn_code = int(match.group("code")) if match.group("code") else None
+        sig = match.group("sig") or signal_name(spawn_code)
+        return AgentLine("spawn", spawn_code, int(match.group("idx")), None, sig)
     return None
 
 

@@ -37,7 +37,9 @@ STALE_AFTER_LINES = 400
 """An open traceback whose stream printed nothing for this many lines of the file is closed:
 its process stopped writing (killed) and other streams go on."""
 
-_FRAME = regex.compile(r'\s{0,12}File "(?P<file>[^"\n]{1,1000})", line (?P<line>\d{1,9}), in (?P<func>\S{1,300})')
+_FRAME = regex.compile(
+    r'\s{0,12}File "(?P<file>[^"\n]{1,1000})", line (?P<line>\d{1,9}), in (?P<func>\S{1,300})'
+)
 _EXCEPTION_LINE = regex.compile(
     r"(?P<cls>[A-Za-z_][\w]{0,100}(?:\.[A-Za-z_][\w]{0,100}){0,12})(?::(?: (?P<msg>.*))?)?\Z"
 )
@@ -114,7 +116,9 @@ class TracebackAssembler:
         self._last_line = ref.line or 0
         return finished
 
-    def feed(self, text: str, ref: SourceRef, now: datetime | None = None) -> FinishedException | None:
+    def feed(
+        self, text: str, ref: SourceRef, now: datetime | None = None
+    ) -> FinishedException | None:
         """Feed one line of this stream; returns an exception that this line ended, if any.
 
         ``now`` (the caller's current time estimate) is kept with an exception line and
@@ -139,7 +143,9 @@ class TracebackAssembler:
             self._last_line = line
             frame = _FRAME.match(text)
             if frame is not None:
-                self._add_frame(Frame(frame.group("file"), int(frame.group("line")), frame.group("func")))
+                self._add_frame(
+                    Frame(frame.group("file"), int(frame.group("line")), frame.group("func"))
+                )
                 return None
             if not stripped or text[:1] in " \t":
                 return None  # source line, carets, or a blank inside the traceback
@@ -182,7 +188,9 @@ class TracebackAssembler:
             assert traceback is not None
             return FinishedException(traceback.source, "", "", traceback)
         assert self._exc_ref is not None
-        return FinishedException(self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time)
+        return FinishedException(
+            self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time
+        )
 
     def _begin(self, ref: SourceRef) -> None:
         self._state = 1
@@ -218,48 +226,146 @@ def exception_message(exception_class: str, text: str) -> str:
 
 _CHECKPOINT_FUNCS = frozenset(
     {
-        "save_16bit_model", "save_checkpoint", "_save_checkpoint", "_zero3_consolidated_16bit_state_dict",
-        "save_model", "save_pretrained", "save_fp16_model", "_save_zero_checkpoint",
-        "_save_optimizer_and_scheduler", "consolidate_state_dict", "_get_zero_param_shapes",
-        "get_fp32_state_dict_from_zero_checkpoint", "save_state", "_save_tpu", "save_16bit_state_dict",
+        "save_16bit_model",
+        "save_checkpoint",
+        "_save_checkpoint",
+        "_zero3_consolidated_16bit_state_dict",
+        "save_model",
+        "save_pretrained",
+        "save_fp16_model",
+        "_save_zero_checkpoint",
+        "_save_optimizer_and_scheduler",
+        "consolidate_state_dict",
+        "_get_zero_param_shapes",
+        "get_fp32_state_dict_from_zero_checkpoint",
+        "save_state",
+        "_save_tpu",
+        "save_16bit_state_dict",
     }
 )
 _GENERATION_FUNCS = frozenset(
-    {"generate", "_sample", "greedy_search", "_greedy_search", "beam_search", "_beam_search",
-     "assisted_decoding", "_assisted_decoding", "contrastive_search", "_contrastive_search",
-     "sample", "beam_sample", "_beam_sample", "generate_until"}
+    {
+        "generate",
+        "_sample",
+        "greedy_search",
+        "_greedy_search",
+        "beam_search",
+        "_beam_search",
+        "assisted_decoding",
+        "_assisted_decoding",
+        "contrastive_search",
+        "_contrastive_search",
+        "sample",
+        "beam_sample",
+        "_beam_sample",
+        "generate_until",
+    }
 )
 _EVAL_FUNCS = frozenset(
-    {"evaluate", "evaluation_loop", "prediction_step", "prediction_loop", "predict", "eval_step",
-     "validation_step", "validate", "_evaluate", "run_eval", "evaluate_model", "eval_loop",
-     "test_step", "run_validation", "validation_loop", "do_eval", "eval_epoch", "val_step"}
+    {
+        "evaluate",
+        "evaluation_loop",
+        "prediction_step",
+        "prediction_loop",
+        "predict",
+        "eval_step",
+        "validation_step",
+        "validate",
+        "_evaluate",
+        "run_eval",
+        "evaluate_model",
+        "eval_loop",
+        "test_step",
+        "run_validation",
+        "validation_loop",
+        "do_eval",
+        "eval_epoch",
+        "val_step",
+    }
 )
 _EVAL_NAME = regex.compile(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
 _INIT_FUNCS = frozenset(
-    {"_post_init_method", "from_pretrained", "_load_pretrained_model", "initialize",
-     "_configure_distributed_model", "_configure_optimizer", "_configure_zero_optimizer",
-     "_create_fp32_partitions", "_setup_for_real_optimizer", "_prepare_deepspeed",
-     "reset_parameters", "_init_weights", "init_weights", "load_checkpoint", "_create_fp16_partitions",
-     "_create_fp16_partitions_with_defragmentation", "defragment", "_init_model"}
+    {
+        "_post_init_method",
+        "from_pretrained",
+        "_load_pretrained_model",
+        "initialize",
+        "_configure_distributed_model",
+        "_configure_optimizer",
+        "_configure_zero_optimizer",
+        "_create_fp32_partitions",
+        "_setup_for_real_optimizer",
+        "_prepare_deepspeed",
+        "reset_parameters",
+        "_init_weights",
+        "init_weights",
+        "load_checkpoint",
+        "_create_fp16_partitions",
+        "_create_fp16_partitions_with_defragmentation",
+        "defragment",
+        "_init_model",
+    }
 )
 _STEP_FUNCS = frozenset(
-    {"step", "_optimizer_step", "_take_model_step", "optimizer_step", "_single_tensor_adam",
-     "_multi_tensor_adam", "_fused_adam", "_single_tensor_adamw", "_multi_tensor_adamw", "_init_group",
-     "_prepare_fp32_grad_for_sub_group", "unscale_and_clip_grads", "_post_step", "_update_scale",
-     "clip_grad_norm_", "_pre_step", "_apply_optimizer"}
+    {
+        "step",
+        "_optimizer_step",
+        "_take_model_step",
+        "optimizer_step",
+        "_single_tensor_adam",
+        "_multi_tensor_adam",
+        "_fused_adam",
+        "_single_tensor_adamw",
+        "_multi_tensor_adamw",
+        "_init_group",
+        "_prepare_fp32_grad_for_sub_group",
+        "unscale_and_clip_grads",
+        "_post_step",
+        "_update_scale",
+        "clip_grad_norm_",
+        "_pre_step",
+        "_apply_optimizer",
+    }
 )
 _BACKWARD_FUNCS = frozenset(
-    {"backward", "_engine_run_backward", "run_backward", "_backward", "unpack_hook", "recompute_fn",
-     "reduce_partition_and_remove_grads", "reduce_ready_partitions_and_remove_grads",
-     "__reduce_and_partition_ipg_grads", "reduce_independent_p_g_buckets_and_remove_grads",
-     "_run_after_backward_hook", "_backward_hook", "grad"}
+    {
+        "backward",
+        "_engine_run_backward",
+        "run_backward",
+        "_backward",
+        "unpack_hook",
+        "recompute_fn",
+        "reduce_partition_and_remove_grads",
+        "reduce_ready_partitions_and_remove_grads",
+        "__reduce_and_partition_ipg_grads",
+        "reduce_independent_p_g_buckets_and_remove_grads",
+        "_run_after_backward_hook",
+        "_backward_hook",
+        "grad",
+    }
 )
 _FORWARD_FUNCS = frozenset(
-    {"forward", "_call_impl", "_wrapped_call_impl", "_pre_forward_module_hook",
-     "pre_sub_module_forward_function", "_post_forward_module_hook", "post_sub_module_forward_function",
-     "compute_loss", "_forward", "forward_step", "__call__"}
+    {
+        "forward",
+        "_call_impl",
+        "_wrapped_call_impl",
+        "_pre_forward_module_hook",
+        "pre_sub_module_forward_function",
+        "_post_forward_module_hook",
+        "post_sub_module_forward_function",
+        "compute_loss",
+        "_forward",
+        "forward_step",
+        "__call__",
+    }
 )
-_CONTEXT = (Phase.CHECKPOINT_SAVE, Phase.GENERATION, Phase.EVALUATION, Phase.DATA_LOADING, Phase.MODEL_INIT)
+_CONTEXT = (
+    Phase.CHECKPOINT_SAVE,
+    Phase.GENERATION,
+    Phase.EVALUATION,
+    Phase.DATA_LOADING,
+    Phase.MODEL_INIT,
+)
 
 
 def _frame_phase(frame: Frame) -> Phase | None:
@@ -273,17 +379,28 @@ def _frame_phase(frame: Frame) -> Phase | None:
         return Phase.GENERATION
     if func in _EVAL_FUNCS or _EVAL_NAME.match(func):
         return Phase.EVALUATION
-    if func in _INIT_FUNCS or (
-        func == "__init__"
-        and ("torch/nn/modules/" in path or "deepspeed/runtime/" in path or "deepspeed/__init__" in path)
-    ) or (func in ("to", "cuda", "_apply") and "torch/nn/modules/module.py" in path):
+    if (
+        func in _INIT_FUNCS
+        or (
+            func == "__init__"
+            and (
+                "torch/nn/modules/" in path
+                or "deepspeed/runtime/" in path
+                or "deepspeed/__init__" in path
+            )
+        )
+        or (func in ("to", "cuda", "_apply") and "torch/nn/modules/module.py" in path)
+    ):
         if func == "initialize" and "deepspeed" not in path:
             return None
         if func == "grad":
             return None
         return Phase.MODEL_INIT
-    if func in _BACKWARD_FUNCS or func.endswith("_backward") or "backward_" in func or (
-        "reduce_and_partition_ipg_grads" in func
+    if (
+        func in _BACKWARD_FUNCS
+        or func.endswith("_backward")
+        or "backward_" in func
+        or ("reduce_and_partition_ipg_grads" in func)
     ):
         if func == "grad" and "torch/autograd" not in path:
             return None

@@ -23,7 +23,9 @@ REFERENCE_LINES = (ASSETS / "reference_lines.txt").read_text().splitlines()
 
 def _section(name: str) -> list[str]:
     start = next(i for i, line in enumerate(LAB_LINES) if line.startswith("=" * 30 + f" {name} "))
-    end = next(i for i in range(start + 1, len(LAB_LINES)) if LAB_LINES[i].startswith("=" * 30 + " "))
+    end = next(
+        i for i in range(start + 1, len(LAB_LINES)) if LAB_LINES[i].startswith("=" * 30 + " ")
+    )
     return LAB_LINES[start:end]
 
 
@@ -48,9 +50,12 @@ def lab():
 def test_lab_log_every_oom_path_is_an_event(lab) -> None:
     # every line that states an OOM in the real log, found by simple text search
     expected = {
-        number for number, line in enumerate(LAB_LINES, start=1)
+        number
+        for number, line in enumerate(LAB_LINES, start=1)
         if ("out of memory" in line or "would exceed allowed memory" in line)
-        and not line.startswith(("  torch.OutOfMemoryError", "FILE "))  # quotes inside torchrun summaries
+        and not line.startswith(
+            ("  torch.OutOfMemoryError", "FILE ")
+        )  # quotes inside torchrun summaries
         and "#" not in line[:3]
     }
     found = {event.source.line for event in lab.oom_events}
@@ -59,7 +64,9 @@ def test_lab_log_every_oom_path_is_an_event(lab) -> None:
 
 
 def test_lab_log_fragmentation_numbers_and_phase(lab) -> None:
-    frag = next(e for e in lab.oom_events if e.message.reserved_unallocated == 68 * GiB and e.traceback)
+    frag = next(
+        e for e in lab.oom_events if e.message.reserved_unallocated == 68 * GiB and e.traceback
+    )
     assert frag.message.allocated_by_pytorch == 70 * GiB
     assert frag.traceback.frames[-1].filename == "/tmp/oomlab/B2_frag_full.py"
     conv = next(e for e in lab.oom_events if e.message.tried_to_allocate == 20 * MiB)
@@ -85,9 +92,18 @@ def test_lab_log_torchrun_summaries(lab) -> None:
     exits = [next(f for f in s.failures if f.root_cause).exitcode for s in lab.failure_summaries]
     assert sorted(exits) == [-9, -6, 1, 1, 1, 1]
     with_oom = [f for s in lab.failure_summaries for f in s.failures if f.oom is not None]
-    assert len(with_oom) == 2 and all(f.error_file and f.error_file.endswith("error.json") for f in with_oom)
+    assert len(with_oom) == 2 and all(
+        f.error_file and f.error_file.endswith("error.json") for f in with_oom
+    )
     agent = [f for f in lab.process_failures if f.origin == "torchrun_agent"]
-    assert [(f.local_rank, f.exitcode) for f in agent] == [(1, 1), (1, 1), (1, -9), (1, -6), (1, 1), (1, 1)]
+    assert [(f.local_rank, f.exitcode) for f in agent] == [
+        (1, 1),
+        (1, 1),
+        (1, -9),
+        (1, -6),
+        (1, 1),
+        (1, 1),
+    ]
     assert len(lab.closing_signals) == 6
     assert lab.world_size is not None and lab.world_size.value == 2
 
@@ -110,7 +126,9 @@ def _interleave(a: list[str], b: list[str]) -> list[str]:
 
 def test_two_ranks_interleaved_line_by_line(tmp_path: Path) -> None:
     body = [line for line in _stderr_of("B10_cudnn_full") if line]
-    log = _write(tmp_path, _interleave([f"[rank0]: {x}" for x in body], [f"[rank1]: {x}" for x in body]))
+    log = _write(
+        tmp_path, _interleave([f"[rank0]: {x}" for x in body], [f"[rank1]: {x}" for x in body])
+    )
     facts = read_log(log)
     assert sorted(e.source.rank for e in facts.oom_events) == [0, 1]
     assert all(e.phase is Phase.FORWARD and len(e.traceback.frames) == 5 for e in facts.oom_events)
@@ -141,21 +159,30 @@ def test_per_rank_file_takes_the_rank_of_its_layout(tmp_path: Path) -> None:
 
 def _see_memory_usage(label: str, ma: float, max_ma: float, ca: float, max_ca: int) -> list[str]:
     # DeepSpeed >= 0.18.3 prints these with print(); the f-string of deepspeed/runtime/utils.py
-    memory = (f"MA {round(ma, 2)} GB         Max_MA {round(max_ma, 2)} GB         "
-              f"CA {round(ca, 2)} GB         Max_CA {max_ca} GB ")
+    memory = (
+        f"MA {round(ma, 2)} GB         Max_MA {round(max_ma, 2)} GB         "
+        f"CA {round(ca, 2)} GB         Max_CA {max_ca} GB "
+    )
     return [label, memory, "CPU Virtual Memory:  used = 12.3 GB, percent = 10.2%"]
 
 
 def test_see_memory_usage_series_is_bounded_with_growth_statistics(tmp_path: Path) -> None:
     lines: list[str] = []
     for step in range(3000):
-        lines += [f"[2026-11-30 05:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] step={step}, skipped=0, lr=[1e-05], mom=[(0.9, 0.999)]"]
+        lines += [
+            "[2026-11-30 05:00:00,000] [INFO] [logging.py:107:log_dist] [Rank 0] "
+            f"step={step}, skipped=0, lr=[1e-05], mom=[(0.9, 0.999)]"
+        ]
         lines += _see_memory_usage("Engine before forward", 10 + step * 0.01, 12, 20, 20)
         lines += _see_memory_usage("Engine after step", 11 + step * 0.01, 14, 20, 20)
-    facts = read_log(_write(tmp_path, lines), limits=ReaderLimits(series_head=8, series_middle=32, series_tail=8))
+    facts = read_log(
+        _write(tmp_path, lines), limits=ReaderLimits(series_head=8, series_middle=32, series_tail=8)
+    )
     (series,) = facts.memory
     assert series.total_samples == 6000 and len(series.samples) <= 48 + 2
-    assert series.samples[0].label == "Engine before forward" and series.samples[0].cpu_used == round(12.3 * GiB)
+    assert series.samples[0].label == "Engine before forward" and series.samples[
+        0
+    ].cpu_used == round(12.3 * GiB)
     assert series.samples[-1].step == 2999
     after = next(s for s in series.by_label if s.label == "Engine after step")
     assert after.allocated.count == 3000
@@ -169,20 +196,31 @@ def test_reference_deepspeed_and_launcher_lines(tmp_path: Path) -> None:
         "[2026-11-30 05:00:01,000] [INFO] [launch.py:272:main] process 4242 spawned with command: "
         "['/usr/bin/python3', '-u', 'run_clm.py', '--local_rank=1']",
         "[2026-11-30 05:00:09,000] [INFO] [launch.py:333:sigkill_handler] Killing subprocess 4242",
-        "[2026-11-30 05:00:09,500] [ERROR] [launch.py:339:sigkill_handler] ['/usr/bin/python3', '-u', "
+        "[2026-11-30 05:00:09,500] [ERROR] [launch.py:339:sigkill_handler] ['/usr/bin/python3', '"
+        "-u', "
         "'run_clm.py', '--local_rank=1'] exits with return code = -9",
-        "[2026-11-30 05:00:00,000] [INFO] [launch.py:163:main] WORLD INFO DICT: {'localhost': [0, 1, 2, 3]}",
-        "[2026-11-30 05:00:02,000] [WARNING] [stage3.py:2391:step] 2 pytorch allocator cache flushes since last step. "
+        "[2026-11-30 05:00:00,000] [INFO] [launch.py:163:main] WORLD INFO DICT: {'localhost': [0,"
+        " 1, 2, 3]}",
+        "[2026-11-30 05:00:02,000] [WARNING] [stage3.py:2391:step] 2 pytorch allocator cache flus"
+        "hes since last step. "
         "this happens when there is high memory pressure and is detrimental to performance.",
     ]
     facts = read_log(_write(tmp_path, lines))
     (batch,) = facts.batch_assertions
-    assert (batch.train_batch_size, batch.micro_batch_per_gpu, batch.gradient_accumulation_steps, batch.world_size) == (8, 2, 1, 1)
+    assert (
+        batch.train_batch_size,
+        batch.micro_batch_per_gpu,
+        batch.gradient_accumulation_steps,
+        batch.world_size,
+    ) == (8, 2, 1, 1)
     (exit_line,) = facts.launcher_exits
     assert exit_line.return_code == -9 and exit_line.cmd_local_rank == 1
     (killed,) = facts.killed_subprocesses
     assert (killed.pid, killed.local_rank) == (4242, 1)
-    assert facts.world_size is not None and (facts.world_size.value, facts.world_size.origin) == (4, "world_info")
+    assert facts.world_size is not None and (facts.world_size.value, facts.world_size.origin) == (
+        4,
+        "world_info",
+    )
     assert facts.cache_flushes.warnings == 1 and facts.cache_flushes.total_flushes == 2
     (peer,) = facts.peer_failures
     assert peer.kind == "watchdog_timeout" and peer.source.rank == 0
@@ -197,15 +235,25 @@ def test_reference_deepspeed_and_launcher_lines(tmp_path: Path) -> None:
 def _dump_lines() -> list[str]:
     # DeepSpeedConfig.print: two spaces, the key, 29 - len(key) dots, the value; then the user json
     stamp = "[2026-11-30 05:00:00,000] [INFO] [config.py:1007:print] "
-    entries = {"train_batch_size": "8", "train_micro_batch_size_per_gpu": "2", "world_size": "4",
-               "zero_config": "stage=3 contiguous_gradients=True reduce_bucket_size=2359296"}
+    entries = {
+        "train_batch_size": "8",
+        "train_micro_batch_size_per_gpu": "2",
+        "world_size": "4",
+        "zero_config": "stage=3 contiguous_gradients=True reduce_bucket_size=2359296",
+    }
     lines = [stamp.replace("print]", "print]") + "DeepSpeedEngine configuration:"]
     for key, value in entries.items():
         dots = "." * (29 - len(key))
         lines.append(stamp + (f"  {key} {dots} {value}" if dots else f"  {key}  {value}"))
-    lines.append(stamp.replace("1007", "998") + '  json = {')
-    lines += ['    "train_batch_size":8, ', '    "steps_per_print":inf, ',
-              '    "zero_optimization":{', '        "reduce_bucket_size":2.359296e+06', "    }", "}"]
+    lines.append(stamp.replace("1007", "998") + "  json = {")
+    lines += [
+        '    "train_batch_size":8, ',
+        '    "steps_per_print":inf, ',
+        '    "zero_optimization":{',
+        '        "reduce_bucket_size":2.359296e+06',
+        "    }",
+        "}",
+    ]
     lines.append("[2026-11-30 05:00:01,000] [INFO] [engine.py:1:x] next")
     return lines
 
@@ -224,16 +272,24 @@ def test_config_dump_is_kept_raw(tmp_path: Path) -> None:
 def test_kernel_lines_inside_a_training_log(tmp_path: Path) -> None:
     # the kernel's message format (reference notes 1.11), numbers filled by code
     lines = [
-        "[ 5012.123456] python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0",
-        "[ 5012.123999] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        "[ 5012.123456] python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_C"
+        "OMP), order=0, oom_score_adj=0",
+        "[ 5012.123999] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowe"
+        "d=0,"
         "oom_memcg=/slurm/uid_0/job_7,task_memcg=/slurm/uid_0/job_7/step_0,task=python,pid=4242,uid=0",
-        f"[ 5012.124000] Memory cgroup out of memory: Killed process 4242 (python) total-vm:{64 * 1024 * 1024}kB, "
-        f"anon-rss:{60 * 1024 * 1024}kB, file-rss:1024kB, shmem-rss:0kB, UID:0 pgtables:1000kB oom_score_adj:0",
+        "[ 5012.124000] Memory cgroup out of memory: Killed process 4242 (python) "
+        f"total-vm:{64 * 1024 * 1024}kB, anon-rss:{60 * 1024 * 1024}kB, file-rss:1024kB, "
+        "shmem-rss:0kB, UID:0 pgtables:1000kB oom_score_adj:0",
         "/bin/bash: line 1:  4242 Bus error               (core dumped) python train.py",
     ]
     facts = read_log(_write(tmp_path, lines))
     (kill,) = facts.kernel_oom_kills
-    assert kill.cgroup and kill.pid == 4242 and kill.anon_rss == 60 * GiB and kill.uptime_seconds == 5012.124
+    assert (
+        kill.cgroup
+        and kill.pid == 4242
+        and kill.anon_rss == 60 * GiB
+        and kill.uptime_seconds == 5012.124
+    )
     constraint = next(i for i in facts.oom_invocations if i.constraint)
     assert constraint.constraint == "CONSTRAINT_MEMCG" and constraint.memcg == "/slurm/uid_0/job_7"
     assert [f.kind.value for f in facts.fatal_signals] == ["SIGBUS"]
@@ -251,7 +307,11 @@ def test_steps_and_losses(tmp_path: Path) -> None:
 
 
 def test_many_ooms_are_bounded_and_counted(tmp_path: Path) -> None:
-    line = next(x for x in LAB_LINES if x.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00"))
+    line = next(
+        x
+        for x in LAB_LINES
+        if x.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00")
+    )
     facts = read_log(_write(tmp_path, [line, ""] * 300), limits=ReaderLimits(max_oom_events=50))
     assert len(facts.oom_events) == 50 and dict(facts.dropped)["oom_events"] == 250
 
@@ -303,7 +363,9 @@ def test_binary_garbage_reads_without_error(tmp_path: Path) -> None:
     assert facts.lines > 0 and facts.bytes_read == 300_000 and facts.oom_events == ()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(min_size=1, max_size=4000), st.sampled_from(LAB_LINES[130:140] + REFERENCE_LINES))
 def test_reader_never_raises_on_arbitrary_bytes(tmp_path: Path, noise: bytes, real: str) -> None:
     target = tmp_path / "fuzz.log"
@@ -317,16 +379,48 @@ def test_regexes_stay_linear_on_adversarial_lines(tmp_path: Path) -> None:
     import regex
 
     from oomlens.ingest import detect
-    from oomlens.ingest.log import deepspeed, kernel, prefixes, steps, timestamps, torch_oom, torchrun
+    from oomlens.ingest.log import (
+        deepspeed,
+        kernel,
+        prefixes,
+        steps,
+        timestamps,
+        torch_oom,
+        torchrun,
+    )
     from oomlens.ingest.log import traceback as tb
 
-    patterns = [value for module in (torch_oom, deepspeed, kernel, prefixes, steps, timestamps, torchrun, tb, detect)
-                for value in vars(module).values() if isinstance(value, regex.Pattern)]
+    patterns = [
+        value
+        for module in (
+            torch_oom,
+            deepspeed,
+            kernel,
+            prefixes,
+            steps,
+            timestamps,
+            torchrun,
+            tb,
+            detect,
+        )
+        for value in vars(module).values()
+        if isinstance(value, regex.Pattern)
+    ]
     assert len(patterns) > 60
-    attacks = ["1" * 60000, " " * 60000, "1." * 30000, "[rank" * 12000, "(a pid=" * 8000,
-               "Tried to allocate " + "1.00 MiB " * 6000, 'File "' + "x" * 60000,
-               "NVML_SUCCESS == " + "r " * 30000, "MA 1.0 GB " * 6000, "step " * 12000,
-               "a: " * 20000, "{'loss': 1, " * 5000]
+    attacks = [
+        "1" * 60000,
+        " " * 60000,
+        "1." * 30000,
+        "[rank" * 12000,
+        "(a pid=" * 8000,
+        "Tried to allocate " + "1.00 MiB " * 6000,
+        'File "' + "x" * 60000,
+        "NVML_SUCCESS == " + "r " * 30000,
+        "MA 1.0 GB " * 6000,
+        "step " * 12000,
+        "a: " * 20000,
+        "{'loss': 1, " * 5000,
+    ]
     for pattern in patterns:
         for attack in attacks:
             # a catastrophic pattern would need far longer than this on 60 kB lines

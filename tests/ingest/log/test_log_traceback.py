@@ -22,29 +22,96 @@ def frames(*spec: tuple[str, str]) -> list[Frame]:
 @pytest.mark.parametrize(
     ("stack", "phase"),
     [
-        ([("train.py", "<module>"), (f"{DS}/../__init__.py", "initialize"), (f"{DS}/engine.py", "__init__"),
-          (f"{DS}/engine.py", "_configure_distributed_model"), (f"{TORCH}/nn/modules/module.py", "to")],
-         Phase.MODEL_INIT),
-        ([("train.py", "<module>"), (f"{DS}/zero/partition_parameters.py", "_post_init_method")], Phase.MODEL_INIT),
-        ([("train.py", "main"), (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward"),
-          (f"{DS}/zero/parameter_offload.py", "_pre_forward_module_hook"),
-          (f"{DS}/zero/partitioned_param_coordinator.py", "fetch_sub_module")], Phase.FORWARD),
-        ([("train.py", "main"), (f"{DS}/engine.py", "backward"), (f"{TORCH}/_tensor.py", "backward"),
-          (f"{TORCH}/autograd/graph.py", "_engine_run_backward"), (f"{DS}/zero/stage3.py", "reduce_partition_and_remove_grads")],
-         Phase.BACKWARD),
-        ([("train.py", "main"), (f"{TORCH}/_tensor.py", "backward"), (f"{TORCH}/utils/checkpoint.py", "unpack_hook"),
-          (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward")], Phase.BACKWARD),
-        ([("train.py", "main"), (f"{DS}/engine.py", "step"), (f"{DS}/engine.py", "_take_model_step"),
-          (f"{DS}/zero/stage3.py", "_optimizer_step"), (f"{TORCH}/optim/adam.py", "_multi_tensor_adam")],
-         Phase.OPTIMIZER_STEP),
-        ([("train.py", "main"), (f"{HF}/trainer.py", "evaluate"), (f"{HF}/trainer.py", "evaluation_loop"),
-          (f"{TORCH}/nn/modules/module.py", "_call_impl"), ("model.py", "forward")], Phase.EVALUATION),
-        ([("gen.py", "main"), (f"{TORCH}/utils/_contextlib.py", "decorate_context"), (f"{HF}/generation/utils.py", "generate"),
-          (f"{HF}/generation/utils.py", "_sample"), ("model.py", "forward")], Phase.GENERATION),
-        ([("train.py", "main"), (f"{DS}/engine.py", "save_16bit_model"),
-          (f"{DS}/engine.py", "_zero3_consolidated_16bit_state_dict")], Phase.CHECKPOINT_SAVE),
-        ([("train.py", "main"), (f"{TORCH}/utils/data/dataloader.py", "__next__"),
-          (f"{TORCH}/utils/data/dataloader.py", "_next_data")], Phase.DATA_LOADING),
+        (
+            [
+                ("train.py", "<module>"),
+                (f"{DS}/../__init__.py", "initialize"),
+                (f"{DS}/engine.py", "__init__"),
+                (f"{DS}/engine.py", "_configure_distributed_model"),
+                (f"{TORCH}/nn/modules/module.py", "to"),
+            ],
+            Phase.MODEL_INIT,
+        ),
+        (
+            [("train.py", "<module>"), (f"{DS}/zero/partition_parameters.py", "_post_init_method")],
+            Phase.MODEL_INIT,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{TORCH}/nn/modules/module.py", "_call_impl"),
+                ("model.py", "forward"),
+                (f"{DS}/zero/parameter_offload.py", "_pre_forward_module_hook"),
+                (f"{DS}/zero/partitioned_param_coordinator.py", "fetch_sub_module"),
+            ],
+            Phase.FORWARD,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{DS}/engine.py", "backward"),
+                (f"{TORCH}/_tensor.py", "backward"),
+                (f"{TORCH}/autograd/graph.py", "_engine_run_backward"),
+                (f"{DS}/zero/stage3.py", "reduce_partition_and_remove_grads"),
+            ],
+            Phase.BACKWARD,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{TORCH}/_tensor.py", "backward"),
+                (f"{TORCH}/utils/checkpoint.py", "unpack_hook"),
+                (f"{TORCH}/nn/modules/module.py", "_call_impl"),
+                ("model.py", "forward"),
+            ],
+            Phase.BACKWARD,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{DS}/engine.py", "step"),
+                (f"{DS}/engine.py", "_take_model_step"),
+                (f"{DS}/zero/stage3.py", "_optimizer_step"),
+                (f"{TORCH}/optim/adam.py", "_multi_tensor_adam"),
+            ],
+            Phase.OPTIMIZER_STEP,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{HF}/trainer.py", "evaluate"),
+                (f"{HF}/trainer.py", "evaluation_loop"),
+                (f"{TORCH}/nn/modules/module.py", "_call_impl"),
+                ("model.py", "forward"),
+            ],
+            Phase.EVALUATION,
+        ),
+        (
+            [
+                ("gen.py", "main"),
+                (f"{TORCH}/utils/_contextlib.py", "decorate_context"),
+                (f"{HF}/generation/utils.py", "generate"),
+                (f"{HF}/generation/utils.py", "_sample"),
+                ("model.py", "forward"),
+            ],
+            Phase.GENERATION,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{DS}/engine.py", "save_16bit_model"),
+                (f"{DS}/engine.py", "_zero3_consolidated_16bit_state_dict"),
+            ],
+            Phase.CHECKPOINT_SAVE,
+        ),
+        (
+            [
+                ("train.py", "main"),
+                (f"{TORCH}/utils/data/dataloader.py", "__next__"),
+                (f"{TORCH}/utils/data/dataloader.py", "_next_data"),
+            ],
+            Phase.DATA_LOADING,
+        ),
         ([("probe.py", "<module>")], Phase.UNKNOWN),
     ],
 )
@@ -78,7 +145,8 @@ def test_chained_exceptions_and_multi_line_messages() -> None:
         "Traceback (most recent call last):",
         '  File "/tmp/oomlab/B9_cublas_full.py", line 21, in <module>',
         "torch.AcceleratorError: CUDA error: out of memory",
-        "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.",
+        "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+        "group__CUDART__TYPES.html for more information.",
         "",
     ]
     first, second = _feed(TracebackAssembler(), lines)
@@ -88,8 +156,12 @@ def test_chained_exceptions_and_multi_line_messages() -> None:
 
 
 def test_cut_traceback_is_reported_as_cut() -> None:
-    (finished,) = _feed(TracebackAssembler(), ["Traceback (most recent call last):", '  File "a.py", line 1, in f'])
-    assert finished.traceback is not None and finished.traceback.cut and finished.exception_class == ""
+    (finished,) = _feed(
+        TracebackAssembler(), ["Traceback (most recent call last):", '  File "a.py", line 1, in f']
+    )
+    assert (
+        finished.traceback is not None and finished.traceback.cut and finished.exception_class == ""
+    )
 
 
 def test_long_traceback_keeps_head_and_tail_frames() -> None:

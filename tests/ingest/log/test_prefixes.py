@@ -24,8 +24,9 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 GiB
         ("[trainer6]:", None, None, 6),
     ],
 )
-def test_stacked_prefixes_are_stripped_and_kept(prefix: str, host: str | None, rank: int | None,
-                                                local_rank: int | None) -> None:
+def test_stacked_prefixes_are_stripped_and_kept(
+    prefix: str, host: str | None, rank: int | None, local_rank: int | None
+) -> None:
     rest, meta = strip_prefixes(prefix + OOM, set())
     assert rest == OOM
     assert (meta.host, meta.rank, meta.local_rank) == (host, rank, local_rank)
@@ -38,7 +39,8 @@ def test_stacked_prefixes_are_stripped_and_kept(prefix: str, host: str | None, r
         "RuntimeError: CUDA error: out of memory",
         "srun: error: node1: task 0: Out Of Memory",
         "slurmstepd: error: Detected 1 oom-kill event(s) in step 3955284.0 cgroup.",
-        "W1130 04:59:49.946000 2167 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process",
+        "W1130 04:59:49.946000 2167 torch/distributed/elastic/multiprocessing/api.py:1012] Sendin"
+        "g process",
         "[2026-11-30 04:59:45,737] [INFO] [launch.py:1:main] dist_world_size=2",
         "[W1130 04:58:18.033935144 Module.cpp:204] symbolizing C++ stack trace",
         "python3: can't open file",
@@ -58,5 +60,8 @@ def test_a_host_confirmed_once_is_recognised_without_digits_later() -> None:
 
 
 def test_stream_key_separates_ranks_and_hosts() -> None:
-    keys = {strip_prefixes(p + "x", set())[1].key for p in ("[rank0]: ", "[rank1]: ", "a-1: [rank0]: ", "")}
+    keys = {
+        strip_prefixes(p + "x", set())[1].key
+        for p in ("[rank0]: ", "[rank1]: ", "a-1: [rank0]: ", "")
+    }
     assert len(keys) == 4

@@ -25,13 +25,18 @@ REFERENCE = (ASSETS / "reference_messages.txt").read_text().splitlines()
 
 def test_lab_fragmentation_message_every_number_in_bytes() -> None:
     line = next(
-        ln for ln in (ASSETS / "lab_log_torch2.11_h200.txt").read_text().splitlines()
+        ln
+        for ln in (ASSETS / "lab_log_torch2.11_h200.txt").read_text().splitlines()
         if ln.startswith("torch.OutOfMemoryError") and "1.50 GiB" in ln and "allowed" not in ln
     )
     msg = parse_oom_message(line)
     assert msg is not None
     assert (msg.kind, msg.message_format, msg.exception_class, msg.device) == (
-        OomKind.ALLOCATOR, "capacity", "torch.OutOfMemoryError", 0)
+        OomKind.ALLOCATOR,
+        "capacity",
+        "torch.OutOfMemoryError",
+        0,
+    )
     assert msg.tried_to_allocate == round(1.50 * GiB)
     assert msg.total_capacity == round(139.80 * GiB)
     assert msg.free == round(1.29 * GiB)
@@ -43,10 +48,16 @@ def test_lab_fragmentation_message_every_number_in_bytes() -> None:
 
 def test_lab_fraction_private_pool_and_other_process_clauses() -> None:
     lines = (ASSETS / "lab_log_torch2.11_h200.txt").read_text().splitlines()
-    allowed = parse_oom_message(next(ln for ln in lines if "allowed;" in ln and ln.startswith("torch.")))
+    allowed = parse_oom_message(
+        next(ln for ln in lines if "allowed;" in ln and ln.startswith("torch."))
+    )
     assert allowed is not None and allowed.allowed == round(13.98 * GiB)
     pools = parse_oom_message(next(ln for ln in lines if "private pools" in ln))
-    assert pools is not None and pools.private_pools == 576 * MiB and pools.reserved_unallocated == 2 * MiB
+    assert (
+        pools is not None
+        and pools.private_pools == 576 * MiB
+        and pools.reserved_unallocated == 2 * MiB
+    )
     other = parse_oom_message(next(ln for ln in lines if "Process 2949 has" in ln))
     assert other is not None
     assert [(p.pid, p.bytes) for p in other.other_processes] == [(2949, round(135.51 * GiB))]
@@ -56,7 +67,9 @@ def test_lab_fraction_private_pool_and_other_process_clauses() -> None:
 
 def test_lab_exabyte_malloc_async_and_driver_forms() -> None:
     text = (ASSETS / "lab_log_torch2.11_h200.txt").read_text()
-    eb = parse_oom_message(_lab_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more"))
+    eb = parse_oom_message(
+        _lab_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more")
+    )
     assert eb is not None and eb.message_format == "exabyte" and eb.tried_to_allocate == 2**60
     start = text.index("torch.OutOfMemoryError: Allocation on device 0")
     block = "\n".join(text[start:].splitlines()[:7])
@@ -76,22 +89,73 @@ def test_lab_exabyte_malloc_async_and_driver_forms() -> None:
 @pytest.mark.parametrize(
     ("index", "expected"),
     [
-        (0, dict(kind=OomKind.ALLOCATOR, message_format="reserved", exception_class="RuntimeError", device=1,
-                 tried_to_allocate=274 * MiB, total_capacity=round(23.70 * GiB),
-                 allocated_by_pytorch=round(21.95 * GiB), free=round(25.69 * MiB),
-                 reserved_total=round(22.28 * GiB), reserved_unallocated=round(22.28 * GiB) - round(21.95 * GiB))),
-        (1, dict(message_format="reserved", exception_class="torch.cuda.OutOfMemoryError", device=0,
-                 tried_to_allocate=978 * MiB, free=0, reserved_total=round(2.72 * GiB))),
-        (2, dict(message_format="capacty", device=1, tried_to_allocate=round(25.10 * GiB),
-                 process_in_use=round(25.81 * GiB), reserved_unallocated=round(12.97 * MiB))),
-        (3, dict(backend="HIP", allowed=round(1.05 * GiB), private_pools=17 * MiB,
-                 allocated_by_pytorch=round(1017.01 * MiB), reserved_unallocated=round(54.99 * MiB))),
-        (4, dict(message_format="truncated", device=0, tried_to_allocate=312 * MiB, complete=False)),
-        (5, dict(kind=OomKind.PROBABLE_OOM_ASSERT, certain=False, exception_class="RuntimeError")),
-        (6, dict(kind=OomKind.CUBLAS, certain=True)),
-        (7, dict(kind=OomKind.HOST, tried_to_allocate=1125899906842624)),
-        (8, dict(kind=OomKind.NCCL, message_format="nccl_warn", tried_to_allocate=536870912)),
-        (9, dict(kind=OomKind.NCCL, tried_to_allocate=268435456)),
+        (
+            0,
+            {
+                "kind": OomKind.ALLOCATOR,
+                "message_format": "reserved",
+                "exception_class": "RuntimeError",
+                "device": 1,
+                "tried_to_allocate": 274 * MiB,
+                "total_capacity": round(23.70 * GiB),
+                "allocated_by_pytorch": round(21.95 * GiB),
+                "free": round(25.69 * MiB),
+                "reserved_total": round(22.28 * GiB),
+                "reserved_unallocated": round(22.28 * GiB) - round(21.95 * GiB),
+            },
+        ),
+        (
+            1,
+            {
+                "message_format": "reserved",
+                "exception_class": "torch.cuda.OutOfMemoryError",
+                "device": 0,
+                "tried_to_allocate": 978 * MiB,
+                "free": 0,
+                "reserved_total": round(2.72 * GiB),
+            },
+        ),
+        (
+            2,
+            {
+                "message_format": "capacty",
+                "device": 1,
+                "tried_to_allocate": round(25.10 * GiB),
+                "process_in_use": round(25.81 * GiB),
+                "reserved_unallocated": round(12.97 * MiB),
+            },
+        ),
+        (
+            3,
+            {
+                "backend": "HIP",
+                "allowed": round(1.05 * GiB),
+                "private_pools": 17 * MiB,
+                "allocated_by_pytorch": round(1017.01 * MiB),
+                "reserved_unallocated": round(54.99 * MiB),
+            },
+        ),
+        (
+            4,
+            {
+                "message_format": "truncated",
+                "device": 0,
+                "tried_to_allocate": 312 * MiB,
+                "complete": False,
+            },
+        ),
+        (
+            5,
+            {
+                "kind": OomKind.PROBABLE_OOM_ASSERT,
+                "certain": False,
+                "exception_class": "RuntimeError",
+            },
+        ),
+        (6, {"kind": OomKind.CUBLAS, "certain": True}),
+        (7, {"kind": OomKind.HOST, "tried_to_allocate": 1125899906842624}),
+        (8, {"kind": OomKind.NCCL, "message_format": "nccl_warn", "tried_to_allocate": 536870912}),
+        (9, {"kind": OomKind.NCCL, "tried_to_allocate": 268435456}),
     ],
 )
 def test_reference_messages_of_older_generations(index: int, expected: dict[str, object]) -> None:
@@ -103,13 +167,16 @@ def test_reference_messages_of_older_generations(index: int, expected: dict[str,
 
 def test_nccl_multi_line_error_is_an_nccl_oom() -> None:
     # the C10D_NCCL_CHECK template of the reference notes (section 1.9), filled by code
-    text = "\n".join([
-        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error "
-        "(run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9",
-        "ncclUnhandledCudaError: Call to CUDA function failed.",
-        "Last error:",
-        "Cuda failure 'out of memory'",
-    ])
+    text = "\n".join(
+        [
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhand"
+            "led cuda error "
+            "(run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9",
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            "Cuda failure 'out of memory'",
+        ]
+    )
     msg = parse_oom_message(text)
     assert msg is not None and msg.kind is OomKind.NCCL
     assert msg.exception_class == "torch.distributed.DistBackendError"
@@ -123,7 +190,10 @@ def test_hard_wrapped_message_is_read_unwrapped() -> None:
 
 
 def test_triton_out_of_resources_is_not_an_oom() -> None:
-    text = "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 262144, Hardware limit: 232448"
+    text = (
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory, "
+        "Required: 262144, Hardware limit: 232448"
+    )
     assert parse_oom_message(text) is None
 
 
@@ -135,9 +205,17 @@ def test_every_truncation_of_a_real_message_parses_without_error() -> None:
         if msg is None:
             assert cut < line.index("Tried to allocate") + len("Tried to allocate ")
             continue
-        fields = sum(getattr(msg, n) is not None for n in ("tried_to_allocate", "total_capacity", "free",
-                                                          "process_in_use", "allocated_by_pytorch",
-                                                          "reserved_unallocated"))
+        fields = sum(
+            getattr(msg, n) is not None
+            for n in (
+                "tried_to_allocate",
+                "total_capacity",
+                "free",
+                "process_in_use",
+                "allocated_by_pytorch",
+                "reserved_unallocated",
+            )
+        )
         # a longer prefix never knows less (a size counts once its unit is printed)
         assert fields >= previous_fields
         previous_fields = fields
