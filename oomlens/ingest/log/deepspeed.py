@@ -26,22 +26,36 @@ from datetime import datetime
 
 import regex
 
-ANCHORS: tuple[bytes, ...] = (
-    b"Max_MA",
-    b"CPU Virtual Memory",
-    b"cache flushes since last step",
-    b"DeepSpeedEngine configuration",
-    b"Check batch related parameters",
+MEMORY_ANCHORS: tuple[bytes, ...] = (b"Max_MA",)
+CPU_ANCHORS: tuple[bytes, ...] = (b"CPU Virtual Memory",)
+FLUSH_ANCHORS: tuple[bytes, ...] = (b"cache flushes since last step",)
+CONFIG_DUMP_ANCHORS: tuple[bytes, ...] = (b"DeepSpeedEngine configuration",)
+BATCH_ANCHORS: tuple[bytes, ...] = (b"Check batch related parameters",)
+CONFIG_ERROR_ANCHORS: tuple[bytes, ...] = (
     b"is not defined",
     b"needs to be provided",
     b"mismatch TrainingArguments",
+    b"Maximum supported ZeRO stage",
+    b"has to be greater than 0",
+    b"must be divisible by micro-batch",
+)
+LAUNCHER_ANCHORS: tuple[bytes, ...] = (
     b"exits with return code",
     b"Killing subprocess",
     b"spawned with command",
-    b"WORLD INFO DICT",
-    b"world_size",
-    b"MemAllocated=",
 )
+WORLD_ANCHORS: tuple[bytes, ...] = (b"WORLD INFO DICT", b"world_size")
+ANCHORS: tuple[bytes, ...] = (
+    MEMORY_ANCHORS
+    + CPU_ANCHORS
+    + FLUSH_ANCHORS
+    + CONFIG_DUMP_ANCHORS
+    + BATCH_ANCHORS
+    + CONFIG_ERROR_ANCHORS
+    + LAUNCHER_ANCHORS
+    + WORLD_ANCHORS
+)
+"""Literals one of which every line these parsers understand contains, by kind."""
 
 _GIB = 1024**3
 

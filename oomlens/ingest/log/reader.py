@@ -64,21 +64,48 @@ from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
 TRACEBACK_ANCHORS: tuple[bytes, ...] = (
     b"Traceback (most recent call last)",
-    b"terminate called after throwing",
     b"During handling of the above exception",
     b"direct cause of the following exception",
 )
+TERMINATE_ANCHORS: tuple[bytes, ...] = (b"terminate called after throwing",)
 
-ANCHORS: tuple[bytes, ...] = tuple(
-    dict.fromkeys(
-        TRACEBACK_ANCHORS
-        + torch_oom.ANCHORS
-        + deepspeed.ANCHORS
-        + torchrun.ANCHORS
-        + kernel.ANCHORS
-        + steps.ANCHORS
-    )
+# One bit per kind of line; a line's bits are those of the anchors found in it.
+TB, OOM, TERMINATE, DS_MEMORY, DS_CPU, FLUSH, CONFIG_DUMP, BATCH, CONFIG_ERROR = (
+    1 << i for i in range(9)
 )
+LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP = (1 << i for i in range(9, 16))
+
+_CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
+    (TB, TRACEBACK_ANCHORS),
+    (TERMINATE | PEER, TERMINATE_ANCHORS),
+    (OOM, torch_oom.ANCHORS),
+    (DS_MEMORY, deepspeed.MEMORY_ANCHORS),
+    (DS_CPU, deepspeed.CPU_ANCHORS),
+    (FLUSH, deepspeed.FLUSH_ANCHORS),
+    (CONFIG_DUMP, deepspeed.CONFIG_DUMP_ANCHORS),
+    (BATCH, deepspeed.BATCH_ANCHORS),
+    (CONFIG_ERROR, deepspeed.CONFIG_ERROR_ANCHORS),
+    (LAUNCHER, deepspeed.LAUNCHER_ANCHORS),
+    (WORLD, deepspeed.WORLD_ANCHORS),
+    (AGENT, torchrun.AGENT_ANCHORS),
+    (SUMMARY, torchrun.SUMMARY_ANCHORS),
+    (PEER, torchrun.PEER_ANCHORS),
+    (KERNEL, kernel.ANCHORS),
+    (STEP, steps.ANCHORS),
+)
+
+
+def _anchor_table() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
+    bits: dict[bytes, int] = {}
+    for bit, anchors in _CATEGORIES:
+        for anchor in anchors:
+            bits[anchor] = bits.get(anchor, 0) | bit
+    # Longer anchors first: leftmost-first matching then reports the most specific one.
+    ordered = sorted(bits, key=len, reverse=True)
+    return tuple(ordered), tuple(bits[a] for a in ordered)
+
+
+ANCHORS, _ANCHOR_BITS = _anchor_table()
 """Every literal a line must contain for some matcher to care about it."""
 
 MAX_STREAMS = 4096
@@ -117,16 +144,20 @@ class _AnchorScanner:
                 list(anchors), matchkind=ahocorasick_rs.MatchKind.LeftmostFirst
             )
         except ImportError:  # pragma: no cover - exercised where the extra is missing
-            self._pattern = re.compile(b"|".join(re.escape(a) for a in anchors))
+            self._pattern = re.compile(b"|".join(b"(" + re.escape(a) + b")" for a in anchors))
 
     @property
     def accelerated(self) -> bool:
         return self._automaton is not None
 
-    def positions(self, data: bytes) -> list[int]:
+    def hits(self, data: bytes) -> list[tuple[int, int]]:
+        """``(offset, category bits)`` of every anchor found, in order."""
         if self._automaton is not None:
-            return [start for _, start, _ in self._automaton.find_matches_as_indexes(data)]
-        return [m.start() for m in self._pattern.finditer(data)]
+            return [
+                (start, _ANCHOR_BITS[index])
+                for index, start, _ in self._automaton.find_matches_as_indexes(data)
+            ]
+        return [(m.start(), _ANCHOR_BITS[m.lastindex - 1]) for m in self._pattern.finditer(data)]  # type: ignore[operator]
 
 
 _SCANNER: _AnchorScanner | None = None
@@ -144,13 +175,6 @@ _TERMINATE = regex.compile(
     r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'"
 )
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
-_PEER_QUICK = tuple(
-    a.decode()
-    for a in torchrun.ANCHORS
-    if a not in (b"failed (exitcode", b"closing signal", b"terminated with", b"ChildFailedError")
-)
-_KERNEL_QUICK = tuple(a.decode() for a in kernel.ANCHORS)
-_STEP_QUICK = tuple(a.decode() for a in steps.ANCHORS)
 
 
 class _Stream:
@@ -271,6 +295,7 @@ class LogReader:
         self.hosts_seen: set[str] = set()
         self.prev_tail = b""
         self.block_data = b""
+        self.in_traceback = False
         self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
@@ -315,19 +340,19 @@ class LogReader:
         scanner = _scanner()
         for block in self.source.blocks():
             data = block.data
-            positions = scanner.positions(data)
-            self._scan_block(data, positions, block.first_line)
+            self._scan_block(data, scanner.hits(data), block.first_line)
+            self._sample_progress_bar(data, block.first_line)
             self.prev_tail = data[-16384:]
         self._close_all(at_end=True)
         self._fold_summary_ooms()
         self.oom.items.sort(key=lambda e: e.source.line or 0)  # type: ignore[attr-defined]
         return self._facts()
 
-    def _scan_block(self, data: bytes, positions: list[int], first_line: int) -> None:
+    def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> None:
         pos = 0
         number = first_line
         index = 0
-        count = len(positions)
+        count = len(hits)
         size = len(data)
         while True:
             if self.open_streams:
@@ -336,11 +361,13 @@ class LogReader:
                 end = data.find(b"\n", pos)
                 if end < 0:
                     end = size
-                self._line(data, pos, end, number)
+                mask = 0
+                while index < count and hits[index][0] < end:
+                    mask |= hits[index][1]
+                    index += 1
+                self._line(data, pos, end, number, mask)
                 number += 1
                 pos = end + 1
-                while index < count and positions[index] < pos:
-                    index += 1
                 self.lines_since_stale_check += 1
                 if self.lines_since_stale_check >= 32:
                     self.lines_since_stale_check = 0
@@ -348,25 +375,49 @@ class LogReader:
                 continue
             if index >= count:
                 return
-            hit = positions[index]
+            hit = hits[index][0]
             start = data.rfind(b"\n", pos, hit)
             start = pos if start < 0 else start + 1
             number += data.count(b"\n", pos, start)
             end = data.find(b"\n", hit)
             if end < 0:
                 end = size
-            self._line(data, start, end, number)
+            mask = 0
+            while index < count and hits[index][0] < end:
+                mask |= hits[index][1]
+                index += 1
+            self._line(data, start, end, number, mask)
             number += 1
             pos = end + 1
-            while index < count and positions[index] < pos:
-                index += 1
 
-    def _line(self, data: bytes, start: int, end: int, number: int) -> None:
+    def _sample_progress_bar(self, data: bytes, first_line: int) -> None:
+        """tqdm rewrites its bar many times a second: read only the block's last one."""
+        for anchor in steps.TQDM_ANCHORS:
+            hit = data.rfind(anchor)
+            if hit < 0:
+                continue
+            start = data.rfind(b"\n", 0, hit) + 1
+            end = data.find(b"\n", hit)
+            end = len(data) if end < 0 else end
+            text = self.cleaner.clean(data[start:end])
+            rest, prefix = strip_prefixes(text, self.known_hosts)
+            progress = steps.parse_step_line(rest)
+            if progress is not None and progress.kind == "tqdm":
+                number = first_line + data.count(b"\n", 0, start)
+                rank = self._rank_of(prefix)
+                self._add_step(
+                    progress,
+                    SourceRef(self.path, number, rank, prefix.host or self.layout_host),
+                    self.last_time,
+                )
+            return
+
+    def _line(self, data: bytes, start: int, end: int, number: int, mask: int) -> None:
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
         if text:
-            self._handle(text, number, data, start, None, 0)
+            self._handle(text, number, data, start, None, 0, mask)
         else:
             for key, stream in list(self.open_streams.items()):
                 if not key and stream.tb.open:
@@ -375,12 +426,20 @@ class LogReader:
                         key,
                         "",
                         SourceRef(self.path, number, self.layout_rank, self.layout_host),
+                        0,
                     )
 
     # --- one line -------------------------------------------------------------------------
 
     def _handle(
-        self, text: str, number: int, data: bytes, start: int, outer: LinePrefix | None, depth: int
+        self,
+        text: str,
+        number: int,
+        data: bytes,
+        start: int,
+        outer: LinePrefix | None,
+        depth: int,
+        mask: int,
     ) -> None:
         rest, prefix = strip_prefixes(text, self.known_hosts)
         if outer is not None and prefix.host is None and outer.host is not None:
@@ -394,10 +453,10 @@ class LogReader:
         if depth < 8 and "[" in rest:
             glued = _GLUED.search(rest, 1)
             if glued is not None:
-                self._handle_rest(rest[: glued.start()], prefix, number, data, start)
-                self._handle(rest[glued.start() :], number, data, start, prefix, depth + 1)
+                self._handle_rest(rest[: glued.start()], prefix, number, data, start, mask)
+                self._handle(rest[glued.start() :], number, data, start, prefix, depth + 1, mask)
                 return
-        self._handle_rest(rest, prefix, number, data, start)
+        self._handle_rest(rest, prefix, number, data, start, mask)
 
     def _rank_of(self, prefix: LinePrefix) -> int | None:
         if prefix.rank is not None:
@@ -420,7 +479,7 @@ class LogReader:
         return stream
 
     def _handle_rest(
-        self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int
+        self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int, mask: int
     ) -> None:
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
@@ -442,19 +501,16 @@ class LogReader:
         ref = SourceRef(self.path, number, rank, host)
         key = prefix.key
         stream = self._stream(key)
-        if (
-            stream.open
-            or "Traceback" in rest
-            or "above exception" in rest
-            or stream.pending_memory is not None
-        ):
-            if self._feed_stream(stream, key, rest, ref):
+        self.in_traceback = False
+        if stream.open or mask & TB or stream.pending_memory is not None:
+            if self._feed_stream(stream, key, rest, ref, mask):
                 return
-        message = record.message if record is not None else rest
-        self._match(rest, message, record, ref, when, prefix, stream, key, data, start)
+        if mask:
+            message = record.message if record is not None else rest
+            self._match(rest, message, record, ref, when, prefix, stream, key, data, start, mask)
 
     def _feed_stream(
-        self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef
+        self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef, mask: int
     ) -> bool:
         """Feed the stream's state machines; True when the line was consumed by one."""
         if stream.failure_block is not None:
@@ -470,14 +526,20 @@ class LogReader:
                 return True
             self._finish_config_dump(stream)
             self._sync_open(key, stream)
-        if stream.pending_memory is not None and "CPU Virtual Memory" not in rest:
+        if stream.pending_memory is not None and not mask & DS_CPU:
             self._flush_memory(stream, None)
         now = self.last_time
         if stream.tb.open and stream.tb.exception_class is None and rest[:1] not in (" ", "\t", ""):
             now = self._time_before(self.block_data, self.line_start)  # a likely exception line
+        was_open = stream.tb.open
         finished = stream.tb.feed(rest, ref, now)
         if finished is not None:
             self._finished(finished)
+        self.in_traceback = was_open and stream.tb.open
+        if mask & OOM and stream.tb.exception_class is not None and _complete_on_its_line(rest):
+            finished = stream.tb.close()  # nothing follows a complete allocator message
+            if finished is not None:
+                self._finished(finished)
         current = stream.tb.exception_class
         if current is not None and current.endswith("ChildFailedError"):
             finished = stream.tb.close()
@@ -505,26 +567,11 @@ class LogReader:
         key: tuple[object, ...],
         data: bytes,
         start: int,
+        mask: int,
     ) -> None:
-        # Exceptions and OOMs not already inside a traceback.
-        if not stream.tb.open:
-            terminate = _TERMINATE.search(rest) if "terminate called" in rest else None
-            if terminate is not None:
-                finished = stream.tb.start_exception(
-                    terminate.group("cls"), rest, ref, self._time_before(data, start)
-                )
-                if finished is not None:
-                    self._finished(finished)
-                self._sync_open(key, stream)
-            elif torch_oom.looks_like_oom(rest):
-                cls = _EXCEPTION_CLASS.search(rest)
-                finished = stream.tb.start_exception(
-                    cls.group("cls") if cls else "", rest, ref, self._time_before(data, start)
-                )
-                if finished is not None:
-                    self._finished(finished)
-                self._sync_open(key, stream)
-        if "Max_MA" in message:
+        if mask & (OOM | TERMINATE | SUMMARY) and not stream.tb.open and not self.in_traceback:
+            self._standalone_exception(rest, ref, stream, key, data, start, mask)
+        if mask & DS_MEMORY:
             reading = deepspeed.parse_memory_line(message)
             if reading is not None:
                 if stream.pending_memory is not None:
@@ -538,26 +585,26 @@ class LogReader:
                     self.last_step,
                 )
                 return
-        if "CPU Virtual Memory" in message:
+        if mask & DS_CPU:
             cpu = deepspeed.parse_cpu_line(message)
             if cpu is not None and stream.pending_memory is not None:
                 self._flush_memory(stream, cpu)
             return
-        if "cache flushes since last step" in message:
+        if mask & FLUSH:
             flushes = deepspeed.parse_cache_flush(message)
             if flushes is not None:
                 self._add_flush(
                     CacheFlushWarning(ref, flushes, self.last_step, when or self.last_time)
                 )
             return
-        if "DeepSpeedEngine configuration" in message and record is not None:
+        if mask & CONFIG_DUMP and record is not None and "DeepSpeedEngine configuration" in message:
             self.config_dumps_seen += 1
             if self.config_dump is None and stream.config_dump is None:
                 stream.config_dump = deepspeed.ConfigDumpCollector()
                 stream.config_ref = ref
                 self._sync_open(key, stream)
             return
-        if "Check batch related parameters" in message:
+        if mask & BATCH:
             numbers = deepspeed.parse_batch_assertion(message)
             if numbers is not None:
                 self.batch.add(
@@ -571,37 +618,22 @@ class LogReader:
                     )
                 )
             return
-        if (
-            "defined" in message
-            or "provided" in message
-            or "mismatch" in message
-            or "greater than 0" in message
-            or "divisible" in message
-        ):
+        if mask & CONFIG_ERROR:
             error = deepspeed.parse_config_error(message)
             if error is not None:
                 self.config_errors.add(ConfigErrorLine(ref, error))
                 return
-        if (
-            "exits with return code" in message
-            or "Killing subprocess" in message
-            or "spawned with command" in message
-        ):
+        if mask & LAUNCHER:
             self._launcher(message, ref, when)
             return
-        if "WORLD INFO DICT" in message or "world_size" in message:
+        if mask & WORLD:
             world = deepspeed.parse_world_size(message)
             if world is not None:
                 self._set_world(world[0], world[1], ref)
                 return
-        if (
-            "failed (exitcode" in message
-            or "closing signal" in message
-            or "terminated with" in message
-        ):
-            if self._agent(message, ref, when, data, start):
-                return
-        if any(quick in message for quick in _PEER_QUICK):
+        if mask & AGENT and self._agent(message, ref, when, data, start):
+            return
+        if mask & PEER:
             peer = torchrun.parse_peer_failure(message)
             if peer is not None:
                 kind, text_rank = peer
@@ -615,15 +647,57 @@ class LogReader:
                         source, kind, message[:500], when or self._time_before(data, start)
                     )
                 )
-        if any(quick in rest for quick in _KERNEL_QUICK):
+        if mask & KERNEL:
             event = kernel.parse_kernel_line(rest, ref, self.year)
             if event is not None:
                 self._kernel_event(event)
                 return
-        if any(quick in message for quick in _STEP_QUICK):
+        if mask & STEP:
             progress = steps.parse_step_line(message)
             if progress is not None:
                 self._add_step(progress, ref, when or self.last_time)
+
+    def _standalone_exception(
+        self,
+        rest: str,
+        ref: SourceRef,
+        stream: _Stream,
+        key: tuple[object, ...],
+        data: bytes,
+        start: int,
+        mask: int,
+    ) -> None:
+        """An OOM, an uncaught C++ exception or a ChildFailedError outside any traceback."""
+        finished = None
+        if mask & TERMINATE:
+            terminate = _TERMINATE.search(rest)
+            if terminate is not None:
+                finished = stream.tb.start_exception(
+                    terminate.group("cls"), rest, ref, self._time_before(data, start)
+                )
+        elif mask & OOM:
+            oom = torch_oom.parse_oom_message(rest)
+            if oom is not None:
+                cls = _EXCEPTION_CLASS.search(rest)
+                now = self._time_before(data, start)
+                finished = stream.tb.start_exception(
+                    cls.group("cls") if cls else "", rest, ref, now
+                )
+                if _complete_on_its_line(rest):
+                    self._finished_maybe(finished)
+                    finished = stream.tb.close()
+        elif (
+            mask & SUMMARY
+            and rest.rstrip().endswith("ChildFailedError:")
+            and stream.failure_block is None
+        ):
+            stream.failure_block = torchrun.FailureBlockParser(ref)
+        self._finished_maybe(finished)
+        self._sync_open(key, stream)
+
+    def _finished_maybe(self, finished: FinishedException | None) -> None:
+        if finished is not None:
+            self._finished(finished)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -1069,6 +1143,15 @@ class LogReader:
             dropped=dropped,
             notes=tuple(notes),
         )
+
+
+def _complete_on_its_line(text: str) -> bool:
+    """True for an allocator message that ended on this line (its last clause is there)."""
+    if "Tried to allocate" not in text:
+        return False
+    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
+        return True
+    return "is reserved by PyTorch but unallocated" in text
 
 
 def read_log(

@@ -14,15 +14,21 @@ from dataclasses import dataclass
 import regex
 
 ANCHORS: tuple[bytes, ...] = (
-    b"step",
-    b"Step",
-    b"iter",
-    b"Iter",
+    b"step=",
+    b"global_step",
+    b"'loss'",
     b"loss",
-    b"it/s]",
-    b"s/it]",
+    b"Loss",
     b"SamplesPerSec",
+    b"step ",
+    b"Step ",
+    b"iter ",
+    b"Iter ",
 )
+"""Literals of the progress lines worth reading one by one.  tqdm bars are not among them:
+they rewrite themselves many times a second, so the reader samples them (``TQDM_ANCHORS``)
+once per block instead."""
+TQDM_ANCHORS: tuple[bytes, ...] = (b"it/s]", b"s/it]")
 
 _GIB = 1024**3
 _FLOAT = r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,4})?|nan|inf"

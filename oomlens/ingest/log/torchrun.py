@@ -24,11 +24,9 @@ from oomlens.facts.log import FailureSummary, ProcessFailure
 from oomlens.ingest.log import timestamps
 from oomlens.ingest.log.torch_oom import parse_oom_message
 
-ANCHORS: tuple[bytes, ...] = (
-    b"failed (exitcode",
-    b"closing signal",
-    b"terminated with",
-    b"ChildFailedError",
+AGENT_ANCHORS: tuple[bytes, ...] = (b"failed (exitcode", b"closing signal", b"terminated with")
+SUMMARY_ANCHORS: tuple[bytes, ...] = (b"ChildFailedError",)
+PEER_ANCHORS: tuple[bytes, ...] = (
     b"atchdog",
     b"DistBackendError",
     b"terminate called",
@@ -40,7 +38,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"DistStoreError",
     b"closed by peer",
     b"communicator was aborted",
+    b"Heartbeat monitor",
 )
+ANCHORS: tuple[bytes, ...] = AGENT_ANCHORS + SUMMARY_ANCHORS + PEER_ANCHORS
 
 _AGENT_FAILED = regex.compile(
     r"failed \(exitcode: (?P<code>-?\d{1,6})\) local_rank: (?P<lr>\d{1,6}) \(pid: (?P<pid>\d{1,10"
