@@ -252,8 +252,12 @@ class TextSource:
                 self.stats.bytes_read += len(chunk)
                 yield chunk
 
-    def blocks(self) -> Iterator[Block]:
-        """Line-aligned raw blocks; see the module docstring for the guarantees."""
+    def blocks(self, *, number_lines: bool = True) -> Iterator[Block]:
+        """Line-aligned raw blocks; see the module docstring for the guarantees.
+
+        With ``number_lines=False`` the blocks' ``first_line`` is 0 and ``stats.lines`` is
+        left to the consumer, which saves counting every newline twice when the consumer
+        counts them anyway."""
         self.stats = StreamStats()
         stats = self.stats
         max_line = self.max_line_bytes
@@ -292,7 +296,8 @@ class TextSource:
                 data = bytes(partial) + body if partial else body
                 partial.clear()
                 yield Block(next_line, data)
-                next_line += data.count(b"\n")
+                if number_lines:
+                    next_line += data.count(b"\n")
             partial += chunk[last_newline + 1 :]
         if partial:
             stats.ended_mid_line = True
@@ -300,7 +305,8 @@ class TextSource:
             next_line += 1
         elif dropping:
             stats.ended_mid_line = True
-        stats.lines = next_line - 1
+        if number_lines:
+            stats.lines = next_line - 1
 
     def lines(self) -> Iterator[tuple[int, str]]:
         """Every line as ``(line_number, cleaned_text)``."""

@@ -26,7 +26,7 @@ from datetime import datetime
 
 import regex
 
-MEMORY_ANCHORS: tuple[bytes, ...] = (b"Max_MA",)
+MEMORY_ANCHORS: tuple[bytes, ...] = (b"Max_MA ",)
 CPU_ANCHORS: tuple[bytes, ...] = (b"CPU Virtual Memory",)
 FLUSH_ANCHORS: tuple[bytes, ...] = (b"cache flushes since last step",)
 CONFIG_DUMP_ANCHORS: tuple[bytes, ...] = (b"DeepSpeedEngine configuration",)
@@ -128,8 +128,21 @@ def parse_logger_line(text: str) -> LoggerRecord | None:
         message = message[tag.end() :]
         if rank < 0:
             rank = None
+    stamp = match.group("ts")
+    try:
+        when = datetime(
+            int(stamp[0:4]),
+            int(stamp[5:7]),
+            int(stamp[8:10]),
+            int(stamp[11:13]),
+            int(stamp[14:16]),
+            int(stamp[17:19]),
+            int(stamp[20:23]) * 1000,
+        )
+    except ValueError:
+        return None
     return LoggerRecord(
-        timestamp=datetime.strptime(match.group("ts"), "%Y-%m-%d %H:%M:%S,%f"),
+        timestamp=when,
         level=match.group("level"),
         filename=match.group("file"),
         lineno=int(match.group("lineno")),

@@ -28,17 +28,19 @@ from oomlens.ingest.log import timestamps
 from oomlens.ingest.textstream import open_text
 
 ANCHORS: tuple[bytes, ...] = (
-    b"Killed process",
+    b"Killed ",
+    b"Killed\n",
     b"oom-kill",
     b"oom_kill",
     b"Out Of Memory",
     b"Bus error",
-    b"Killed",
     b"Aborted",
     b"Segmentation fault",
     b"shared memory",
     b"/dev/shm",
 )
+"""Literals one of which every line ``parse_kernel_line`` understands holds (no anchor starts
+with a common byte such as a space: the multi-pattern search stays fast)."""
 
 _UPTIME = regex.compile(r"\[\s{0,12}(\d{1,10}\.\d{1,9})\] ")
 _DMESG_T = regex.compile(r"\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] ")
@@ -216,4 +218,4 @@ def read_kernel_log(path: str | os.PathLike[str], *, display: str | None = None)
     )
 
 
-_TEXT_ANCHORS = tuple(anchor.decode() for anchor in ANCHORS)
+_TEXT_ANCHORS = ("Killed",) + tuple(anchor.decode() for anchor in ANCHORS[2:])

@@ -103,7 +103,30 @@ def _looks_like_host(name: str) -> bool:
     return any(ch.isdigit() or ch == "-" for ch in name)
 
 
+_FAST = regex.compile(r"\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?")
+_FAST_CACHE: dict[str, LinePrefix] = {}
+
+
 def strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str, LinePrefix]:
+    """``(rest_of_line, prefix)``; see ``_strip_prefixes``.  The common torchrun/excepthook
+    stack (``[default0]:``, ``[rank3]: ``, both) is recognised in one match and its metadata
+    cached."""
+    if text[:1] == "[":
+        match = _FAST.match(text)
+        if match is not None:
+            end = match.end()
+            if text[end : end + 1] not in ("[", "("):
+                consumed = match.group(0)
+                cached = _FAST_CACHE.get(consumed)
+                if cached is None:
+                    cached = _strip_prefixes(consumed, None)[1]
+                    if len(_FAST_CACHE) < 4096:
+                        _FAST_CACHE[consumed] = cached
+                return text[end:], cached
+    return _strip_prefixes(text, known_hosts)
+
+
+def _strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str, LinePrefix]:
     """``(rest_of_line, prefix)``.  ``known_hosts`` (optional, updated) remembers hosts that
     were confirmed by a following known prefix, so that later lines from host names without
     digits or hyphens are recognised too."""

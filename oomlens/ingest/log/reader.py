@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+import numpy as np
 import regex
 
 from oomlens.errors import InputError
@@ -296,6 +297,8 @@ class LogReader:
         self.prev_tail = b""
         self.block_data = b""
         self.in_traceback = False
+        self.prefix_chars = 0
+        self.consumed_until = 0
         self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
@@ -338,57 +341,59 @@ class LogReader:
 
     def run(self) -> LogFacts:
         scanner = _scanner()
-        for block in self.source.blocks():
+        number = 1
+        for block in self.source.blocks(number_lines=False):
             data = block.data
-            self._scan_block(data, scanner.hits(data), block.first_line)
-            self._sample_progress_bar(data, block.first_line)
+            self.consumed_until = 0
+            after = self._scan_block(data, scanner.hits(data), number)
+            self._sample_progress_bar(data, number)
             self.prev_tail = data[-16384:]
+            number = after
+        self.source.stats.lines = number - 1
         self._close_all(at_end=True)
         self._fold_summary_ooms()
         self.oom.items.sort(key=lambda e: e.source.line or 0)  # type: ignore[attr-defined]
         return self._facts()
 
-    def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> None:
-        pos = 0
-        number = first_line
-        index = 0
-        count = len(hits)
+    def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> int:
+        """Process the block's candidate lines (every line while a stream is open); returns
+        the number of the line after the block."""
         size = len(data)
+        positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        newlines: list[int] = positions.tolist()
+        line_count = len(newlines) + (0 if data.endswith(b"\n") else 1)
+        count = len(hits)
+        line_of: list[int] = (
+            np.searchsorted(positions, [h[0] for h in hits]).tolist() if count else []
+        )
+        index = 0
+        k = 0  # the next line (index within the block) to look at
         while True:
-            if self.open_streams:
-                if pos >= size:
-                    return
-                end = data.find(b"\n", pos)
-                if end < 0:
-                    end = size
-                mask = 0
-                while index < count and hits[index][0] < end:
-                    mask |= hits[index][1]
+            if not self.open_streams:
+                while index < count and (
+                    line_of[index] < k or hits[index][0] < self.consumed_until
+                ):
                     index += 1
-                self._line(data, pos, end, number, mask)
-                number += 1
-                pos = end + 1
+                if index >= count:
+                    return first_line + line_count
+                k = line_of[index]
+            elif k >= line_count:
+                return first_line + line_count
+            mask = 0
+            while index < count and line_of[index] <= k:
+                if line_of[index] == k:
+                    mask |= hits[index][1]
+                index += 1
+            start = newlines[k - 1] + 1 if k else 0
+            end = newlines[k] if k < len(newlines) else size
+            if start >= self.consumed_until:
+                self._line(data, start, end, first_line + k, mask)
+            k += 1
+            if self.open_streams:
                 self.lines_since_stale_check += 1
                 if self.lines_since_stale_check >= 32:
                     self.lines_since_stale_check = 0
-                    self._close_stale(number)
-                continue
-            if index >= count:
-                return
-            hit = hits[index][0]
-            start = data.rfind(b"\n", pos, hit)
-            start = pos if start < 0 else start + 1
-            number += data.count(b"\n", pos, start)
-            end = data.find(b"\n", hit)
-            if end < 0:
-                end = size
-            mask = 0
-            while index < count and hits[index][0] < end:
-                mask |= hits[index][1]
-                index += 1
-            self._line(data, start, end, number, mask)
-            number += 1
-            pos = end + 1
+                    self._close_stale(first_line + k)
 
     def _sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
@@ -442,6 +447,7 @@ class LogReader:
         mask: int,
     ) -> None:
         rest, prefix = strip_prefixes(text, self.known_hosts)
+        self.prefix_chars = len(text) - len(rest) if depth == 0 else -1
         if outer is not None and prefix.host is None and outer.host is not None:
             prefix = LinePrefix(
                 outer.host,
@@ -483,9 +489,9 @@ class LogReader:
     ) -> None:
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
-        if rank is not None and len(self.ranks_seen) < MAX_STREAMS:
+        if rank is not None and rank not in self.ranks_seen and len(self.ranks_seen) < MAX_STREAMS:
             self.ranks_seen.add(rank)
-        if host is not None and len(self.hosts_seen) < MAX_STREAMS:
+        if host is not None and host not in self.hosts_seen and len(self.hosts_seen) < MAX_STREAMS:
             self.hosts_seen.add(host)
         when: datetime | None = None
         first = rest[:1]
@@ -584,6 +590,9 @@ class LogReader:
                     when or self.last_time,
                     self.last_step,
                 )
+                cpu = self._cpu_line_after(data, start)
+                if cpu is not None:
+                    self._flush_memory(stream, cpu)
                 return
         if mask & DS_CPU:
             cpu = deepspeed.parse_cpu_line(message)
@@ -789,6 +798,20 @@ class LogReader:
 
     def _label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
         """The previous line of the same stream (the ``see_memory_usage`` label)."""
+        if start > 0 and self.prefix_chars >= 0:
+            # Usually the line just before, with the same raw prefix: no need to re-parse it.
+            previous_start = data.rfind(b"\n", 0, start - 1) + 1
+            raw_prefix = data[start : start + self.prefix_chars]
+            after = previous_start + len(raw_prefix)
+            if data.startswith(raw_prefix, previous_start) and data[after : after + 1] not in (
+                b"[",
+                b"(",
+            ):
+                raw = data[after : start - 1]
+                label = deepspeed.strip_logger(self.cleaner.clean(raw)).strip()
+                if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
+                    return None
+                return label[:200]
         window = data[max(0, start - 16384) : start]
         if start < 16384:
             window = self.prev_tail + window
@@ -808,6 +831,26 @@ class LogReader:
                 return None
             return label[:200]
         return None
+
+    def _cpu_line_after(self, data: bytes, start: int) -> tuple[int, float] | None:
+        """The ``CPU Virtual Memory`` line that follows a ``see_memory_usage`` MA line, read
+        ahead when it is the next line with the same raw prefix (the scan then skips it)."""
+        if self.prefix_chars < 0:
+            return None
+        end = data.find(b"\n", start)
+        if end < 0:
+            return None
+        following = end + 1
+        prefix = data[start : start + self.prefix_chars]
+        if not data.startswith(prefix + b"CPU Virtual Memory", following):
+            return None
+        stop = data.find(b"\n", following)
+        stop = len(data) if stop < 0 else stop
+        text = data[following + len(prefix) : stop].decode("ascii", "replace")
+        cpu = deepspeed.parse_cpu_line(text)
+        if cpu is not None:
+            self.consumed_until = stop
+        return cpu
 
     def _time_before(self, data: bytes, start: int) -> datetime | None:
         window = data[max(0, start - 16384) : start]

@@ -49,19 +49,10 @@ class Thinned(Generic[T]):
 
 class RunningStats:
     """Count, first, last, min, max, mean and the least-squares slope of value against sample
-    index, updated in O(1) per value (Welford-style, numerically stable)."""
+    index (0, 1, 2...), updated in O(1) per value with Welford-style updates (numerically
+    stable for large byte counts)."""
 
-    __slots__ = (
-        "_cxy",
-        "_m2x",
-        "_mean_x",
-        "_mean_y",
-        "count",
-        "first",
-        "last",
-        "maximum",
-        "minimum",
-    )
+    __slots__ = ("_cxy", "_mean_y", "count", "first", "last", "maximum", "minimum")
 
     def __init__(self) -> None:
         self.count = 0
@@ -69,29 +60,29 @@ class RunningStats:
         self.last = 0.0
         self.minimum = 0.0
         self.maximum = 0.0
-        self._mean_x = 0.0
         self._mean_y = 0.0
-        self._m2x = 0.0
         self._cxy = 0.0
 
     def add(self, value: float) -> None:
         value = float(value)
-        x = float(self.count)
-        self.count += 1
-        if self.count == 1:
+        n = self.count + 1
+        self.count = n
+        if n == 1:
             self.first = self.minimum = self.maximum = value
-        else:
-            self.minimum = min(self.minimum, value)
-            self.maximum = max(self.maximum, value)
+        elif value < self.minimum:
+            self.minimum = value
+        elif value > self.maximum:
+            self.maximum = value
         self.last = value
-        dx = x - self._mean_x
-        self._mean_x += dx / self.count
-        self._mean_y += (value - self._mean_y) / self.count
-        self._m2x += dx * (x - self._mean_x)
-        self._cxy += dx * (value - self._mean_y)
+        # x runs 0, 1, 2...: the x mean before this sample is (n - 2) / 2, so x - mean = n / 2.
+        mean_y = self._mean_y + (value - self._mean_y) / n
+        self._mean_y = mean_y
+        self._cxy += (n / 2) * (value - mean_y)
 
     def freeze(self) -> SeriesStats:
-        slope = self._cxy / self._m2x if self.count >= 2 and self._m2x > 0 else None
+        n = self.count
+        sxx = n * (n * n - 1) / 12  # sum of (x - mean x)^2 for x = 0..n-1
+        slope = self._cxy / sxx if n >= 2 else None
         return SeriesStats(
-            self.count, self.first, self.last, self.minimum, self.maximum, self._mean_y, slope
+            n, self.first, self.last, self.minimum, self.maximum, self._mean_y, slope
         )

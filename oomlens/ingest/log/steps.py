@@ -14,18 +14,15 @@ from dataclasses import dataclass
 import regex
 
 ANCHORS: tuple[bytes, ...] = (
-    b"step=",
+    b", skipped=",
     b"global_step",
-    b"'loss'",
-    b"loss",
-    b"Loss",
+    b"{'loss'",
     b"SamplesPerSec",
-    b"step ",
-    b"Step ",
-    b"iter ",
-    b"Iter ",
 )
-"""Literals of the progress lines worth reading one by one.  tqdm bars are not among them:
+"""Literals of the progress lines worth reading one by one.  Free-form ``step N loss X``
+lines are parsed when the reader looks at a line anyway, but are no anchor: literals as short
+and common as ``loss`` would slow the multi-pattern search several times over.  tqdm bars
+are not among them either:
 they rewrite themselves many times a second, so the reader samples them (``TQDM_ANCHORS``)
 once per block instead."""
 TQDM_ANCHORS: tuple[bytes, ...] = (b"it/s]", b"s/it]")

@@ -34,22 +34,20 @@ ANCHORS: tuple[bytes, ...] = (
     b"out of memory",
     b"OutOfMemory",
     b"Out of memory",
-    b"Tried to allocate",
-    b"would exceed allowed memory",
-    b"ALLOC_FAILED",
+    b"_STATUS_",
     b"alloc_failed",
-    b"CUBLAS_STATUS_NOT_INITIALIZED",
-    b"CUDNN_STATUS_",
     b"valid cuDNN algorithm",
     b"INTERNAL ASSERT FAILED",
     b"CUDA calloc",
     b"can't allocate memory",
-    b"hipErrorOutOfMemory",
-    b"CUDA_ERROR_OUT_OF_MEMORY",
+    b"OUT_OF_MEMORY",
 )
 """Literal substrings one of which every OOM message's first line contains (prefilter)."""
 
 _QUICK = tuple(anchor.decode() for anchor in ANCHORS)
+# "Tried to allocate" and "would exceed allowed memory" always share their line with
+# "out of memory"; "hipErrorOutOfMemory" holds "OutOfMemory"; cuBLAS/cuDNN/HSA statuses hold
+# "_STATUS_".
 
 _SIZE = r"(\d{1,24}(?:\.\d{1,6})?)\s?(bytes|[KMGTP]i?B|B)\b"
 _ANY_BACKEND = r"(?P<backend>[A-Z][A-Za-z0-9]{0,15})"

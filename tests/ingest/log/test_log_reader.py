@@ -425,3 +425,12 @@ def test_regexes_stay_linear_on_adversarial_lines(tmp_path: Path) -> None:
         for attack in attacks:
             # a catastrophic pattern would need far longer than this on 60 kB lines
             pattern.search(attack, timeout=5.0)
+
+
+def test_anchor_set_stays_within_the_fast_prefilter() -> None:
+    # Aho-Corasick's SIMD prefilter handles at most 64 literals, none starting with a space:
+    # beyond that the prefilter falls back and the whole pass gets several times slower.
+    from oomlens.ingest.log import ANCHORS
+
+    assert len(ANCHORS) <= 64
+    assert not any(anchor[:1].isspace() for anchor in ANCHORS)
