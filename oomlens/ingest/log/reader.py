@@ -360,8 +360,8 @@ class LogReader:
         the number of the line after the block."""
         size = len(data)
         positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-        newlines: list[int] = positions.tolist()
-        line_count = len(newlines) + (0 if data.endswith(b"\n") else 1)
+        newline_count = len(positions)
+        line_count = newline_count + (0 if data.endswith(b"\n") else 1)
         count = len(hits)
         line_of: list[int] = (
             np.searchsorted(positions, [h[0] for h in hits]).tolist() if count else []
@@ -384,8 +384,8 @@ class LogReader:
                 if line_of[index] == k:
                     mask |= hits[index][1]
                 index += 1
-            start = newlines[k - 1] + 1 if k else 0
-            end = newlines[k] if k < len(newlines) else size
+            start = int(positions[k - 1]) + 1 if k else 0
+            end = int(positions[k]) if k < newline_count else size
             if start >= self.consumed_until:
                 self._line(data, start, end, first_line + k, mask)
             k += 1

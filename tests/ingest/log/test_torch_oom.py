@@ -226,3 +226,67 @@ def test_anchors_cover_every_parsed_first_line() -> None:
     for line in REFERENCE:
         assert looks_like_oom(line)
         assert any(anchor.decode() in line for anchor in ANCHORS)
+
+
+def _format_size(size: int) -> str:
+    # c10's format_size (reference notes 1.2), ported
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1048576:
+        return f"{size / 1024:.2f} KiB"
+    if size <= 1073741824:
+        return f"{size / 1048576:.2f} MiB"
+    return f"{size / 1073741824:.2f} GiB"
+
+
+def test_xpu_npu_and_mps_messages_built_from_their_source_templates() -> None:
+    a, t, f, u, r = 512 * MiB, 64 * GiB, 100 * MiB, 60 * GiB, 2 * GiB
+    fs = _format_size
+    xpu = " ".join(
+        [
+            f"torch.OutOfMemoryError: XPU out of memory. Tried to allocate {fs(a)}.",
+            f"GPU 1 has a total capacity of {fs(t)} of which {fs(f)} is free.",
+            f"Of the allocated memory {fs(u)} is allocated by PyTorch,",
+            f"and {fs(r)} is reserved by PyTorch but unallocated.",
+            "Please use `empty_cache` to release all unoccupied cached memory.",
+        ]
+    )
+    msg = parse_oom_message(xpu)
+    assert msg is not None
+    assert (msg.backend, msg.device, msg.tried_to_allocate, msg.reserved_unallocated) == (
+        "XPU",
+        1,
+        a,
+        r,
+    )
+    npu = " ".join(
+        [
+            f"RuntimeError: NPU out of memory. Tried to allocate {fs(a)}",
+            f"(NPU 3; {fs(t)} total capacity; {fs(u)} already allocated; {fs(u)} current active;",
+            f"{fs(f)} free; {fs(u + r)} reserved in total by PyTorch)",
+        ]
+    )
+    msg = parse_oom_message(npu)
+    assert msg is not None and (msg.backend, msg.device, msg.reserved_unallocated) == ("NPU", 3, r)
+    mps = " ".join(
+        [
+            f"RuntimeError: MPS backend out of memory (MPS allocated: {fs(u)},",
+            f"other allocations: {fs(f)}, max allowed: {fs(t)}).",
+            f"Tried to allocate {fs(a)} on private pool.",
+            "Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit",
+            "for memory allocations (may cause system failure).",
+        ]
+    )
+    msg = parse_oom_message(mps)
+    assert msg is not None and msg.kind is OomKind.MPS
+    assert (
+        msg.allocated_by_pytorch,
+        msg.other_allocations,
+        msg.allowed,
+        msg.tried_to_allocate,
+    ) == (
+        u,
+        f,
+        t,
+        a,
+    )
