@@ -61,8 +61,8 @@ _CONSTRAINT = regex.compile(r"oom-kill:constraint=(?P<constraint>\w{1,40})(?P<re
 _KV = regex.compile(r",(oom_memcg|task|pid)=([^,\s]{0,500})")
 _INVOKED = regex.compile(r"(?P<name>\S{1,64}) invoked oom-killer: ")
 _SLURM_EVENTS = regex.compile(
-    r"Detected (?P<n>\d{1,9}) oom[-_]kill events?(?:\(s\))? in (?:step |StepId=)?(?P<step>[\w.+-]"
-    r"{1,80})"
+    r"Detected (?P<n>\d{1,9}) oom[-_]kill events?(?:\(s\))? in (?:step |StepId=)?"
+    r"(?P<step>[\w+-]{1,40}(?:\.[\w+-]{1,40}){0,3})"
 )
 _SRUN_TASK = regex.compile(
     r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
