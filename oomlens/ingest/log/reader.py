@@ -8,7 +8,10 @@ empty; anything inside it (binary garbage, invalid UTF-8, cut lines) is tolerate
 
 How it stays fast: the raw bytes are scanned block by block with one multi-pattern search for
 the anchors of every matcher (``ANCHORS``; Aho-Corasick through ``ahocorasick_rs`` when
-installed, else one compiled alternation).  Only lines holding an anchor are decoded and
+installed, else one compiled alternation, several times slower; keep the anchors at most 64
+and none starting with a common byte such as a space, or the SIMD prefilter of Aho-Corasick is
+lost).  A per-block newline index (numpy) gives line numbers.  Only lines holding an anchor
+are decoded and
 matched, except while some stream (rank) has a traceback, an exception message, a failure
 summary or the config dump open: then every line is read until it closes (or goes stale).
 
@@ -299,6 +302,7 @@ class LogReader:
         self.in_traceback = False
         self.prefix_chars = 0
         self.consumed_until = 0
+        self.ended_in_traceback = False
         self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
@@ -1094,7 +1098,6 @@ class LogReader:
                 self._flush_memory(stream, None)
             self.open_streams.pop(key, None)
 
-    ended_in_traceback = False
 
     def _facts(self) -> LogFacts:
         stats = self.source.stats

@@ -393,8 +393,6 @@ def _frame_phase(frame: Frame) -> Phase | None:
     ):
         if func == "initialize" and "deepspeed" not in path:
             return None
-        if func == "grad":
-            return None
         return Phase.MODEL_INIT
     if (
         func in _BACKWARD_FUNCS
