@@ -657,7 +657,7 @@ class LogReader:
                 )
                 self.peers.add(
                     PeerFailureSignal(
-                        source, kind, message[:500], when or self._time_before(data, start)
+                        source, kind, message[:500], when or self._time_before(data, start, 8)
                     )
                 )
         if mask & KERNEL:
@@ -856,10 +856,10 @@ class LogReader:
             self.consumed_until = stop
         return cpu
 
-    def _time_before(self, data: bytes, start: int) -> datetime | None:
+    def _time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
         window = data[max(0, start - 16384) : start]
         end = len(window)
-        for _ in range(64):
+        for _ in range(lines):
             if end <= 0:
                 break
             begin = window.rfind(b"\n", 0, end - 1) + 1
@@ -1098,7 +1098,6 @@ class LogReader:
                 self._flush_memory(stream, None)
             self.open_streams.pop(key, None)
 
-
     def _facts(self) -> LogFacts:
         stats = self.source.stats
         notes: list[str] = []
@@ -1207,13 +1206,16 @@ def read_log(
     host: str | None = None,
     display: str | None = None,
     limits: ReaderLimits | None = None,
+    chunk_bytes: int | None = None,
 ) -> LogFacts:
     """Read one training log in one streaming pass; see the module docstring.
 
     Raises InputError when the file does not exist, cannot be read, is a directory, is
     empty, or cannot be decompressed at all.
     """
-    source = open_text(path, display=display)
+    source = open_text(
+        path, display=display, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {})
+    )
     try:
         empty = os.path.getsize(path) == 0
     except OSError as exc:  # pragma: no cover - open_text checked it

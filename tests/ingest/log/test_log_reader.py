@@ -434,3 +434,51 @@ def test_anchor_set_stays_within_the_fast_prefilter() -> None:
 
     assert len(ANCHORS) <= 64
     assert not any(anchor[:1].isspace() for anchor in ANCHORS)
+
+
+def test_see_memory_usage_logger_rendering_of_older_deepspeed(tmp_path: Path) -> None:
+    # DeepSpeed <= 0.18.2 emits the three lines with logger.info (reference notes 1.2)
+    stamp = "[2023-04-07 13:08:55,469] [INFO] [utils.py:{n}:see_memory_usage] "
+    lines = [
+        stamp.format(n=829) + "Before initializing optimizer states",
+        REFERENCE_LINES[1],
+        stamp.format(n=831) + "CPU Virtual Memory:  used = 12.3 GB, percent = 10.2%",
+    ]
+    (series,) = read_log(_write(tmp_path, lines)).memory
+    (sample,) = series.samples
+    assert sample.label == "Before initializing optimizer states"
+    assert sample.allocated == round(11.76 * GiB) and sample.cpu_percent == 10.2
+    assert sample.timestamp is not None and sample.timestamp.year == 2023
+
+
+def test_memory_does_not_grow_with_the_log(tmp_path: Path) -> None:
+    import tracemalloc
+
+    oom = next(
+        x
+        for x in LAB_LINES
+        if x.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00")
+    )
+
+    def peak_for(steps: int) -> int:
+        lines: list[str] = []
+        for step in range(steps):
+            lines += _see_memory_usage(
+                f"Engine after step {step % 3}", 10 + step * 1e-4, 12, 20, 20
+            )
+            lines += [
+                "{'loss': 1.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}",
+                oom,
+                "",
+            ]
+        path = _write(tmp_path, lines, f"run{steps}.log")
+        tracemalloc.start()
+        facts = read_log(path, limits=ReaderLimits(max_oom_events=20), chunk_bytes=32 * 1024)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert facts.memory[0].total_samples == steps and len(facts.oom_events) == 20
+        return peak
+
+    small, large = peak_for(250), peak_for(2_000)
+    # eight times the log, about the same memory: bounded lists, thinned series, fixed blocks
+    assert large < small * 1.5
