@@ -130,12 +130,12 @@ def rank_picture(
     for error_file in error_files:
         rank = _rank_of_failure(error_file.failure)
         builder(rank).failures.append(error_file.failure)
-        event = error_file.oom_event
-        if event is not None and not any(
-            seen.message.text == event.message.text for seen in builder(rank).ooms
+        quoted = error_file.oom_event
+        if quoted is not None and not any(
+            seen.message.text == quoted.message.text for seen in builder(rank).ooms
         ):
             # the error file repeats the OOM its rank printed; keep it only when it was not seen
-            builder(rank).ooms.append(event)
+            builder(rank).ooms.append(quoted)
     for kill in kernel_kills:
         if kill.pid in pid_rank:
             builder(pid_rank[kill.pid]).kills.append(kill)

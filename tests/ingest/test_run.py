@@ -16,8 +16,10 @@ LAB = ASSETS / "lab_log_torch2.11_h200.txt"
 def test_torchrun_log_dir_reads_into_one_rank_picture(tmp_path: Path) -> None:
     # the --log-dir layout of the lab run (E_logdir_listing) with its real contents
     lines = LAB.read_text().splitlines()
-    start = lines.index(
-        "FILE /tmp/oomlab/trlogs/12eb2aba-c55e-4939-81ce-fe04c2057f58_bz6ra3wp/attempt_0/1/stderr.log 1032"
+    start = next(
+        i
+        for i, x in enumerate(lines)
+        if x.startswith("FILE ") and x.endswith("attempt_0/1/stderr.log 1032")
     )
     rank1 = tmp_path / "12eb2aba_bz6ra3wp" / "attempt_0" / "1"
     rank1.mkdir(parents=True)
