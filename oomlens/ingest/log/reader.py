@@ -303,6 +303,7 @@ class LogReader:
         self.prefix_chars = 0
         self.consumed_until = 0
         self.ended_in_traceback = False
+        self.block_newlines = np.zeros(0, dtype=np.int64)
         self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
@@ -364,6 +365,7 @@ class LogReader:
         the number of the line after the block."""
         size = len(data)
         positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        self.block_newlines = positions
         newline_count = len(positions)
         line_count = newline_count + (0 if data.endswith(b"\n") else 1)
         count = len(hits)
@@ -412,7 +414,7 @@ class LogReader:
             rest, prefix = strip_prefixes(text, self.known_hosts)
             progress = steps.parse_step_line(rest)
             if progress is not None and progress.kind == "tqdm":
-                number = first_line + data.count(b"\n", 0, start)
+                number = first_line + int(np.searchsorted(self.block_newlines, start))
                 rank = self._rank_of(prefix)
                 self._add_step(
                     progress,
