@@ -372,7 +372,8 @@ def test_reader_never_raises_on_arbitrary_bytes(tmp_path: Path, noise: bytes, re
     mid = len(noise) // 2
     target.write_bytes(noise[:mid] + real.encode() + noise[mid:])
     facts = read_log(target)
-    assert facts.lines >= 1 and len(facts.oom_events) <= 4
+    # a line was read, or the input (e.g. a bare gzip header) was reported as cut
+    assert (facts.lines >= 1 or facts.notes) and len(facts.oom_events) <= 4
 
 
 def test_regexes_stay_linear_on_adversarial_lines(tmp_path: Path) -> None:
