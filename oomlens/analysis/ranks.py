@@ -29,7 +29,14 @@ from datetime import datetime
 
 from oomlens.facts import SourceRef
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
-from oomlens.facts.log import ErrorFileFacts, ExceptionEvent, LogFacts, OomEvent, ProcessFailure
+from oomlens.facts.log import (
+    ErrorFileFacts,
+    ExceptionEvent,
+    LauncherExit,
+    LogFacts,
+    OomEvent,
+    ProcessFailure,
+)
 
 _PEER_SIGNALS = frozenset({"SIGTERM"})
 
@@ -66,6 +73,9 @@ class RankPicture:
     basis: str | None
     """``timestamp``, ``root_cause``, ``line_order``, ``only_one`` or None."""
     peer_victims: tuple[int | None, ...]
+    launcher_exits: tuple[LauncherExit, ...]
+    """DeepSpeed launcher ``exits with return code = N`` lines: a rank failed with N, but the
+    launcher does not say which (its printed command is the last spawned rank's)."""
 
 
 @dataclass(slots=True)
@@ -158,7 +168,8 @@ def rank_picture(
     )
     first, basis = _first_failed([s for s in ranks if s.own_failure], builders)
     victims = tuple(s.rank for s in ranks if s.died_because_of_peer)
-    return RankPicture(ranks, first, basis, victims)
+    exits = tuple(e for facts in logs for e in facts.launcher_exits)
+    return RankPicture(ranks, first, basis, victims, exits)
 
 
 def _earliest(

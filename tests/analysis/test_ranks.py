@@ -71,3 +71,29 @@ def test_error_file_joins_the_picture(tmp_path: Path) -> None:
     first = picture.first_failed
     assert first is not None and first.rank == 1 and first.outcome == "oom"
     assert any(f.origin == "error_file" for f in first.failures)
+
+
+def test_deepspeed_launcher_kill_without_traceback_is_unattributed(tmp_path: Path) -> None:
+    # launch.py's sigkill_handler lines (reference notes 1.8), pids filled by code
+    stamp = "[2026-11-30 05:00:0{s},000] [{level}] [launch.py:{n}:{func}] "
+    lines = [
+        stamp.format(s=1, level="INFO", n=272, func="main")
+        + f"process {4240 + r} spawned with command: "
+        + f"['/usr/bin/python3', '-u', 'train.py', '--local_rank={r}']"
+        for r in range(2)
+    ]
+    lines += [
+        stamp.format(s=9, level="INFO", n=333, func="sigkill_handler")
+        + f"Killing subprocess {4240 + r}"
+        for r in range(2)
+    ]
+    lines.append(
+        stamp.format(s=9, level="ERROR", n=339, func="sigkill_handler")
+        + "['/usr/bin/python3', '-u', 'train.py', '--local_rank=1'] exits with return code = -9"
+    )
+    target = tmp_path / "ds.log"
+    target.write_text("\n".join(lines) + "\n")
+    picture = rank_picture([read_log(target)])
+    assert picture.first_failed is None
+    assert [e.return_code for e in picture.launcher_exits] == [-9]
+    assert sorted(r for r in picture.peer_victims if r is not None) == [0, 1]
