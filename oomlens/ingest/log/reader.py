@@ -1042,6 +1042,8 @@ class LogReader:
             self.fatal.add(event)
 
     def _add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
+        if ref.rank is None and reading.rank is not None:
+            ref = replace(ref, rank=reading.rank)
         sample = StepSample(
             ref,
             reading.kind,

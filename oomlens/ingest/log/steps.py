@@ -16,13 +16,13 @@ import regex
 ANCHORS: tuple[bytes, ...] = (
     b", skipped=",
     b"global_step",
-    b"{'loss'",
     b"SamplesPerSec",
+    b"loss",
+    b"Loss",
 )
-"""Literals of the progress lines worth reading one by one.  Free-form ``step N loss X``
-lines are parsed when the reader looks at a line anyway, but are no anchor: literals as short
-and common as ``loss`` would slow the multi-pattern search several times over.  tqdm bars
-are not among them either:
+"""Literals of the progress lines worth reading one by one (free-form ``step N ... loss X``
+lines are found by their ``loss``; a ``step N/M`` without a loss is not looked for).  tqdm
+bars are not among them:
 they rewrite themselves many times a second, so the reader samples them (``TQDM_ANCHORS``)
 once per block instead."""
 TQDM_ANCHORS: tuple[bytes, ...] = (b"it/s]", b"s/it]")
@@ -49,8 +49,9 @@ _GENERIC_STEP = regex.compile(
     r"2}/\s{0,2}(?P<total>\d{1,12}))?",
     regex.IGNORECASE,
 )
+_RANK_IN_TEXT = regex.compile(r"\brank[ =:]{0,2}(\d{1,6})\b", regex.IGNORECASE)
 _GENERIC_LOSS = regex.compile(
-    r"\bloss\b'?\"?\s{0,3}[:=]\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE
+    r"\bloss\b['\"]?\s{0,3}[:=]?\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE
 )
 
 
@@ -64,6 +65,8 @@ class StepReading:
     memory_allocated: int | None = None
     max_memory_allocated: int | None = None
     skipped: int | None = None
+    rank: int | None = None
+    """A rank the line itself names (``rank 3 step 10 loss ...``)."""
 
 
 def parse_step_line(text: str) -> StepReading | None:
@@ -97,11 +100,17 @@ def parse_step_line(text: str) -> StepReading | None:
     match = _GENERIC_STEP.search(text)
     if match is not None:
         loss = _GENERIC_LOSS.search(text)
+        if loss is not None and (
+            "eval" in text[: loss.start()].lower() or "val_" in text[: loss.start()]
+        ):
+            return StepReading("generic_eval", int(match.group("step")))  # not the training loss
         if loss is not None or match.group("total") is not None:
+            rank = _RANK_IN_TEXT.search(text, 0, match.start())
             return StepReading(
                 "generic",
                 int(match.group("step")),
                 int(match.group("total")) if match.group("total") else None,
                 loss=float(loss.group("loss")) if loss else None,
+                rank=int(rank.group(1)) if rank else None,
             )
     return None

@@ -483,3 +483,14 @@ def test_memory_does_not_grow_with_the_log(tmp_path: Path) -> None:
     small, large = peak_for(250), peak_for(2_000)
     # eight times the log, about the same memory: bounded lists, thinned series, fixed blocks
     assert large < small * 1.5
+
+
+def test_free_form_progress_lines_with_rank_in_the_text(tmp_path: Path) -> None:
+    # the corpus scenario scripts print f"rank {rank} step {step} loss {loss:.4f}" and
+    # f"step {step}/{steps} loss {loss:.4f} ({elapsed:.1f}s)"
+    lines = [f"rank {r} step {s} loss {2.0 - s / 100:.4f}" for s in range(3) for r in range(2)]
+    lines += ["step 7/100 loss 1.2345 (12.3s)"]
+    facts = read_log(_write(tmp_path, lines))
+    assert facts.steps.total == 7 and facts.steps.max_step == 7
+    assert {s.source.rank: s.step for s in facts.steps.last_by_rank} == {0: 2, 1: 2, None: 7}
+    assert facts.steps.last is not None and facts.steps.last.total == 100
