@@ -306,8 +306,9 @@ class StepSample:
 
     ``kind``: ``deepspeed`` (``step=N, skipped=M``), ``throughput`` (DeepSpeed
     ``global_step=N ... MemAllocated=``), ``hf`` (``{'loss': ..., 'epoch': ...}``, step
-    unknown: ``step`` counts such lines), ``tqdm`` (``N/M [..]``), ``generic``
-    (``step N ... loss X``, ``iter N``).
+    unknown), ``tqdm`` (``N/M [..]``, one sampled per read block), ``generic``
+    (``step N ... loss X``, ``rank R step N loss X``, ``step N/M``), ``generic_eval`` (an
+    evaluation loss line: its step only).
     """
 
     source: SourceRef
