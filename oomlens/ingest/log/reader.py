@@ -1071,20 +1071,14 @@ class LogReader:
     # --- closing ----------------------------------------------------------------------------
 
     def _close_stale(self, number: int) -> None:
+        """Close tracebacks whose stream stopped writing (its process died); failure blocks
+        and config dumps end by themselves or at their bounded length."""
         for key, stream in list(self.open_streams.items()):
             if stream.tb.stale(number):
                 finished = stream.tb.close()
                 if finished is not None:
                     self._finished(finished)
-            if (
-                stream.failure_block is not None
-                and stream.failure_block._lines > 0
-                and stream.tb.stale(number)
-            ):
-                self._finish_failure_block(stream)
             self._sync_open(key, stream)
-        # streams whose only open state is a dump or block still close when they end; a
-        # dump or block is bounded in lines, so these cannot stay open forever.
 
     def _close_all(self, *, at_end: bool) -> None:
         for key, stream in list(self.streams.items()):
