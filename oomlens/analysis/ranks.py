@@ -62,7 +62,8 @@ class RankStatus:
     failures: tuple[ProcessFailure, ...]
     kernel_kills: tuple[KernelOomKill, ...]
     attributed: bool
-    """Its OOM events carried no rank and were attributed to it (see module docstring)."""
+    """Its evidence carried no rank and was attributed to it: to the single rank that failed
+    on its own, or to rank 0 of a run that shows no sign of more than one process."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,11 @@ class RankPicture:
     basis: str | None
     """``timestamp``, ``root_cause``, ``line_order``, ``only_one`` or None."""
     peer_victims: tuple[int | None, ...]
+    timed_out_ranks: tuple[int, ...]
+    """Ranks whose NCCL watchdog reported a collective timeout (they were waiting)."""
+    suspected_stragglers: tuple[int, ...]
+    """When some ranks timed out and no rank failed on its own: the ranks seen in the logs
+    that did not time out, i.e. those the others were waiting for (a hang, a slow rank)."""
     launcher_exits: tuple[LauncherExit, ...]
     """DeepSpeed launcher ``exits with return code = N`` lines: a rank failed with N, but the
     launcher does not say which (its printed command is the last spawned rank's)."""
@@ -125,6 +131,9 @@ def rank_picture(
                 builder(peer.source.rank).peer_evidence.append((peer.source, peer.kind))
         for killed in facts.killed_subprocesses:
             if killed.local_rank is not None:
+                # the launcher names every local rank's pid when it kills them: the kernel's
+                # OOM-kill lines name pids too
+                pid_rank.setdefault(killed.pid, killed.local_rank)
                 builder(killed.local_rank).peer_evidence.append(
                     (killed.source, "killed_by_launcher")
                 )
@@ -150,6 +159,17 @@ def rank_picture(
         if kill.pid in pid_rank:
             builder(pid_rank[kill.pid]).kills.append(kill)
 
+    single_process = (
+        set(builders) == {None}
+        and not any(facts.ranks_seen for facts in logs)
+        and not any(facts.world_size is not None and facts.world_size.value != 1 for facts in logs)
+    )
+    if single_process:
+        # No launcher, no rank anywhere: the one process there was is rank 0.
+        only = builders.pop(None)
+        only.rank = 0
+        only.attributed = bool(only.ooms or only.exceptions or only.failures or only.kills)
+        builders[0] = only
     statuses = {rank: _status(b) for rank, b in builders.items()}
     # Unranked OOMs go to the single rank that failed on its own, if exactly one did.
     unranked = builders.get(None)
@@ -169,7 +189,17 @@ def rank_picture(
     first, basis = _first_failed([s for s in ranks if s.own_failure], builders)
     victims = tuple(s.rank for s in ranks if s.died_because_of_peer)
     exits = tuple(e for facts in logs for e in facts.launcher_exits)
-    return RankPicture(ranks, first, basis, victims, exits)
+    timed_out = sorted(
+        {
+            p.source.rank
+            for facts in logs
+            for p in facts.peer_failures
+            if p.kind == "watchdog_timeout" and p.source.rank is not None
+        }
+    )
+    seen = {rank for facts in logs for rank in facts.ranks_seen}
+    stragglers = sorted(seen - set(timed_out)) if timed_out and first is None else []
+    return RankPicture(ranks, first, basis, victims, tuple(timed_out), tuple(stragglers), exits)
 
 
 def _earliest(

@@ -496,7 +496,8 @@ class LogFacts:
     invalid_utf8_lines: int
     ended_mid_line: bool
     ended_in_traceback: bool
-    """The log ends inside a traceback or an exception message (it was cut mid-crash)."""
+    """The log ends inside a traceback, before its exception line (it was cut mid-crash; a
+    message cut mid-way shows as ``OomMessage.complete`` False)."""
     layout_rank: int | None
     """The rank the file's name/location gives (per-rank log files), if any."""
     oom_events: tuple[OomEvent, ...]
@@ -524,6 +525,9 @@ class LogFacts:
     dropped: tuple[tuple[str, int], ...]
     """``(kind, count)`` of facts not kept because a list reached its bound."""
     notes: tuple[str, ...]
+    tail: tuple[tuple[int, str], ...] = ()
+    """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
+    job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
 
 
 @dataclass(frozen=True, slots=True)

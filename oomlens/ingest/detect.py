@@ -80,6 +80,7 @@ _LOG_MARKERS = regex.compile(
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\]|"
     r"(?m:^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6,9} )|NCCL (?:INFO|WARN)|torch\.distributed|"
     r"CUDA error|\bstep=\d|'loss': |\b(?:epoch|loss|step|iter)\b\s{0,2}[:=]\s{0,2}\d|"
+    r"\b(?:step|iter|epoch|batch) \d{1,9}/\d{1,9}\b|"
     r"\d{1,9}/\d{1,9} \[\d{1,4}:\d\d|Setting ds_accelerator|(?m:^Killed$)"
 )
 """Strong signs of a training log; plain prose that merely mentions torch is not one."""
@@ -205,6 +206,7 @@ _DS_RANK_FILE = regex.compile(r"(?:^|/)\d{14}_rank(?P<rank>\d{1,6})\.log\Z")
 _RANK_IN_NAME = regex.compile(
     r"(?:^|[/_.-])rank[_-]?(?P<rank>\d{1,6})(?=[_.-][^/]*\Z|\Z)", regex.IGNORECASE
 )
+_TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
 _SKIP_DIRS = frozenset(
     {
         ".git",
@@ -379,16 +381,13 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
                 continue
             rank, local_rank, attempt, run_id, stream = _location(os.path.relpath(entry.path, root))
             kind, reason = detection.kind, detection.reason
-            if (
-                kind is InputKind.UNKNOWN
-                and reason.startswith("text without")
-                and (stream is not None or rank is not None)
-            ):
-                # A per-rank file of a launcher's layout is that rank's output, whatever it says.
-                kind, reason = (
-                    InputKind.TRAINING_LOG,
-                    "a per-rank log file of the launcher's layout",
-                )
+            if kind is InputKind.UNKNOWN and reason.startswith("text without"):
+                if stream is not None or rank is not None:
+                    # A per-rank file of a launcher's layout is that rank's output.
+                    kind, reason = InputKind.TRAINING_LOG, "a per-rank log of the launcher's layout"
+                elif entry.name.lower().endswith(_TEXT_LOG_SUFFIXES):
+                    # A quiet healthy run prints nothing a marker would catch.
+                    kind, reason = InputKind.TRAINING_LOG, "a text log by its name, no markers"
             if kind is InputKind.UNKNOWN:
                 skipped.append((shown, reason))
                 continue

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from oomlens.analysis.ranks import rank_picture
-from oomlens.ingest.detect import InputKind, detect_kind
+from oomlens.ingest.detect import InputKind, detect_kind, discover_run
 from oomlens.ingest.log import read_log
 from oomlens.ingest.log.kernel import read_kernel_log
+from oomlens.ingest.run import read_run
 
 CORPUS = Path(__file__).parents[2] / "fixtures" / "crash_logs"
 CASES = (
@@ -38,6 +39,8 @@ def test_corpus_files_are_recognised_by_content(case: Path) -> None:
         "kernel.log": InputKind.KERNEL_LOG,
     }
     for path in case.iterdir():
+        if path.is_dir():
+            continue
         kind = detect_kind(path).kind
         if path.name in expected:
             assert kind is expected[path.name], path
@@ -73,3 +76,95 @@ def test_corpus_logs_parse_and_agree_with_the_run(case: Path) -> None:
     picture = rank_picture([facts], kernel_logs=kernel)
     if facts.oom_events and run.get("exit_code", 0) != 0:
         assert picture.first_failed is not None
+
+
+def _manifest(case: Path) -> dict:
+    return json.loads((case / "case.json").read_text())
+
+
+@needs_corpus
+@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+def test_corpus_oom_numbers_ranks_and_phases_match_the_manifest(case: Path) -> None:
+    manifest = _manifest(case)
+    expected, measured = manifest["expected"], manifest.get("measured", {})
+    run = read_run(discover_run(case))
+    assert not run.problems
+    picture = rank_picture(run.logs, run.error_files, run.kernel_logs)
+    by_rank = {status.rank: status for status in picture.ranks}
+    for rank_text, numbers in measured.get("oom_messages_by_rank", {}).items():
+        status = by_rank.get(int(rank_text))
+        assert status is not None and status.outcome == "oom", (case.name, rank_text)
+        matching = []
+        for event in status.oom_events:
+            message = event.message
+            fields = {name: getattr(message, name) for name in numbers if name != "other_processes"}
+            if "other_processes" in numbers:
+                fields["other_processes"] = {str(p.pid): p.bytes for p in message.other_processes}
+            if fields == numbers:
+                matching.append(event)
+        assert matching, (case.name, rank_text, [e.message for e in status.oom_events])
+        if expected.get("phase") and expected["verdict"] == "gpu_oom":
+            assert {e.phase.value for e in matching} == {expected["phase"]}, case.name
+    failed = expected.get("failed_ranks")
+    if failed:
+        own = sorted(s.rank for s in picture.ranks if s.own_failure and s.rank is not None)
+        assert own == sorted(failed), case.name
+    if expected["verdict"] == "no_failure":
+        assert picture.first_failed is None and not picture.peer_victims, case.name
+        assert all(not log.oom_events and not log.exceptions for log in run.logs), case.name
+
+
+@needs_corpus
+@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> None:
+    manifest = _manifest(case)
+    run = read_run(discover_run(case))
+    ma = manifest.get("measured", {}).get("see_memory_usage_MA_GB")
+    if ma:
+        series = [s for log in run.logs for s in log.memory]
+        assert sum(s.total_samples for s in series) == ma["count"], case.name
+        first = min(series, key=lambda s: s.samples[0].source.line or 0)
+        assert round(first.allocated.first / 1024**3, 2) == ma["first"]
+        assert round(series[-1].allocated.last / 1024**3, 2) == ma["last"]
+    exits = [e.return_code for log in run.logs for e in log.launcher_exits]
+    if exits:
+        # the DeepSpeed runner exits with its launcher's return code (-9 is 247 to a shell)
+        assert exits[-1] % 256 == manifest["exit_code"] % 256, case.name
+    if manifest["exit_code"] != 0:
+        assert any(
+            log.oom_events or log.exceptions or log.launcher_exits or log.process_failures
+            for log in run.logs
+        ), case.name
+
+
+def _picture(name: str):
+    case = CORPUS / name
+    if not case.is_dir():
+        pytest.skip(f"{name} is not in the corpus")
+    run = read_run(discover_run(case))
+    return run, rank_picture(run.logs, run.error_files, run.kernel_logs)
+
+
+def test_host_oom_kill_is_attributed_through_the_launchers_pids() -> None:
+    # deepspeed's launcher names each rank's pid; dmesg names the pid it killed
+    run, picture = _picture("checkpoint_save_host_oom")
+    assert picture.first_failed is not None
+    assert (picture.first_failed.rank, picture.first_failed.outcome) == (0, "host_oom_kill")
+    assert picture.first_failed.kernel_kills[0].cgroup
+    assert picture.peer_victims == (1,)
+    assert [e.return_code for e in picture.launcher_exits] == [-9]
+    (log,) = run.logs
+    assert any("Killing subprocess" in text for _, text in log.tail)
+
+
+def test_collective_timeout_points_at_the_rank_that_did_not_time_out() -> None:
+    _, picture = _picture("nccl_timeout")
+    assert picture.first_failed is None
+    assert picture.timed_out_ranks == (0,) and picture.suspected_stragglers == (1,)
+
+
+def test_not_an_oom_cublas_status_error_is_an_exception() -> None:
+    run, picture = _picture("device_side_assert")
+    assert all(not log.oom_events for log in run.logs)
+    assert picture.first_failed is not None and picture.first_failed.outcome == "exception"
+    assert picture.first_failed.rank == 1 and picture.first_failed.signal == "SIGABRT"

@@ -113,6 +113,7 @@ ANCHORS, _ANCHOR_BITS = _anchor_table()
 """Every literal a line must contain for some matcher to care about it."""
 
 MAX_STREAMS = 4096
+TAIL_LINES = 40
 MAX_LABELS = 64
 _WORLD_PRIORITY = {
     "world_info": 0,
@@ -304,6 +305,7 @@ class LogReader:
         self.consumed_until = 0
         self.ended_in_traceback = False
         self.block_newlines = np.zeros(0, dtype=np.int64)
+        self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
@@ -355,6 +357,7 @@ class LogReader:
             self.prev_tail = data[-16384:]
             number = after
         self.source.stats.lines = number - 1
+        self.tail = self._tail(number)
         self._close_all(at_end=True)
         self._fold_summary_ooms()
         self.oom.items.sort(key=lambda e: e.source.line or 0)  # type: ignore[attr-defined]
@@ -400,6 +403,19 @@ class LogReader:
                 if self.lines_since_stale_check >= 32:
                     self.lines_since_stale_check = 0
                     self._close_stale(first_line + k)
+
+    def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
+        """The last ``TAIL_LINES`` lines of the input, from the last block's bytes."""
+        data = self.prev_tail
+        if not data:
+            return ()
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines.pop()
+        lines = lines[1:] if len(data) >= 16384 else lines  # the first may be cut
+        lines = lines[-TAIL_LINES:]
+        first = next_line - len(lines)
+        return tuple((first + i, self.cleaner.clean(raw)[:2000]) for i, raw in enumerate(lines))
 
     def _sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
@@ -1083,7 +1099,7 @@ class LogReader:
     def _close_all(self, *, at_end: bool) -> None:
         for key, stream in list(self.streams.items()):
             if stream.tb.open:
-                if at_end:
+                if at_end and stream.tb.in_frames:
                     self.ended_in_traceback = True
                 finished = stream.tb.close()
                 if finished is not None:
@@ -1185,6 +1201,7 @@ class LogReader:
             hosts_seen=tuple(sorted(self.hosts_seen)),
             dropped=dropped,
             notes=tuple(notes),
+            tail=self.tail,
         )
 
 

@@ -95,6 +95,11 @@ class TracebackAssembler:
         return self._state != 0
 
     @property
+    def in_frames(self) -> bool:
+        """True between ``Traceback (most recent call last):`` and the exception line."""
+        return self._state == 1
+
+    @property
     def exception_class(self) -> str | None:
         """The class of the exception message being collected, if one is."""
         return self._exc_class if self._state == 2 else None
@@ -359,6 +364,17 @@ _FORWARD_FUNCS = frozenset(
         "__call__",
     }
 )
+_STEP_LIBRARIES = (
+    "torch/optim/",
+    "deepspeed/",
+    "accelerate/",
+    "transformers/",
+    "lightning/",
+    "apex/",
+    "bitsandbytes/",
+    "torch/amp/",
+    "torch/cuda/amp/",
+)
 _CONTEXT = (
     Phase.CHECKPOINT_SAVE,
     Phase.GENERATION,
@@ -403,7 +419,13 @@ def _frame_phase(frame: Frame) -> Phase | None:
         if func == "grad" and "torch/autograd" not in path:
             return None
         return Phase.BACKWARD
-    if func in _STEP_FUNCS or "torch/optim/" in path or "deepspeed/ops/adam" in path:
+    if (
+        "torch/optim/" in path
+        or "deepspeed/ops/adam" in path
+        or (func in _STEP_FUNCS and (func != "step" or any(lib in path for lib in _STEP_LIBRARIES)))
+    ):
+        # A bare ``step`` is only an optimizer step inside a training library: user code
+        # names many things ``step`` (a sampling step, a scheduler step...).
         return Phase.OPTIMIZER_STEP
     if func in _FORWARD_FUNCS:
         if func == "__call__" and "torch/nn/modules/module.py" not in path:
@@ -425,23 +447,31 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
     training frame decides (forward, backward, optimizer step), except that a forward run
     inside a backward (activation-checkpoint recomputation) is backward.  A frame of
     ``torch.no_grad``'s decorator around a forward with no other evidence reads as
-    evaluation.  ``(Phase.UNKNOWN, None)`` when no frame says anything.
+    evaluation (not one inside it: DeepSpeed's hooks are no_grad-decorated).  A function named
+    ``step`` is an optimizer step only inside a training library.  ``(Phase.UNKNOWN, None)``
+    when no frame says anything.
     """
     training: tuple[Phase, Frame] | None = None
     backward_outside: Frame | None = None
-    no_grad = False
     for frame in reversed(frames):
         phase = _frame_phase(frame)
         if phase in _CONTEXT:
             return phase, _evidence(frame)
-        if frame.function == "decorate_context" and "torch/utils/_contextlib" in frame.filename:
-            no_grad = True
         if phase is None:
             continue
         if training is None:
             training = (phase, frame)
         elif phase is Phase.BACKWARD and backward_outside is None:
             backward_outside = frame
+    # A no_grad decorator *around* the whole model call says evaluation; DeepSpeed's own hooks
+    # run under no_grad inside every training forward, so one inside does not.
+    no_grad = False
+    for frame in frames:
+        if frame.function == "decorate_context" and "torch/utils/_contextlib" in frame.filename:
+            no_grad = True
+            break
+        if _frame_phase(frame) is not None:
+            break
     if training is None:
         return Phase.UNKNOWN, None
     phase, frame = training

@@ -325,7 +325,7 @@ def test_log_cut_mid_traceback_keeps_what_it_can(tmp_path: Path) -> None:
     facts = read_log(target)
     (event,) = facts.oom_events
     assert not event.message.complete and event.message.allocated_by_pytorch == 70 * GiB
-    assert facts.ended_mid_line and facts.ended_in_traceback
+    assert facts.ended_mid_line and not facts.ended_in_traceback  # cut after the exception line
     assert any("cut" in note or "end of line" in note for note in facts.notes)
 
 
@@ -494,3 +494,10 @@ def test_free_form_progress_lines_with_rank_in_the_text(tmp_path: Path) -> None:
     assert facts.steps.total == 7 and facts.steps.max_step == 7
     assert {s.source.rank: s.step for s in facts.steps.last_by_rank} == {0: 2, 1: 2, None: 7}
     assert facts.steps.last is not None and facts.steps.last.total == 100
+
+
+def test_log_cut_between_traceback_and_exception_line(tmp_path: Path) -> None:
+    body = [line for line in _stderr_of("B2_frag_full") if line]
+    facts = read_log(_write(tmp_path, body[:-1]))  # everything but the exception line
+    assert facts.oom_events == () and facts.ended_in_traceback
+    assert any("traceback" in note for note in facts.notes)
