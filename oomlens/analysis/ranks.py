@@ -116,7 +116,14 @@ def rank_picture(
     kernel_kills: list[KernelOomKill] = [k for facts in kernel_logs for k in facts.oom_kills]
     for facts in logs:
         for event in facts.oom_events:
-            builder(event.source.rank).ooms.append(event)
+            ooms = builder(event.source.rank).ooms
+            # torchrun --tee writes each rank's output twice: to the console log and to the
+            # rank's own file; the same message from another file is the same OOM
+            if not any(
+                seen.message.text == event.message.text and seen.source.path != event.source.path
+                for seen in ooms
+            ):
+                ooms.append(event)
         for exception in facts.exceptions:
             if exception.exception_class.endswith("ChildFailedError"):
                 continue  # the agent's own report, not a rank's

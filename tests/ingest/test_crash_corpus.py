@@ -168,3 +168,11 @@ def test_not_an_oom_cublas_status_error_is_an_exception() -> None:
     assert all(not log.oom_events for log in run.logs)
     assert picture.first_failed is not None and picture.first_failed.outcome == "exception"
     assert picture.first_failed.rank == 1 and picture.first_failed.signal == "SIGABRT"
+
+
+def test_tee_and_log_dir_copies_of_one_oom_count_once() -> None:
+    # generation_oom ran under torchrun --tee 3 --log-dir: each OOM is in train.log and in the
+    # rank's own stderr.log
+    run, picture = _picture("generation_oom")
+    assert len(run.logs) > 1
+    assert [len(s.oom_events) for s in picture.ranks if s.rank in (0, 1)] == [1, 1]
