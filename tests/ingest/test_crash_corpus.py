@@ -1,12 +1,10 @@
-"""The real crash corpus (``fixtures/crash_logs/<case>/``): every file is recognised and every
-log parses into facts that agree with what the run recorded (``run.json``).
-
-Skipped until the corpus is in the checkout.
+"""The real crash corpus (``fixtures/crash_logs/<case>/``): every file is recognised by content,
+every log parses, and the facts agree with what each run recorded in its ``case.json``
+(exit code, failed ranks, every OOM message's numbers, phases, see_memory_usage series).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,22 +14,12 @@ from oomlens.ingest.detect import InputKind, detect_kind, discover_run
 from oomlens.ingest.log import read_log
 from oomlens.ingest.log.kernel import read_kernel_log
 from oomlens.ingest.run import read_run
+from tests._corpus import case_dir, case_names, manifest
 
-CORPUS = Path(__file__).parents[2] / "fixtures" / "crash_logs"
-CASES = (
-    sorted(p for p in CORPUS.glob("*") if p.is_dir() and not p.name.startswith("_"))
-    if CORPUS.is_dir()
-    else []
-)
-needs_corpus = pytest.mark.skipif(not CASES, reason="the crash corpus is not in this checkout")
+CASES = [case_dir(name) for name in case_names()]
 
 
-def _case_ids() -> list[str]:
-    return [case.name for case in CASES] or ["none"]
-
-
-@needs_corpus
-@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_files_are_recognised_by_content(case: Path) -> None:
     expected = {
         "train.log": InputKind.TRAINING_LOG,
@@ -48,16 +36,14 @@ def test_corpus_files_are_recognised_by_content(case: Path) -> None:
             assert kind is InputKind.SNAPSHOT_PICKLE, path
 
 
-@needs_corpus
-@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_logs_parse_and_agree_with_the_run(case: Path) -> None:
     log = case / "train.log"
     if not log.exists():
         pytest.skip("no train.log")
     facts = read_log(log)
     assert facts.lines > 0
-    run_file = case / "run.json"
-    run = json.loads(run_file.read_text()) if run_file.exists() else {}
+    run = manifest(case.name)
     kernel = [read_kernel_log(case / "kernel.log")] if (case / "kernel.log").exists() else []
     failure_facts = (
         len(facts.oom_events)
@@ -78,15 +64,10 @@ def test_corpus_logs_parse_and_agree_with_the_run(case: Path) -> None:
         assert picture.first_failed is not None
 
 
-def _manifest(case: Path) -> dict:
-    return json.loads((case / "case.json").read_text())
-
-
-@needs_corpus
-@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_oom_numbers_ranks_and_phases_match_the_manifest(case: Path) -> None:
-    manifest = _manifest(case)
-    expected, measured = manifest["expected"], manifest.get("measured", {})
+    record = manifest(case.name)
+    expected, measured = record["expected"], record.get("measured", {})
     run = read_run(discover_run(case))
     assert not run.problems
     picture = rank_picture(run.logs, run.error_files, run.kernel_logs)
@@ -114,12 +95,11 @@ def test_corpus_oom_numbers_ranks_and_phases_match_the_manifest(case: Path) -> N
         assert all(not log.oom_events and not log.exceptions for log in run.logs), case.name
 
 
-@needs_corpus
-@pytest.mark.parametrize("case", CASES or [None], ids=_case_ids())
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> None:
-    manifest = _manifest(case)
+    record = manifest(case.name)
     run = read_run(discover_run(case))
-    ma = manifest.get("measured", {}).get("see_memory_usage_MA_GB")
+    ma = record.get("measured", {}).get("see_memory_usage_MA_GB")
     if ma:
         series = [s for log in run.logs for s in log.memory]
         assert sum(s.total_samples for s in series) == ma["count"], case.name
@@ -129,8 +109,8 @@ def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> N
     exits = [e.return_code for log in run.logs for e in log.launcher_exits]
     if exits:
         # the DeepSpeed runner exits with its launcher's return code (-9 is 247 to a shell)
-        assert exits[-1] % 256 == manifest["exit_code"] % 256, case.name
-    if manifest["exit_code"] != 0:
+        assert exits[-1] % 256 == record["exit_code"] % 256, case.name
+    if record["exit_code"] != 0:
         assert any(
             log.oom_events or log.exceptions or log.launcher_exits or log.process_failures
             for log in run.logs
@@ -138,9 +118,7 @@ def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> N
 
 
 def _picture(name: str):
-    case = CORPUS / name
-    if not case.is_dir():
-        pytest.skip(f"{name} is not in the corpus")
+    case = case_dir(name)
     run = read_run(discover_run(case))
     return run, rank_picture(run.logs, run.error_files, run.kernel_logs)
 
