@@ -9,21 +9,8 @@ import pytest
 from oomlens.ingest.snapshot import load_snapshot
 from tests._corpus import CORPUS_DIR, DIAGNOSES, VERDICTS, case_dir, case_names, manifest
 
-REQUIRED = (
-    "case",
-    "scenario",
-    "command",
-    "cwd",
-    "launcher",
-    "environment",
-    "emulation",
-    "exit_code",
-    "versions",
-    "files",
-    "expected",
-    "why",
-    "measured",
-)
+REQUIRED = ("case", "scenario", "command", "cwd", "launcher", "environment", "emulation", "exit_code",
+            "versions", "files", "expected", "why", "measured")
 
 
 def test_corpus_has_every_scenario_the_issue_asks_for() -> None:
@@ -71,9 +58,7 @@ def test_listed_files_exist_and_logs_are_the_launchers_output(name: str) -> None
     # the first line is the launcher's (nothing was prepended)
     first = log.splitlines()[0]
     if m["launcher"] == "deepspeed":
-        assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(INFO|WARNING)\]", first), (
-            first
-        )
+        assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(INFO|WARNING)\]", first), first
 
 
 @pytest.mark.parametrize("name", case_names())
