@@ -1,4 +1,5 @@
-"""oomlens: what killed a GPU training job, on which rank, with the evidence, and the knob to change.
+"""oomlens: what killed a GPU training job, on which rank, with the evidence, and the knob
+to change.
 
 Data flows one way: ``ingest`` turns files into typed, immutable facts (``oomlens.facts``),
 ``analysis`` derives further facts from them, ``rules`` turn facts into diagnoses, and

@@ -69,3 +69,22 @@ def format_size(num_bytes: float) -> str:
             return f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+_COUNT_RE = re.compile(
+    r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$"
+)
+_COUNT_FACTORS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_count(text: str) -> int:
+    """``7e9``, ``7B``, ``350M``, ``1,300,000,000`` -> a count (decimal suffixes, as parameter
+    counts are written).  Raises ValueError for anything else or a value below 1."""
+    match = _COUNT_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a count: {text!r} (use e.g. 7e9, 7B, 350M)")
+    number = float(match.group(1).replace(",", "").replace("_", ""))
+    value = number * _COUNT_FACTORS[match.group(2).lower()]
+    if value < 1:
+        raise ValueError(f"{text!r} is less than 1")
+    return int(round(value))

@@ -364,3 +364,17 @@ class ConfigReading:
     @property
     def is_valid(self) -> bool:
         return not any(p.severity is Severity.ERROR for p in self.problems)
+
+
+@dataclass(frozen=True, slots=True)
+class DumpedConfig:
+    """DeepSpeed's startup configuration dump read from a log: the config the engine really
+    ran with (every value ``Origin.LOG_DUMP``, citing its line), and the user's JSON as the
+    dump's ``json = {...}`` part printed it (after Hugging Face's "auto" filling; numbers only
+    7 significant digits precise; empty when missing)."""
+
+    source: SourceRef
+    effective: EffectiveDsConfig
+    user_config: dict[str, object]
+    complete: bool
+    problems: tuple[str, ...] = ()

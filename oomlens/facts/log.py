@@ -17,6 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from oomlens.facts import SourceRef
+from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 
 
@@ -526,6 +527,9 @@ class LogFacts:
     """``(kind, count)`` of facts not kept because a list reached its bound."""
     notes: tuple[str, ...]
     tail: tuple[tuple[int, str], ...] = ()
+    ds_config_dump: DumpedConfig | None = None
+    """DeepSpeed's startup configuration dump, parsed (``oomlens.ingest.ds_config``): what the
+    engine really ran with, every value citing its line."""
     """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
     job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
 

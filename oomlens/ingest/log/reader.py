@@ -32,6 +32,7 @@ import regex
 
 from oomlens.errors import InputError
 from oomlens.facts import SourceRef
+from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
     BatchAssertion,
@@ -55,6 +56,7 @@ from oomlens.facts.log import (
     StepSeries,
     WorldSize,
 )
+from oomlens.ingest.ds_config import parse_config_dump
 from oomlens.ingest.log import deepspeed, kernel, steps, torch_oom, torchrun
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
@@ -113,6 +115,7 @@ ANCHORS, _ANCHOR_BITS = _anchor_table()
 """Every literal a line must contain for some matcher to care about it."""
 
 MAX_STREAMS = 4096
+MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
 MAX_LABELS = 64
 _WORLD_PRIORITY = {
@@ -183,12 +186,20 @@ _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Excepti
 
 
 class _Stream:
-    __slots__ = ("config_dump", "config_ref", "failure_block", "pending_memory", "tb")
+    __slots__ = (
+        "config_dump",
+        "config_lines",
+        "config_ref",
+        "failure_block",
+        "pending_memory",
+        "tb",
+    )
 
     def __init__(self) -> None:
         self.tb = TracebackAssembler()
         self.failure_block: torchrun.FailureBlockParser | None = None
         self.config_dump: deepspeed.ConfigDumpCollector | None = None
+        self.config_lines: list[tuple[SourceRef, str]] = []
         self.config_ref: SourceRef | None = None
         self.pending_memory: (
             tuple[SourceRef, str | None, deepspeed.MemoryReading, datetime | None, int | None]
@@ -340,6 +351,7 @@ class LogReader:
         self.last_step_sample: StepSample | None = None
         self.last_by_rank: dict[int | None, StepSample] = {}
         self.config_dump: DsConfigDump | None = None
+        self.parsed_config_dump: DumpedConfig | None = None
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
@@ -550,7 +562,12 @@ class LogReader:
             self._finish_failure_block(stream)
             self._sync_open(key, stream)
         if stream.config_dump is not None:
-            if stream.config_dump.feed(rest):
+            consumed = stream.config_dump.feed(rest)
+            if (consumed or stream.config_dump.json_closed) and len(
+                stream.config_lines
+            ) < MAX_CONFIG_DUMP_LINES:
+                stream.config_lines.append((ref, rest))  # the closing "}" ends the dump, in it
+            if consumed:
                 return True
             self._finish_config_dump(stream)
             self._sync_open(key, stream)
@@ -633,6 +650,7 @@ class LogReader:
             if self.config_dump is None and stream.config_dump is None:
                 stream.config_dump = deepspeed.ConfigDumpCollector()
                 stream.config_ref = ref
+                stream.config_lines = [(ref, rest)]
                 self._sync_open(key, stream)
             return
         if mask & BATCH:
@@ -1024,8 +1042,17 @@ class LogReader:
 
     def _finish_config_dump(self, stream: _Stream) -> None:
         collector, stream.config_dump = stream.config_dump, None
+        lines, stream.config_lines = stream.config_lines, []
         if collector is None or stream.config_ref is None or self.config_dump is not None:
             return
+        dump = parse_config_dump(lines)
+        self.parsed_config_dump = DumpedConfig(
+            source=dump.header,
+            effective=dump.effective(),
+            user_config=dict(dump.user_config.data) if dump.user_config is not None else {},
+            complete=dump.complete,
+            problems=dump.problems,
+        )
         self.config_dump = DsConfigDump(
             stream.config_ref,
             tuple(collector.entries),
@@ -1184,6 +1211,7 @@ class LogReader:
             ),
             config_dump=self.config_dump,
             config_dumps_seen=self.config_dumps_seen,
+            ds_config_dump=self.parsed_config_dump,
             batch_assertions=tuple(self.batch.items),  # type: ignore[arg-type]
             config_errors=tuple(self.config_errors.items),  # type: ignore[arg-type]
             world_size=self.world,

@@ -1,0 +1,186 @@
+"""Everything known about one run: the facts of every input plus the facts derived from them.
+
+``RunFacts`` is what rules read.  It is built once by ``oomlens.session`` and never changed.
+Helper methods answer the questions several rules ask (the OOM events of every input, the
+memory limit in force, the world size...), so that no rule re-derives them differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from oomlens.analysis.ranks import RankPicture
+from oomlens.facts import SourceRef
+from oomlens.facts.config import ConfigReading
+from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
+from oomlens.facts.log import (
+    ErrorFileFacts,
+    ExceptionEvent,
+    LogFacts,
+    MemorySeries,
+    OomEvent,
+    OomKind,
+)
+from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
+
+_SIGKILL_CODES = frozenset({-9, 137, 247})
+
+
+@dataclass(frozen=True, slots=True)
+class InputReport:
+    """One input file: what oomlens took it for and whether it could be read.
+
+    ``problem`` is the one-line error (file, what is wrong, what to do) when it could not;
+    ``notes`` are remarks about a file that was read (invalid UTF-8 replaced, cut mid-line...).
+    """
+
+    path: str
+    kind: str
+    detail: str
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+    rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where the run's DeepSpeed config came from: a ds_config file, or the engine's own dump
+    in the log (what DeepSpeed really ran with), or both (then ``dump`` is the log's)."""
+
+    reading: ConfigReading
+    origin: str
+    """``file``, ``log_dump`` or ``file+log_dump``."""
+    dump: ConfigReading | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorldSizeFact:
+    value: int
+    origin: str
+    source: SourceRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCount:
+    """The model's parameter count and where it was read (``--params``, a log line)."""
+
+    total: int
+    origin: str
+    source: SourceRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """All facts of one run.
+
+    ``params``, ``gpu_memory`` and ``host_memory`` come from the inputs or the command line
+    (``--params``, ``--gpu-memory``, ``--host-memory``) when the inputs do not say.
+    """
+
+    inputs: tuple[InputReport, ...]
+    logs: tuple[LogFacts, ...]
+    error_files: tuple[ErrorFileFacts, ...]
+    kernel_logs: tuple[KernelLogFacts, ...]
+    snapshots: tuple[SnapshotAnalysis, ...]
+    config: ConfigSource | None
+    ranks: RankPicture
+    world_size: WorldSizeFact | None
+    params: ParamCount | None = None
+    gpu_memory: int | None = None
+    host_memory: int | None = None
+
+    # ----------------------------------------------------------------- questions rules ask
+
+    def oom_events(self) -> tuple[OomEvent, ...]:
+        """Every OOM event of every log and error file, earliest first when times are known."""
+        events: list[OomEvent] = [e for log in self.logs for e in log.oom_events]
+        known = {(e.source.path, e.source.line) for e in events}
+        for error_file in self.error_files:
+            event = error_file.oom_event
+            if event is not None and (event.source.path, event.source.line) not in known:
+                events.append(event)
+        return tuple(events)
+
+    def gpu_oom_events(self) -> tuple[OomEvent, ...]:
+        """OOM events about device memory (everything but host-RAM messages)."""
+        return tuple(e for e in self.oom_events() if e.message.kind is not OomKind.HOST)
+
+    def first_gpu_oom(self) -> OomEvent | None:
+        """The OOM of the rank that failed first, else the first OOM in reading order."""
+        events = self.gpu_oom_events()
+        if not events:
+            return None
+        first = self.ranks.first_failed
+        if first is not None and first.oom_events:
+            return first.oom_events[0]
+        dated = [e for e in events if e.timestamp is not None]
+        if len(dated) == len(events):
+            return min(dated, key=lambda e: e.timestamp)  # type: ignore[arg-type, return-value]
+        return events[0]
+
+    def exceptions(self) -> tuple[ExceptionEvent, ...]:
+        return tuple(e for log in self.logs for e in log.exceptions)
+
+    def kernel_oom_kills(self) -> tuple[KernelOomKill, ...]:
+        kills = [k for log in self.kernel_logs for k in log.oom_kills]
+        kills += [k for log in self.logs for k in log.kernel_oom_kills]
+        return tuple(kills)
+
+    def memory_series(self) -> Iterator[MemorySeries]:
+        for log in self.logs:
+            yield from log.memory
+
+    def snapshot_devices(self) -> Iterator[tuple[SnapshotAnalysis, DeviceAnalysis]]:
+        for snapshot in self.snapshots:
+            for device in snapshot.devices:
+                yield snapshot, device
+
+    def snapshot_for(self, event: OomEvent) -> tuple[SnapshotAnalysis, DeviceAnalysis] | None:
+        """The snapshot device analysis that recorded ``event``'s OOM: same rank when the
+        snapshot's file says it (``snapshot_rank<R>``), same device, with an ``oom`` entry."""
+        candidates = []
+        for snapshot, device in self.snapshot_devices():
+            if device.oom is None:
+                continue
+            if event.message.device is not None and device.device != event.message.device:
+                continue
+            candidates.append((snapshot, device))
+        if not candidates:
+            return None
+        if event.rank is not None:
+            for snapshot, device in candidates:
+                if snapshot.source.rank == event.rank:
+                    return snapshot, device
+        return candidates[0]
+
+    def sigkilled_at(self) -> str | None:
+        """Where a rank is reported killed by SIGKILL (``-9``, 137, 247), if anywhere."""
+        for exit_line in self.ranks.launcher_exits:
+            if exit_line.return_code in _SIGKILL_CODES:
+                return exit_line.source.describe()
+        for status in self.ranks.ranks:
+            if status.signal == "SIGKILL" or status.exitcode in _SIGKILL_CODES:
+                return (
+                    status.first_source.describe() if status.first_source else f"rank {status.rank}"
+                )
+        for log in self.logs:
+            for failure in log.process_failures:
+                if failure.signal == "SIGKILL" or failure.exitcode in _SIGKILL_CODES:
+                    return failure.source.describe()
+            for line in log.fatal_signals:
+                if line.kind.value == "SIGKILL":
+                    return line.source.describe()
+        return None
+
+    def has_failure_evidence(self) -> bool:
+        """Anything that says the run did not finish cleanly."""
+        if self.oom_events() or self.kernel_oom_kills():
+            return True
+        if any(log.batch_assertions or log.config_errors for log in self.logs):
+            return True
+        if any(not e.peer_failure for e in self.exceptions()):
+            return True
+        if self.ranks.ranks or any(e.return_code != 0 for e in self.ranks.launcher_exits):
+            return True
+        return any(log.process_failures or log.failure_summaries for log in self.logs)
