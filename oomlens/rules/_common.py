@@ -1,0 +1,218 @@
+"""Helpers several rules share: the numbers of an OOM message, evidence builders, and the
+questions about model states and memory models that more than one rule must answer the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from oomlens.facts import SourceRef
+from oomlens.facts.config import ConfigValue, EffectiveDsConfig
+from oomlens.facts.log import LogFacts, OomEvent, OomKind, Phase
+from oomlens.facts.run import RunFacts
+from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
+from oomlens.rules.base import Evidence, EvidenceKind
+from oomlens.units import format_size
+
+MODEL_STATE_CATEGORIES = frozenset(
+    {MemoryCategory.PARAMETERS, MemoryCategory.GRADIENTS, MemoryCategory.OPTIMIZER_STATE}
+)
+QUOTE_LIMIT = 400
+CAPTURE_SNAPSHOT = (
+    "an allocator snapshot at the OOM: call torch.cuda.memory._record_memory_history("
+    "max_entries=100000) at start and dump torch.cuda.memory._snapshot() from an "
+    "out-of-memory observer (torch._C._cuda_attach_out_of_memory_observer)"
+)
+CAPTURE_MEMORY_SERIES = (
+    "memory after every step: log torch.cuda.memory_allocated() and memory_reserved() each "
+    'step (DeepSpeed: see_memory_usage(..., force=True), or "memory_breakdown": true)'
+)
+CAPTURE_CONFIG = (
+    'the ds_config.json the job ran with (or "log_level": "info" so DeepSpeed prints it)'
+)
+CAPTURE_KERNEL = (
+    "the node's kernel log for the job's time: dmesg -T | grep -i -E 'killed process|oom' "
+    "(or the scheduler's record, e.g. sacct -j JOBID -o JobID,State,MaxRSS)"
+)
+
+
+def quote(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """A log line or message shortened for citation (the full text stays in the input)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class OomNumbers:
+    """The figures of one allocator OOM message, with the limit that was in force."""
+
+    event: OomEvent
+    request: int | None
+    allocated: int | None
+    reserved_unallocated: int | None
+    free: int | None
+    total: int | None
+    allowed: int | None
+    process_in_use: int | None
+    others: int | None
+
+    @property
+    def limit(self) -> int | None:
+        """What this process could use: ``allowed`` when a memory fraction is set, else the
+        card's capacity."""
+        return self.allowed if self.allowed is not None else self.total
+
+    @property
+    def limit_name(self) -> str:
+        return "allowed" if self.allowed is not None else "total capacity"
+
+    @property
+    def reserved(self) -> int | None:
+        if self.allocated is None or self.reserved_unallocated is None:
+            return None
+        return self.allocated + self.reserved_unallocated
+
+    @property
+    def non_pytorch_self(self) -> int | None:
+        """This process' memory outside the caching allocator (context, NCCL, libraries)."""
+        if self.process_in_use is None or self.reserved is None:
+            return None
+        return self.process_in_use - self.reserved
+
+    def as_figures(self) -> dict[str, int | float | str | None]:
+        return {
+            "tried_to_allocate": self.request,
+            "allocated_by_pytorch": self.allocated,
+            "reserved_unallocated": self.reserved_unallocated,
+            "free": self.free,
+            "total_capacity": self.total,
+            "allowed": self.allowed,
+            "process_in_use": self.process_in_use,
+            "other_processes": self.others,
+        }
+
+
+def oom_numbers(event: OomEvent) -> OomNumbers:
+    m = event.message
+    return OomNumbers(
+        event=event,
+        request=m.tried_to_allocate,
+        allocated=m.allocated_by_pytorch,
+        reserved_unallocated=m.reserved_unallocated,
+        free=m.free,
+        total=m.total_capacity,
+        allowed=m.allowed,
+        process_in_use=m.process_in_use,
+        others=m.other_processes_total,
+    )
+
+
+def allocator_oom(facts: RunFacts) -> OomEvent | None:
+    """The first failure's allocator OOM (the one with numbers), else any allocator OOM."""
+    first = facts.first_gpu_oom()
+    if first is not None and first.message.kind is OomKind.ALLOCATOR:
+        return first
+    for event in facts.gpu_oom_events():
+        if event.message.kind is OomKind.ALLOCATOR:
+            return event
+    return first
+
+
+def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
+    kind = EvidenceKind.ERROR_FILE if event.origin == "error_file" else EvidenceKind.LOG
+    prefix = f"{event.message.exception_class}: " if event.message.exception_class else ""
+    return Evidence(kind, quote(prefix + event.message.text), event.source, note)
+
+
+def phase_evidence(event: OomEvent) -> Evidence | None:
+    if event.phase is Phase.UNKNOWN or event.phase_evidence is None:
+        return None
+    return Evidence(
+        EvidenceKind.LOG,
+        f"phase {event.phase.value}: {event.phase_evidence}",
+        event.traceback.source if event.traceback is not None else event.source,
+        "the traceback frame that places the failure",
+    )
+
+
+def size(num: int | float | None) -> str:
+    return "unknown" if num is None else format_size(num)
+
+
+def snapshot_evidence(snapshot: SnapshotAnalysis, text: str, note: str = "") -> Evidence:
+    return Evidence(EvidenceKind.SNAPSHOT, text, snapshot.source, note)
+
+
+def config_evidence(value: ConfigValue[Any], note: str = "") -> Evidence:
+    return Evidence(EvidenceKind.CONFIG, value.cite(), value.source, note)
+
+
+def live_bytes(device: DeviceAnalysis, categories: Iterable[MemoryCategory]) -> int:
+    wanted = set(categories)
+    return sum(c.bytes for c in device.live_by_category if c.category in wanted)
+
+
+def category_share(device: DeviceAnalysis, categories: Iterable[MemoryCategory]) -> float:
+    allocated = device.state.allocated_bytes
+    return live_bytes(device, categories) / allocated if allocated else 0.0
+
+
+def effective_config(facts: RunFacts) -> EffectiveDsConfig | None:
+    return facts.config.reading.effective if facts.config is not None else None
+
+
+def steps_completed_before(facts: RunFacts, event: OomEvent) -> int | None:
+    """The last step counter printed before the OOM in its log (None: no step lines)."""
+    best: int | None = None
+    for log in facts.logs:
+        if log.path != event.source.path:
+            continue
+        for sample in log.steps.samples:
+            if sample.step is None or sample.source.line is None or event.source.line is None:
+                continue
+            if sample.source.line < event.source.line:
+                best = sample.step if best is None else max(best, sample.step)
+    return best
+
+
+def any_steps(facts: RunFacts) -> bool:
+    return any(log.steps.total for log in facts.logs)
+
+
+def log_of(facts: RunFacts, source: SourceRef) -> LogFacts | None:
+    for log in facts.logs:
+        if log.path == source.path:
+            return log
+    return None
+
+
+def first_step_optimizer_oom(facts: RunFacts, event: OomEvent) -> bool:
+    """The OOM happened in the optimizer step before any step completed: the optimizer's
+    states (created lazily at the first step) did not fit."""
+    if event.phase is not Phase.OPTIMIZER_STEP:
+        return False
+    done = steps_completed_before(facts, event)
+    if done is not None:
+        return done == 0
+    log = log_of(facts, event.source)
+    return log is not None and log.steps.total == 0
+
+
+def optimizer_state_init(event: OomEvent) -> bool:
+    """The failing allocation creates optimizer state (torch ``_init_group``, DeepSpeed
+    ``initialize_optimizer_states`` / ``_create_fp32_partitions``)."""
+    if event.traceback is None:
+        return False
+    names = {f.function for f in event.traceback.frames[-6:]}
+    return bool(
+        names
+        & {
+            "_init_group",
+            "initialize_optimizer_states",
+            "_create_fp32_partitions",
+            "_init_state",
+            "init_state",
+        }
+    )

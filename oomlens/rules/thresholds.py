@@ -1,0 +1,92 @@
+"""Named thresholds the rules use, with defaults, overridable from a TOML settings file.
+
+A settings file is data, never code::
+
+    [thresholds]
+    fragmentation_min_unallocated_fraction = 0.2
+    leak_min_steps = 8
+
+Unknown names and values of the wrong type are refused with a ``UsageError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from oomlens.errors import UsageError
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every number a rule compares against. Fractions are of the memory limit in force
+    (``allowed`` when a per-process fraction is set, else the card's capacity)."""
+
+    fragmentation_min_unallocated_fraction: float = 0.20
+    """Reserved-but-unallocated bytes at the OOM, as a fraction of the limit, above which the
+    allocator's caching is a suspect."""
+    fragmentation_min_unallocated_bytes: int = 512 * MIB
+    """...and at least this many bytes (tiny cards make fractions noisy)."""
+    capacity_near_full_fraction: float = 0.85
+    """Allocated bytes above this fraction of the limit: the tensors themselves fill the card."""
+    other_process_min_fraction: float = 0.10
+    """Other processes holding more than this fraction of the card are a cause."""
+    non_pytorch_self_max_bytes: int = 3 * GIB
+    """This process' memory outside PyTorch's allocator (context, NCCL, other libraries)
+    above this is worth a finding."""
+    leak_min_samples: int = 6
+    """Memory samples (steps) needed before growth can be called a leak."""
+    leak_min_growth_bytes_per_sample: int = 4 * MIB
+    leak_min_total_growth_fraction: float = 0.10
+    """Total growth over the series, as a fraction of the limit."""
+    leak_min_monotonic_fraction: float = 0.80
+    """Share of consecutive samples that must grow (a leak grows step after step)."""
+    prefetch_overshoot_factor: float = 4.0
+    """A stage-3 working-set knob this many times its DeepSpeed default is 'raised'."""
+    cache_flush_warning_min: int = 1
+    """DeepSpeed allocator cache flush warnings at or above this count signal pressure."""
+    min_confidence_to_report: float = 0.15
+    """Diagnoses below this confidence are dropped from the report."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def load_thresholds(path: str | Path | None) -> Thresholds:
+    """Defaults, overridden by the ``[thresholds]`` table of the TOML file at ``path``."""
+    defaults = Thresholds()
+    if path is None:
+        return defaults
+    shown = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise UsageError(f"{shown}: cannot read the settings file ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{shown}: not valid TOML ({exc}); fix the file or leave it out") from exc
+    table = data.get("thresholds", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{shown}: [thresholds] must be a table of name = number")
+    known = {f.name: f.type for f in fields(Thresholds)}
+    changes: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in known:
+            raise UsageError(
+                f"{shown}: unknown threshold {name!r}; known: {', '.join(sorted(known))}"
+            )
+        default = getattr(defaults, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"{shown}: threshold {name} must be a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(value, int):
+            raise UsageError(f"{shown}: threshold {name} must be a whole number, got {value!r}")
+        if value < 0:
+            raise UsageError(f"{shown}: threshold {name} must not be negative, got {value!r}")
+        changes[name] = type(default)(value)
+    return replace(defaults, **changes)
