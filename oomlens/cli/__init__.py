@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from oomlens import __version__
+from oomlens.cli.analyze import analyze_command
 from oomlens.cli.check import check
 from oomlens.errors import ExitCode, OomlensError
 
@@ -17,14 +19,15 @@ def cli() -> None:
     """Post-mortem analyzer for GPU out-of-memory crashes in PyTorch and DeepSpeed training."""
 
 
+cli.add_command(analyze_command)
 cli.add_command(check)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; turn every oomlens error into one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="oomlens", standalone_mode=False)
-    except click.exceptions.Abort:
+        code = cli.main(args=argv, prog_name="oomlens", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("oomlens: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.ClickException as exc:
@@ -33,4 +36,15 @@ def main(argv: list[str] | None = None) -> None:
     except OomlensError as exc:
         click.echo(f"oomlens: {exc.message}", err=True)
         sys.exit(exc.exit_code)
-    sys.exit(ExitCode.OK)
+    except BrokenPipeError:
+        # The reader went away (``oomlens analyze ... | head``): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(ExitCode.OK)
+    except Exception as exc:  # noqa: BLE001 - never a traceback: one line and a documented code
+        click.echo(
+            f"oomlens: internal error: {type(exc).__name__}: {exc} "
+            "(a bug in oomlens; please report it with the command line)",
+            err=True,
+        )
+        sys.exit(ExitCode.INTERNAL)
+    sys.exit(code if isinstance(code, int) else ExitCode.OK)

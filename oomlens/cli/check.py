@@ -10,7 +10,6 @@ given.  Exit status: 0 when the config is valid and fits, 4 when it is invalid o
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from oomlens.analysis.zero_model import (
     compare_with_capacity,
     memory_hazards,
 )
+from oomlens.cli.params import COUNT, SIZE, SIZE_OR_ZERO
 from oomlens.errors import ExitCode, InputError, OomlensError
 from oomlens.facts.config import (
     ConfigHazard,
@@ -54,57 +54,7 @@ from oomlens.ingest.ds_config import (
     read_ds_config,
     resolve_effective_config,
 )
-from oomlens.units import format_size, parse_size
-
-_COUNT = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
-_COUNT_FACTORS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-
-
-def parse_count(text: str) -> int:
-    """``7e9``, ``7B``, ``350M``, ``1,300,000,000`` -> an element count.  Raises ValueError."""
-    match = _COUNT.match(text)
-    if match is None:
-        raise ValueError(f"not a count: {text!r} (use e.g. 7e9, 7B, 350M)")
-    number = float(match.group(1).replace(",", "").replace("_", ""))
-    value = number * _COUNT_FACTORS[match.group(2).lower()]
-    if value < 1:
-        raise ValueError(f"{text!r} is less than 1")
-    return int(round(value))
-
-
-class _CountType(click.ParamType):
-    name = "COUNT"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_count(str(value))
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-class _SizeType(click.ParamType):
-    name = "SIZE"
-
-    def __init__(self, allow_zero: bool = False) -> None:
-        self.allow_zero = allow_zero
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            size = parse_size(str(value))
-        except ValueError as err:
-            self.fail(f"{err} (use e.g. 80GiB, 512GB)", param, ctx)
-        if size < 0 or (size == 0 and not self.allow_zero):
-            self.fail(f"{value!r} is not a positive size", param, ctx)
-        return size
-
-
-COUNT = _CountType()
-SIZE = _SizeType()
-SIZE_OR_ZERO = _SizeType(allow_zero=True)
+from oomlens.units import format_size
 
 
 @dataclass(frozen=True, slots=True)

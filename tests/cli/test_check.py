@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.cli import main
-from oomlens.cli.check import parse_count
+from oomlens.units import parse_count
 
 ASSETS = Path(__file__).parents[1] / "assets" / "ds_configs"
 

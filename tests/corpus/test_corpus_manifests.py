@@ -9,8 +9,21 @@ import pytest
 from oomlens.ingest.snapshot import load_snapshot
 from tests._corpus import CORPUS_DIR, DIAGNOSES, VERDICTS, case_dir, case_names, manifest
 
-REQUIRED = ("case", "scenario", "command", "cwd", "launcher", "environment", "emulation", "exit_code",
-            "versions", "files", "expected", "why", "measured")
+REQUIRED = (
+    "case",
+    "scenario",
+    "command",
+    "cwd",
+    "launcher",
+    "environment",
+    "emulation",
+    "exit_code",
+    "versions",
+    "files",
+    "expected",
+    "why",
+    "measured",
+)
 
 
 def test_corpus_has_every_scenario_the_issue_asks_for() -> None:
@@ -58,7 +71,9 @@ def test_listed_files_exist_and_logs_are_the_launchers_output(name: str) -> None
     # the first line is the launcher's (nothing was prepended)
     first = log.splitlines()[0]
     if m["launcher"] == "deepspeed":
-        assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(INFO|WARNING)\]", first), first
+        assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(INFO|WARNING)\]", first), (
+            first
+        )
 
 
 @pytest.mark.parametrize("name", case_names())
@@ -80,9 +95,9 @@ def test_snapshots_load_through_the_safe_loader_with_one_oom_entry(name: str) ->
     m = manifest(name)
     for snap_meta in m["measured"]["snapshots"]:
         snap = load_snapshot(case_dir(name) / snap_meta["file"], freeze_gc=False)
-        assert snap.source.rank == int(snap_meta["file"].removeprefix("snapshot_rank").split(".")[0])
-        oom_entries = [
-            e for t in snap.raw.device_traces for e in t if e["action"] == "oom"
-        ]
+        assert snap.source.rank == int(
+            snap_meta["file"].removeprefix("snapshot_rank").split(".")[0]
+        )
+        oom_entries = [e for t in snap.raw.device_traces for e in t if e["action"] == "oom"]
         assert len(oom_entries) == 1
         assert oom_entries[0]["size"] == snap_meta["oom_entry"]["size"]

@@ -1,7 +1,7 @@
 """Derive every snapshot layout torch has written from the real torch 2.11 snapshots beside it.
 
 The ``snapshot_t211_*.pickle`` files here are real (torch 2.11.0+cu130 on an H200; see
-``/work/shared/samples/README.md`` and ``torch-memory-reference.md`` §3): stacks='all' dumped in
+``../shared/samples/README.md`` and ``torch-memory-reference.md`` §3): stacks='all' dumped in
 an OOM observer (twice: ``_snapshot()`` with and without the final ``snapshot`` marker),
 stacks='python' with expandable segments, and enabled='state'.  The other layouts are made from
 them by code, following the format differences documented in ``torch-memory-reference.md``

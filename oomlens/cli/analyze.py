@@ -1,0 +1,149 @@
+"""``oomlens analyze INPUT...``: what killed the run, on which rank, with the evidence and
+the fix."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from oomlens.cli.params import COUNT, SIZE
+from oomlens.errors import UsageError
+from oomlens.render.json import render_json
+from oomlens.render.markdown import render_markdown
+from oomlens.render.text import render_text
+from oomlens.report import Report
+from oomlens.rules.thresholds import load_thresholds
+from oomlens.session import AnalysisOptions, analyze
+
+FORMATS = ("text", "json", "markdown")
+_EXTENSIONS = {
+    ".json": "json",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".txt": "text",
+    ".text": "text",
+}
+
+
+def choose_format(fmt: str | None, output: str | None) -> str:
+    """``--format`` wins; else the output file's extension; else text."""
+    if fmt is not None:
+        return fmt
+    if output is not None:
+        suffix = Path(output).suffix.lower()
+        if suffix in _EXTENSIONS:
+            return _EXTENSIONS[suffix]
+        raise UsageError(
+            f"{output}: cannot tell the format from the extension {suffix or '(none)'}; "
+            f"use .json, .md or .txt, or pass --format"
+        )
+    return "text"
+
+
+def render(report: Report, fmt: str, *, colour: bool = False) -> str:
+    if fmt == "json":
+        return render_json(report)
+    if fmt == "markdown":
+        return render_markdown(report)
+    return render_text(report, colour=colour)
+
+
+def write_output(path: str, text: str) -> None:
+    """Write atomically: a report is never left half-written."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.oomlens-tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
+
+
+@click.command("analyze")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(),
+    default=None,
+    help="The ds_config.json the run used (found automatically in run directories).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="Output format (default: from -o's extension, else text).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(),
+    default=None,
+    help="Write the report to this file instead of standard output.",
+)
+@click.option(
+    "--params",
+    type=COUNT,
+    default=None,
+    help="The model's parameter count (1.3B, 7e9) when the inputs do not say it.",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="World size (number of GPUs) when the inputs do not say it.",
+)
+@click.option("--gpu-memory", type=SIZE, default=None, help="Memory of one GPU (80GiB).")
+@click.option("--host-memory", type=SIZE, default=None, help="Memory of one host (512GiB).")
+@click.option(
+    "--thresholds",
+    "thresholds_file",
+    type=click.Path(),
+    default=None,
+    help="TOML file with a [thresholds] table overriding the rules' thresholds.",
+)
+@click.option(
+    "--color/--no-color",
+    "colour",
+    default=None,
+    help="Colour the terminal summary (default: only on a terminal).",
+)
+def analyze_command(
+    inputs: tuple[str, ...],
+    config: str | None,
+    fmt: str | None,
+    output: str | None,
+    params: int | None,
+    gpus: int | None,
+    gpu_memory: int | None,
+    host_memory: int | None,
+    thresholds_file: str | None,
+    colour: bool | None,
+) -> None:
+    """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
+    combined), snapshot pickles, ds_config files, kernel logs, torchelastic error files, or
+    the run's directory. Prints the verdict, the diagnoses with their evidence, and the fix."""
+    chosen = choose_format(fmt, output)
+    options = AnalysisOptions(
+        thresholds=load_thresholds(thresholds_file),
+        params=params,
+        gpus=gpus,
+        gpu_memory=gpu_memory,
+        host_memory=host_memory,
+    )
+    report = analyze(list(inputs), config=config, options=options)
+    if output is not None:
+        write_output(output, render(report, chosen))
+        click.echo(
+            f"oomlens: {report.verdict.value}"
+            f"{': ' + report.top.id if report.top else ''}; report written to {output}",
+            err=True,
+        )
+        return
+    use_colour = sys.stdout.isatty() if colour is None else colour
+    click.echo(render(report, chosen, colour=use_colour and chosen == "text"), nl=False)

@@ -1,0 +1,165 @@
+"""The JSON report: a documented, versioned schema (README, "JSON schema").
+
+``report_to_dict`` is the contract other tools build on (``oomlens triage``, the SLURM epilog,
+ticket bots): keys are only ever added within a major ``schema_version``; a removal or a change
+of meaning bumps it.  Sizes are bytes (integers); confidences are 0..1; times are ISO 8601.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from oomlens.analysis.ranks import RankStatus
+from oomlens.facts import SourceRef
+from oomlens.facts.log import OomEvent
+from oomlens.report import SCHEMA_VERSION, Report
+from oomlens.rules.base import Diagnosis, Evidence, Fix
+
+MAX_OOM_EVENTS = 64
+"""Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""
+
+
+def _source(ref: SourceRef | None) -> dict[str, Any] | None:
+    if ref is None:
+        return None
+    return {"path": ref.path, "line": ref.line, "rank": ref.rank, "host": ref.host}
+
+
+def _evidence(item: Evidence) -> dict[str, Any]:
+    return {
+        "kind": item.kind.value,
+        "text": item.text,
+        "source": _source(item.source),
+        "note": item.note,
+        "supports": item.supports,
+    }
+
+
+def _fix(item: Fix) -> dict[str, Any]:
+    return {
+        "summary": item.summary,
+        "config_patch": _plain(item.config_patch) if item.config_patch is not None else None,
+        "environment": dict(item.environment),
+        "command": item.command,
+        "predicted_saving_bytes": item.predicted_saving_bytes,
+        "cost": item.cost,
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def diagnosis_to_dict(d: Diagnosis) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "title": d.title,
+        "severity": d.severity.label,
+        "confidence": round(d.confidence, 3),
+        "summary": d.summary,
+        "rank": d.rank,
+        "evidence": [_evidence(e) for e in d.evidence],
+        "fix": [_fix(f) for f in d.fixes],
+        "missing": list(d.missing),
+        "figures": _plain(dict(d.figures)),
+    }
+
+
+def oom_event_to_dict(event: OomEvent) -> dict[str, Any]:
+    m = event.message
+    return {
+        "rank": event.rank,
+        "local_rank": event.local_rank,
+        "host": event.source.host,
+        "device": m.device,
+        "phase": event.phase.value,
+        "phase_evidence": event.phase_evidence,
+        "source": event.source.path,
+        "line": event.source.line,
+        "origin": event.origin,
+        "timestamp": event.timestamp.isoformat() if event.timestamp else None,
+        "kind": m.kind.value,
+        "message_format": m.message_format,
+        "exception_class": m.exception_class,
+        "certain": m.certain,
+        "complete": m.complete,
+        "tried_to_allocate": m.tried_to_allocate,
+        "total_capacity": m.total_capacity,
+        "free": m.free,
+        "process_in_use": m.process_in_use,
+        "allocated_by_pytorch": m.allocated_by_pytorch,
+        "reserved_unallocated": m.reserved_unallocated,
+        "allowed": m.allowed,
+        "private_pools": m.private_pools,
+        "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in m.other_processes],
+    }
+
+
+def _rank(status: RankStatus) -> dict[str, Any]:
+    return {
+        "rank": status.rank,
+        "outcome": status.outcome,
+        "own_failure": status.own_failure,
+        "died_because_of_peer": status.died_because_of_peer,
+        "peer_evidence": status.peer_evidence,
+        "exitcode": status.exitcode,
+        "signal": status.signal,
+        "first_time": status.first_time.isoformat() if status.first_time else None,
+        "first_source": _source(status.first_source),
+    }
+
+
+def report_to_dict(report: Report) -> dict[str, Any]:
+    """The report as JSON-ready builtins (see the module docstring for the contract)."""
+    facts = report.facts
+    picture = facts.ranks
+    events = facts.oom_events()
+    last_step = max(
+        (log.steps.max_step for log in facts.logs if log.steps.max_step is not None), default=None
+    )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "oomlens_version": report.oomlens_version,
+        "verdict": report.verdict.value,
+        "verdict_reason": report.verdict_reason,
+        "diagnoses": [diagnosis_to_dict(d) for d in report.diagnoses],
+        "oom_events": [oom_event_to_dict(e) for e in events[:MAX_OOM_EVENTS]],
+        "oom_events_total": len(events),
+        "ranks": {
+            "first_failed": picture.first_failed.rank if picture.first_failed else None,
+            "basis": picture.basis,
+            "peer_victims": list(picture.peer_victims),
+            "timed_out": list(picture.timed_out_ranks),
+            "suspected_stragglers": list(picture.suspected_stragglers),
+            "ranks": [_rank(s) for s in picture.ranks],
+        },
+        "run": {
+            "world_size": facts.world_size.value if facts.world_size else None,
+            "world_size_origin": facts.world_size.origin if facts.world_size else None,
+            "last_step": last_step,
+            "config_origin": facts.config.origin if facts.config else None,
+            "snapshots": len(facts.snapshots),
+        },
+        "missing_evidence": list(report.missing),
+        "inputs": [
+            {
+                "path": i.path,
+                "kind": i.kind,
+                "detail": i.detail,
+                "problem": i.problem,
+                "notes": list(i.notes),
+                "rank": i.rank,
+            }
+            for i in facts.inputs
+        ],
+    }
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report_to_dict(report), indent=2, ensure_ascii=False) + "\n"

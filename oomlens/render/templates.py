@@ -1,0 +1,84 @@
+"""Jinja2 environments for the reports, loading the top-level ``templates/`` folder (shipped in
+the wheel as ``oomlens/templates``).
+
+Every environment has autoescape on: every log line, config value and stack frame is untrusted
+text.  Markdown needs its own escaping (HTML escaping would show ``&lt;`` inside code spans), so
+the Markdown environment's filters ``md`` (inline text) and ``code`` (fenced blocks) return text
+already made safe for Markdown, marked safe so autoescape does not escape it a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+
+from oomlens.render.text import clean
+from oomlens.units import format_size
+
+# Enough to neutralise emphasis, code, links, images, autolinks, HTML, tables and entities
+# inside a line; list and heading markers only act at a line's start, which these never are.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]#|<>~&])")
+
+
+def template_dir() -> Path:
+    """``oomlens/templates`` when installed from a wheel, else the checkout's ``templates/``."""
+    packaged = resources.files("oomlens") / "templates"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "templates"
+
+
+def md_inline(value: object) -> Markup:
+    """Untrusted text for Markdown prose: one line, every Markdown/HTML metacharacter escaped."""
+    text = " ".join(clean(str(value)).split())
+    # The text is fully escaped for Markdown here; Markup only stops a second, HTML escaping.
+    return Markup(_MD_SPECIAL.sub(r"\\\1", text))  # noqa: S704
+
+
+def md_code(value: object, language: str = "") -> Markup:
+    """Untrusted text as a fenced code block whose fence cannot be closed from inside."""
+    text = clean(str(value)).replace("\r", "")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return Markup(f"{fence}{language}\n{text}\n{fence}")  # noqa: S704
+
+
+def _size(value: object) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return format_size(value)
+    return "unknown"
+
+
+def _percent(value: object) -> str:
+    return f"{float(value):.0%}" if isinstance(value, int | float) else "?"
+
+
+def _to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, default=str)
+
+
+@lru_cache(maxsize=2)
+def environment(kind: str) -> Environment:
+    """The ``html`` or ``markdown`` environment."""
+    env = Environment(
+        loader=FileSystemLoader(str(template_dir())),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["size"] = _size
+    env.filters["percent"] = _percent
+    env.filters["to_json"] = _to_json
+    if kind == "markdown":
+        env.filters["md"] = md_inline
+        env.filters["code"] = md_code
+    return env

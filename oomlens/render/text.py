@@ -1,0 +1,106 @@
+"""The terminal summary: verdict, the top diagnoses with their key evidence, the fix.
+
+Short by design (a screenful); the JSON, Markdown and HTML reports carry everything.  Colour
+only when asked (the CLI asks on a tty).  Untrusted text (log lines) is printed with control
+characters removed, so a hostile log cannot drive the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from oomlens.report import Report, Verdict
+from oomlens.rules.base import Diagnosis, Fix
+from oomlens.units import format_size
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_VERDICT_COLOUR = {
+    Verdict.GPU_OOM: "red",
+    Verdict.HOST_OOM: "red",
+    Verdict.CONFIG_ERROR: "yellow",
+    Verdict.OTHER_FAILURE: "yellow",
+    Verdict.NO_FAILURE: "green",
+    Verdict.UNKNOWN: "white",
+}
+SHOWN_DIAGNOSES = 3
+SHOWN_EVIDENCE = 4
+
+
+def clean(text: str) -> str:
+    """Untrusted text made safe for a terminal: control and bidi characters removed."""
+    return _CONTROL.sub("", text)
+
+
+def _fix_lines(fix: Fix) -> list[str]:
+    lines = [f"    fix: {clean(fix.summary)}"]
+    if fix.config_patch is not None:
+        lines.append(f"         ds_config patch: {clean(json.dumps(fix.config_patch))}")
+    for name, value in fix.environment.items():
+        lines.append(f"         environment: {clean(name)}={clean(value)}")
+    if fix.command:
+        lines.append(f"         command: {clean(fix.command)}")
+    details = []
+    if fix.predicted_saving_bytes:
+        details.append(f"saves ~{format_size(fix.predicted_saving_bytes)}")
+    if fix.cost:
+        details.append(f"cost: {clean(fix.cost)}")
+    if details:
+        lines.append("         " + "; ".join(details))
+    return lines
+
+
+def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
+    head = f"{index}. {d.title} [{d.id}] confidence {d.confidence:.0%}, {d.severity.label}"
+    if d.rank is not None:
+        head += f", rank {d.rank}"
+    lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]
+    for item in d.evidence[:SHOWN_EVIDENCE]:
+        where = f" ({item.source.describe()})" if item.source else ""
+        mark = "+" if item.supports else "-"
+        lines.append(f"    {mark} {clean(item.text)}{where}")
+    if len(d.evidence) > SHOWN_EVIDENCE:
+        lines.append(f"    ... {len(d.evidence) - SHOWN_EVIDENCE} more in the full report")
+    for fix in d.fixes[:1]:
+        lines.extend(_fix_lines(fix))
+    return lines
+
+
+def render_text(report: Report, *, colour: bool = False) -> str:
+    verdict = report.verdict
+    title = f"oomlens: {verdict.value.replace('_', ' ').upper()}"
+    lines = [
+        click.style(title, fg=_VERDICT_COLOUR[verdict], bold=True) if colour else title,
+        f"  {clean(report.verdict_reason)}",
+    ]
+    first = report.facts.ranks.first_failed
+    if first is not None and first.rank is not None:
+        lines.append(
+            f"  first failure: rank {first.rank} ({first.outcome}"
+            f"{', by ' + report.facts.ranks.basis if report.facts.ranks.basis else ''})"
+        )
+        victims = [str(r) for r in report.facts.ranks.peer_victims if r is not None]
+        if victims:
+            lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
+    lines.append("")
+    causes = list(report.diagnoses[:SHOWN_DIAGNOSES])
+    if not causes:
+        lines.append("No diagnosis: nothing in the inputs points at a cause.")
+    for index, d in enumerate(causes, 1):
+        lines.extend(_diagnosis_lines(index, d, colour))
+        lines.append("")
+    if len(report.diagnoses) > SHOWN_DIAGNOSES:
+        others = ", ".join(
+            f"{d.id} ({d.confidence:.0%})" for d in report.diagnoses[SHOWN_DIAGNOSES:]
+        )
+        lines.append(f"Also considered: {others}")
+    if report.missing:
+        lines.append("To capture next time:")
+        lines.extend(f"  - {clean(m)}" for m in report.missing)
+    problems = [i for i in report.facts.inputs if i.problem]
+    if problems:
+        lines.append("Inputs that could not be used:")
+        lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,154 @@
+"""`oomlens analyze` as a user runs it: exit codes, formats, output files, bad inputs."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._corpus import case_dir
+
+CASE = case_dir("other_process")
+
+
+def run(*args: str | os.PathLike[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oomlens", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_analyze_a_run_directory_prints_the_verdict_cause_and_fix() -> None:
+    result = run("analyze", CASE)
+    assert result.returncode == 0, result.stderr
+    assert "GPU OOM" in result.stdout
+    assert "[other_process]" in result.stdout
+    assert "Process 1652 has 125.79 GiB" in result.stdout
+    assert "fix:" in result.stdout
+    assert "\x1b[" not in result.stdout  # no colour when not a terminal
+    assert result.stderr == ""
+
+
+def test_output_file_format_follows_the_extension(tmp_path: Path) -> None:
+    for name, check in (
+        ("r.json", lambda t: json.loads(t)["verdict"] == "gpu_oom"),
+        ("r.md", lambda t: t.startswith("# oomlens: GPU OOM")),
+        ("r.txt", lambda t: t.startswith("oomlens: GPU OOM")),
+    ):
+        target = tmp_path / name
+        result = run("analyze", CASE, "-o", target)
+        assert result.returncode == 0, result.stderr
+        assert check(target.read_text()), name
+        assert f"report written to {target}" in result.stderr
+
+
+def test_unknown_output_extension_is_a_usage_error(tmp_path: Path) -> None:
+    result = run("analyze", CASE, "-o", tmp_path / "report.xyz")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "report.xyz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_nothing_readable_exits_3_with_one_line_naming_the_file(tmp_path: Path) -> None:
+    empty = tmp_path / "run.log"
+    empty.write_bytes(b"")
+    result = run("analyze", empty)
+    assert result.returncode == 3
+    assert result.stderr.count("\n") == 1
+    assert str(empty) in result.stderr and "empty" in result.stderr
+    missing = run("analyze", tmp_path / "nope.log")
+    assert missing.returncode == 3 and "does not exist" in missing.stderr
+
+
+def test_an_empty_directory_is_reported_not_crashed_on(tmp_path: Path) -> None:
+    result = run("analyze", tmp_path)
+    assert result.returncode == 3
+    assert "holds no training log" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_inputs_are_listed_and_the_good_ones_still_analyzed(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 64)
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    result = run("analyze", CASE / "train.log", garbage, empty, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "gpu_oom"
+    problems = {Path(i["path"]).name: i["problem"] for i in report["inputs"] if i["problem"]}
+    assert set(problems) == {"garbage.bin", "empty.log"}
+    assert all(p.startswith(str(tmp_path)) for p in problems.values())
+
+
+def test_compressed_dirty_and_truncated_logs_are_read(tmp_path: Path) -> None:
+    raw = (CASE / "train.log").read_bytes()
+    cut = raw[: raw.index(b"reserved by PyTorch but unallocated") + 20]  # cut mid-message
+    dirty = b"\xff\xfe\x00garbage\x1b[31m\n" + cut
+    for name, data in (
+        ("a.log.gz", gzip.compress(dirty)),
+        ("b.log.bz2", bz2.compress(dirty)),
+        ("c.log", dirty),
+    ):
+        path = tmp_path / name
+        path.write_bytes(data)
+        result = run("analyze", path, "--format", "json")
+        assert result.returncode == 0, (name, result.stderr)
+        report = json.loads(result.stdout)
+        assert report["verdict"] == "gpu_oom", name
+        assert report["oom_events"][0]["tried_to_allocate"] == 64 * 1024**2
+
+
+def test_a_megabyte_line_does_not_break_the_analysis(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(b"x" * (8 * 1024 * 1024) + b"\n" + (CASE / "train.log").read_bytes())
+    result = run("analyze", path, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["diagnoses"][0]["id"] == "other_process"
+
+
+def test_bad_option_values_are_usage_errors() -> None:
+    for args in (
+        ["--params", "lots"],
+        ["--gpu-memory", "big"],
+        ["--gpus", "0"],
+        ["--format", "pdf"],
+    ):
+        result = run("analyze", CASE, *args)
+        assert result.returncode == 2, args
+        assert "Traceback" not in result.stderr
+
+
+def test_thresholds_file_is_data_and_is_validated(tmp_path: Path) -> None:
+    settings = tmp_path / "oomlens.toml"
+    settings.write_text("[thresholds]\nother_process_min_fraction = 0.99\n")
+    result = run("analyze", CASE, "--thresholds", settings, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    ids = [d["id"] for d in json.loads(result.stdout)["diagnoses"]]
+    assert "other_process" not in ids  # 125.79 of 139.80 GiB is below a 99% threshold
+    settings.write_text("[thresholds]\nos.system = 1\n")
+    bad = run("analyze", CASE, "--thresholds", settings)
+    assert bad.returncode == 2 and "unknown threshold" in bad.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "secret.log"
+    path.write_text("Traceback (most recent call last):\n")
+    path.chmod(0)
+    result = run("analyze", path)
+    assert result.returncode == 3 and "secret.log" in result.stderr
+
+
+def test_python_dash_m_and_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0 and "oomlens" in result.stdout
