@@ -141,8 +141,10 @@ def size(num: int | float | None) -> str:
     return "unknown" if num is None else format_size(num)
 
 
-def snapshot_evidence(snapshot: SnapshotAnalysis, text: str, note: str = "") -> Evidence:
-    return Evidence(EvidenceKind.SNAPSHOT, text, snapshot.source, note)
+def snapshot_evidence(
+    snapshot: SnapshotAnalysis, text: str, note: str = "", *, supports: bool = True
+) -> Evidence:
+    return Evidence(EvidenceKind.SNAPSHOT, text, snapshot.source, note, supports)
 
 
 def config_evidence(value: ConfigValue[Any], note: str = "") -> Evidence:
@@ -215,4 +217,72 @@ def optimizer_state_init(event: OomEvent) -> bool:
             "_init_state",
             "init_state",
         }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOom:
+    """An OOM known only from a snapshot's ``oom`` trace entry (no log says it).
+
+    ``limit`` is what the process could use, estimated from the snapshot alone: its reserved
+    bytes, plus the device's free bytes when those were below the request (no per-process cap:
+    the device itself was full).  ``device_exhausted`` says which case it was.
+    """
+
+    snapshot: SnapshotAnalysis
+    device: DeviceAnalysis
+    request: int
+    allocated: int
+    reserved: int
+    reserved_unallocated: int
+    device_free: int | None
+
+    @property
+    def device_exhausted(self) -> bool:
+        return self.device_free is not None and self.device_free < self.request
+
+    @property
+    def limit(self) -> int:
+        extra = self.device_free if self.device_exhausted and self.device_free else 0
+        return self.reserved + extra
+
+    def where(self) -> str:
+        oom = self.device.oom
+        site = oom.site.describe() if oom is not None and oom.site is not None else "unknown site"
+        return f"device {self.device.device}, request from {site}"
+
+
+def snapshot_ooms(facts: RunFacts) -> list[SnapshotOom]:
+    """Snapshot OOMs that no log OOM event accounts for (a snapshot without its log)."""
+    if any(e.message.kind is OomKind.ALLOCATOR for e in facts.gpu_oom_events()):
+        return []
+    found = []
+    for snapshot, device in facts.snapshot_devices():
+        oom = device.oom
+        if oom is None:
+            continue
+        state = device.state
+        found.append(
+            SnapshotOom(
+                snapshot=snapshot,
+                device=device,
+                request=oom.alloc_size_bytes,
+                allocated=state.allocated_bytes + state.private_pool_free_bytes,
+                reserved=state.reserved_bytes,
+                reserved_unallocated=state.reserved_unallocated_bytes,
+                device_free=oom.device_free_bytes,
+            )
+        )
+    return found
+
+
+def snapshot_oom_evidence(s: SnapshotOom, note: str = "") -> Evidence:
+    oom = s.device.oom
+    category = oom.category.value if oom is not None else "unknown"
+    return snapshot_evidence(
+        s.snapshot,
+        f"oom entry on {s.where()}: {size(s.request)} needed ({category}); "
+        f"{size(s.allocated)} allocated, {size(s.reserved_unallocated)} reserved but unallocated, "
+        f"{size(s.device_free)} free on the device",
+        note,
     )

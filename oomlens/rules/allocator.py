@@ -15,9 +15,11 @@ from typing import ClassVar
 
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
+from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
     OomNumbers,
+    SnapshotOom,
     allocator_oom,
     first_step_optimizer_oom,
     oom_evidence,
@@ -25,9 +27,44 @@ from oomlens.rules._common import (
     optimizer_state_init,
     size,
     snapshot_evidence,
+    snapshot_oom_evidence,
+    snapshot_ooms,
 )
 from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
 from oomlens.rules.thresholds import Thresholds
+
+
+def fragmentation_fixes(stuck: int, expandable_on: bool) -> tuple[Fix, ...]:
+    """The fixes for fragmentation, never proposing expandable segments when already on."""
+    fixes = []
+    if not expandable_on:
+        fixes.append(
+            Fix(
+                "Let the allocator map memory in pages inside growing segments, so free space "
+                "need not be contiguous.",
+                environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                predicted_saving_bytes=stuck,
+                cost="none measurable in most training; incompatible with some CUDA-graph setups",
+            )
+        )
+    else:
+        fixes.append(
+            Fix(
+                "Keep big long-lived tensors from being carved out of short-lived blocks: "
+                "allocate persistent buffers once, early, and make request sizes repeat (pad "
+                "variable lengths to a few bucket sizes).",
+                cost="code change",
+            )
+        )
+    fixes.append(
+        Fix(
+            "Stop keeping small tensors alive across iterations (lists of per-step outputs on "
+            "the GPU pin the segments they were carved from); move them to the CPU or keep "
+            "Python numbers.",
+            cost="code change",
+        )
+    )
+    return tuple(fixes)
 
 
 class FragmentationRule:
@@ -44,6 +81,8 @@ class FragmentationRule:
     )
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for snapshot_oom in snapshot_ooms(facts):
+            yield from self._from_snapshot(snapshot_oom, thresholds)
         event = allocator_oom(facts)
         if event is None or event.message.kind is not OomKind.ALLOCATOR:
             return
@@ -116,6 +155,7 @@ class FragmentationRule:
                         f"a free block of {size(oom.largest_free_block)} could have held the "
                         f"request",
                         "a big enough free block existed, so contiguity was not the problem",
+                        supports=False,
                     )
                 )
         # When the model states alone cannot fit, fragmentation only decides *when* it dies.
@@ -132,20 +172,7 @@ class FragmentationRule:
                     supports=False,
                 )
             )
-        fixes = []
-        if not expandable_on:
-            fixes.append(
-                Fix(
-                    "Let the allocator map memory in pages inside growing segments, so free space "
-                    "need not be contiguous.",
-                    environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-                    predicted_saving_bytes=stuck,
-                    cost=(
-                        "none measurable in most training; incompatible with some CUDA-graph setups"
-                    ),
-                )
-            )
-        else:
+        if expandable_on:
             evidence.append(
                 snapshot_evidence(
                     located[0] if located else facts.snapshots[0],
@@ -153,22 +180,7 @@ class FragmentationRule:
                     "the usual fix is already in force",
                 )
             )
-            fixes.append(
-                Fix(
-                    "Keep big long-lived tensors from being carved out of short-lived blocks: "
-                    "allocate persistent buffers once, early, and make request sizes repeat (pad "
-                    "variable lengths to a few bucket sizes).",
-                    cost="code change",
-                )
-            )
-        fixes.append(
-            Fix(
-                "Stop keeping small tensors alive across iterations (lists of per-step outputs on "
-                "the GPU pin the segments they were carved from); move them to the CPU or keep "
-                "Python numbers.",
-                cost="code change",
-            )
-        )
+        fixes = fragmentation_fixes(stuck, expandable_on)
         missing = () if located is not None else (CAPTURE_SNAPSHOT,)
         yield Diagnosis(
             id=self.id,
@@ -181,10 +193,67 @@ class FragmentationRule:
                 f"{size(n.limit)} {n.limit_name})"
             ),
             evidence=tuple(evidence),
-            fixes=tuple(fixes),
+            fixes=fixes,
             missing=missing,
             rank=event.rank,
             figures=figures,
+        )
+
+    def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        """A snapshot without its log: the stuck bytes and the failing request are in it."""
+        state, oom = s.device.state, s.device.oom
+        if oom is None or not oom.snapshot_at_oom:
+            return
+        stuck = s.reserved_unallocated
+        if stuck < max(
+            thresholds.fragmentation_min_unallocated_bytes,
+            thresholds.fragmentation_min_unallocated_fraction * s.limit,
+        ):
+            return
+        if oom.fits_largest_free_block or s.request > state.unreleasable_free_bytes:
+            return
+        confidence = 0.7
+        evidence = [
+            snapshot_oom_evidence(s, "stuck free memory larger than the failing request"),
+            snapshot_evidence(
+                s.snapshot,
+                f"{size(state.unreleasable_free_bytes)} free inside {state.unreleasable_segments} "
+                f"segments that still hold a live block; largest usable free block "
+                f"{size(oom.largest_free_block)}",
+                "the free memory is split into blocks too small for the request",
+            ),
+        ]
+        if oom.category is MemoryCategory.OPTIMIZER_STATE:
+            confidence = 0.35
+            evidence.append(
+                snapshot_evidence(
+                    s.snapshot,
+                    "the failing request creates optimizer state",
+                    "states created for the first time must fit whole",
+                    supports=False,
+                )
+            )
+        settings = s.snapshot.allocator_settings
+        expandable_on = bool(settings is not None and settings.expandable_segments)
+        yield Diagnosis(
+            id=self.id,
+            title=self.title,
+            severity=Severity.HIGH,
+            confidence=clamp(confidence),
+            summary=(
+                f"{size(stuck)} of GPU memory was reserved by PyTorch but unusable when a "
+                f"{size(s.request)} request failed ({size(s.allocated)} allocated)"
+            ),
+            evidence=tuple(evidence),
+            fixes=fragmentation_fixes(stuck, expandable_on),
+            missing=("the job's log with the OOM message (card capacity and limit)",),
+            rank=s.snapshot.source.rank,
+            figures={
+                "tried_to_allocate": s.request,
+                "reserved_unallocated": stuck,
+                "allocated_by_pytorch": s.allocated,
+                "largest_free_block": oom.largest_free_block,
+            },
         )
 
 
@@ -200,6 +269,26 @@ class OtherProcessRule:
     )
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for s in snapshot_ooms(facts):
+            if s.device_exhausted:
+                yield Diagnosis(
+                    id=self.id,
+                    title=self.title,
+                    severity=Severity.HIGH,
+                    confidence=0.45,
+                    summary=(
+                        f"the device had only {size(s.device_free)} free while this process "
+                        f"reserved {size(s.reserved)}: unless the card is that small, other "
+                        "processes or memory outside PyTorch held the rest"
+                    ),
+                    evidence=(snapshot_oom_evidence(s, "the device itself was full"),),
+                    missing=(
+                        "the OOM message from the log (it lists every process on the GPU), "
+                        "or nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+                    ),
+                    rank=s.snapshot.source.rank,
+                    figures={"device_free": s.device_free, "reserved": s.reserved},
+                )
         event = allocator_oom(facts)
         if event is None:
             return

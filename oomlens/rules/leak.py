@@ -22,6 +22,7 @@ from oomlens.rules._common import (
     oom_numbers,
     size,
     snapshot_evidence,
+    snapshot_ooms,
 )
 from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
 from oomlens.rules.thresholds import Thresholds
@@ -115,6 +116,9 @@ class MemoryLeakRule:
                 growth_per_sample=int(stats.slope or 0),
             )
         located = facts.snapshot_for(event) if event is not None else None
+        if located is None and event is None:
+            found = snapshot_ooms(facts)
+            located = (found[0].snapshot, found[0].device) if found else None
         if located is not None:
             snapshot, device = located
             if device.leak is not None and device.leak.sites:
@@ -136,15 +140,16 @@ class MemoryLeakRule:
             for site in device.live_by_site:
                 piled = site.common_size * site.common_size_blocks
                 # Equal blocks from one line are also every layer's activations: piles only
-                # corroborate growth seen elsewhere, they never make a leak on their own.
+                # corroborate growth seen elsewhere; without a log they are a lead (low
+                # confidence), with a log that shows no growth they are nothing.
                 if (
-                    confidence
+                    (confidence or event is None)
                     and site.common_size_blocks >= thresholds.leak_min_samples
                     and allocated
                     and piled >= 0.1 * allocated
                 ):
                     where = site.site.describe() if site.site else "an unknown site"
-                    confidence += 0.15
+                    confidence = confidence + 0.15 if confidence else 0.3
                     evidence.append(
                         snapshot_evidence(
                             snapshot,

@@ -18,6 +18,7 @@ from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
     MODEL_STATE_CATEGORIES,
     OomNumbers,
+    SnapshotOom,
     allocator_oom,
     category_share,
     config_evidence,
@@ -30,6 +31,8 @@ from oomlens.rules._common import (
     phase_evidence,
     size,
     snapshot_evidence,
+    snapshot_oom_evidence,
+    snapshot_ooms,
     steps_completed_before,
 )
 from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
@@ -93,6 +96,8 @@ class ActivationMemoryRule:
     )
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for s in snapshot_ooms(facts):
+            yield from self._from_snapshot(s)
         event = allocator_oom(facts)
         if event is None or event.phase not in (Phase.FORWARD, Phase.BACKWARD):
             return
@@ -168,9 +173,40 @@ class ActivationMemoryRule:
             figures=figures,
         )
 
+    def _from_snapshot(self, s: SnapshotOom) -> Iterator[Diagnosis]:
+        oom, device = s.device.oom, s.device
+        share = category_share(device, [MemoryCategory.ACTIVATIONS])
+        if oom is None or oom.category is not MemoryCategory.ACTIVATIONS or share < 0.5:
+            return
+        activations = live_bytes(device, [MemoryCategory.ACTIVATIONS])
+        yield Diagnosis(
+            id=self.id,
+            title=self.title,
+            severity=Severity.HIGH,
+            confidence=0.6,
+            summary=(
+                f"tensors allocated in forward passes hold {size(activations)} of "
+                f"{size(s.allocated)} live ({share:.0%}) and the failing request was one more"
+            ),
+            evidence=(
+                snapshot_oom_evidence(s, "an activation allocation failed"),
+                snapshot_evidence(
+                    s.snapshot,
+                    f"activations {size(activations)} ({share:.0%} of live memory)",
+                    "activations dominate",
+                ),
+            ),
+            fixes=tuple(_activation_fixes(None, activations // 2)),
+            missing=(
+                "the job's log (phase of the failure: training step, evaluation or generation)",
+            ),
+            rank=s.snapshot.source.rank,
+            figures={"activation_bytes": activations, "tried_to_allocate": s.request},
+        )
 
-def _activation_fixes(facts: RunFacts, saving: int | None) -> Iterator[Fix]:
-    effective = effective_config(facts)
+
+def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fix]:
+    effective = effective_config(facts) if facts is not None else None
     if effective is not None:
         micro = effective.batch.micro_batch_per_gpu
         gas = effective.batch.gradient_accumulation_steps
@@ -291,6 +327,8 @@ class ModelStatesRule:
     )
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for s in snapshot_ooms(facts):
+            yield from self._from_snapshot(s)
         event = allocator_oom(facts)
         if event is None:
             return
@@ -417,4 +455,51 @@ class ModelStatesRule:
             missing=() if located else (CAPTURE_SNAPSHOT,),
             rank=event.rank,
             figures=n.as_figures(),
+        )
+
+    def _from_snapshot(self, s: SnapshotOom) -> Iterator[Diagnosis]:
+        oom, device = s.device.oom, s.device
+        if oom is None or oom.category is not MemoryCategory.OPTIMIZER_STATE:
+            return
+        share = category_share(device, MODEL_STATE_CATEGORIES)
+        states = live_bytes(device, MODEL_STATE_CATEGORIES)
+        confidence = 0.6 + (0.1 if share >= 0.5 else 0.0)
+        evidence = [
+            snapshot_oom_evidence(s, "the failing request creates optimizer state"),
+            snapshot_evidence(
+                s.snapshot,
+                f"parameters, gradients and optimizer state hold {size(states)} ({share:.0%} "
+                "of live memory)",
+            ),
+        ]
+        if s.device_exhausted:
+            confidence *= 0.7
+            evidence.append(
+                snapshot_evidence(
+                    s.snapshot,
+                    f"only {size(s.device_free)} was free on the device",
+                    "something outside this process' allocator may have held the card",
+                    supports=False,
+                )
+            )
+        yield Diagnosis(
+            id=self.id,
+            title=self.title,
+            severity=Severity.CRITICAL,
+            confidence=clamp(confidence),
+            summary=(
+                f"creating optimizer state failed: {size(s.request)} needed with "
+                f"{size(s.allocated)} already allocated, {size(states)} of it model states"
+            ),
+            evidence=tuple(evidence),
+            fixes=(
+                Fix(
+                    "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch FSDP) or "
+                    "offload the optimizer to CPU.",
+                    cost="more communication per step",
+                ),
+            ),
+            missing=("the job's log and ds_config (stage, offload, GPU count)",),
+            rank=s.snapshot.source.rank,
+            figures={"model_state_bytes": states, "tried_to_allocate": s.request},
         )

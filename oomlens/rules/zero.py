@@ -18,7 +18,9 @@ from oomlens.facts.log import OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
+    CAPTURE_CONFIG,
     CAPTURE_KERNEL,
+    SnapshotOom,
     allocator_oom,
     category_share,
     config_evidence,
@@ -29,6 +31,8 @@ from oomlens.rules._common import (
     quote,
     size,
     snapshot_evidence,
+    snapshot_oom_evidence,
+    snapshot_ooms,
 )
 from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
 from oomlens.rules.thresholds import Thresholds
@@ -73,6 +77,8 @@ class PrefetchOvershootRule:
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         effective = effective_config(facts)
+        for s in snapshot_ooms(facts):
+            yield from self._from_snapshot(s, effective, thresholds)
         event = allocator_oom(facts)
         if effective is None or event is None or effective.zero.stage.value != 3:
             return
@@ -152,6 +158,60 @@ class PrefetchOvershootRule:
             ),
             rank=event.rank,
             figures=figures,
+        )
+
+    def _from_snapshot(
+        self, s: SnapshotOom, effective: EffectiveDsConfig | None, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """A snapshot without its log: gathered parameters fill the card and a gather failed."""
+        oom, device = s.device.oom, s.device
+        share = category_share(device, [MemoryCategory.ZERO3_GATHERED_PARAMS])
+        if oom is None or oom.category is not MemoryCategory.ZERO3_GATHERED_PARAMS or share < 0.25:
+            return
+        gathered = live_bytes(device, [MemoryCategory.ZERO3_GATHERED_PARAMS])
+        evidence = [
+            snapshot_oom_evidence(s, "a ZeRO-3 parameter gather failed"),
+            snapshot_evidence(
+                s.snapshot,
+                f"gathered ZeRO-3 parameters hold {size(gathered)} ({share:.0%} of live memory)",
+                "the gathered working set fills the card",
+            ),
+        ]
+        raised = (
+            _raised_working_set(effective, thresholds.prefetch_overshoot_factor)
+            if effective is not None
+            else []
+        )
+        evidence += [config_evidence(v, "raised above DeepSpeed's default") for v, _ in raised]
+        fixes = (
+            (
+                Fix(
+                    "Restore DeepSpeed's defaults for the raised working-set settings.",
+                    config_patch={"zero_optimization": {_leaf_key(v): d for v, d in raised}},
+                    cost="less overlap of gathers with compute",
+                ),
+            )
+            if raised
+            else (
+                Fix(
+                    "Lower stage3_prefetch_bucket_size, stage3_max_live_parameters and "
+                    "stage3_max_reuse_distance (DeepSpeed's defaults: 5e7, 1e9, 1e9; 0 disables "
+                    "prefetch and caching).",
+                    cost="slower steps",
+                ),
+            )
+        )
+        yield Diagnosis(
+            id=self.id,
+            title=self.title,
+            severity=Severity.HIGH,
+            confidence=0.75 if raised else 0.5,
+            summary=f"ZeRO-3 held {size(gathered)} of gathered parameters when a gather failed",
+            evidence=tuple(evidence),
+            fixes=fixes,
+            missing=() if effective is not None else (CAPTURE_CONFIG,),
+            rank=s.snapshot.source.rank,
+            figures={"gathered_param_bytes": gathered},
         )
 
 
