@@ -11,17 +11,32 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from oomlens.analysis.allocator import analyze_snapshot
 from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
+from oomlens.analysis.zero_model import (
+    Capacity,
+    ModelSize,
+    Topology,
+    build_budget,
+    candidate_patches,
+    compare_with_capacity,
+)
 from oomlens.errors import InputError, NoUsableInputError
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
-from oomlens.facts.log import LogFacts
-from oomlens.facts.run import ConfigSource, InputReport, RunFacts, WorldSizeFact
+from oomlens.facts.log import LogFacts, Phase
+from oomlens.facts.run import (
+    ConfigSource,
+    InputReport,
+    MemoryModelFacts,
+    ModelParams,
+    RunFacts,
+    WorldSizeFact,
+)
 from oomlens.facts.snapshot import SnapshotAnalysis
 from oomlens.ingest.detect import DiscoveredFile, InputKind, discover_run
 from oomlens.ingest.ds_config import read_ds_config, reconcile_with_dump
@@ -122,6 +137,7 @@ def gather_facts(
     ranks = rank_picture(run_logs.logs, run_logs.error_files, run_logs.kernel_logs)
     world = _world_size(run_logs.logs, options)
     config_source = _config(config_files, run_logs.logs, world, reports)
+    params = _params(run_logs.logs, options)
     if (
         not run_logs.logs
         and not snapshots
@@ -131,7 +147,7 @@ def gather_facts(
     ):
         problems = "; ".join(r.problem for r in reports if r.problem) or "no inputs"
         raise NoUsableInputError(f"nothing could be analyzed: {problems}")
-    return RunFacts(
+    facts = RunFacts(
         inputs=tuple(reports),
         logs=run_logs.logs,
         error_files=run_logs.error_files,
@@ -140,7 +156,78 @@ def gather_facts(
         config=config_source,
         ranks=ranks,
         world_size=world,
+        params=params,
+        gpu_memory=options.gpu_memory,
+        host_memory=options.host_memory,
     )
+    return replace(facts, memory_model=memory_model(facts))
+
+
+def _params(logs: Sequence[LogFacts], options: AnalysisOptions) -> ModelParams | None:
+    if options.params is not None:
+        return ModelParams(options.params, "command line (--params)")
+    for log in logs:
+        if log.param_count is not None:
+            count = log.param_count
+            return ModelParams(count.total, f"log ({count.origin})", count.source)
+    return None
+
+
+_MODEL_PHASES = {
+    Phase.MODEL_INIT: "engine init",
+    Phase.FORWARD: "forward/backward",
+    Phase.BACKWARD: "forward/backward",
+    Phase.OPTIMIZER_STEP: "optimizer step",
+}
+
+
+def memory_model(facts: RunFacts) -> MemoryModelFacts | None:
+    """The ZeRO memory model, when the config, the parameter count and the world size are
+    known; compared with the GPU capacity the OOM message (or ``--gpu-memory``) gives and the
+    host memory ``--host-memory`` gives.  None when any input is missing."""
+    if facts.config is None or facts.params is None or facts.world_size is None:
+        return None
+    effective = facts.config.reading.effective
+    world = facts.world_size.value
+    topology = Topology(world_size=world, gpus_per_node=min(world, GPUS_PER_NODE_GUESS))
+    model = ModelSize(
+        total_params=facts.params.total, source=facts.params.origin, source_ref=facts.params.source
+    )
+    try:
+        budget = build_budget(effective, model, topology)
+    except ValueError:
+        return None
+    event = facts.first_gpu_oom()
+    capacity: Capacity | None = None
+    total = event.message.total_capacity if event is not None else None
+    if event is not None and total is not None:
+        m = event.message
+        capacity = Capacity.from_oom_message(
+            total_capacity=total,
+            free=m.free,
+            allocated_by_pytorch=m.allocated_by_pytorch,
+            reserved_unallocated=m.reserved_unallocated,
+            allowed=m.allowed,
+            source=f"OOM message at {event.source.describe()}",
+            host_bytes=facts.host_memory,
+            host_source="--host-memory" if facts.host_memory else "",
+        )
+    elif facts.gpu_memory is not None or facts.host_memory is not None:
+        capacity = Capacity(
+            gpu_bytes=facts.gpu_memory,
+            gpu_source="--gpu-memory",
+            host_bytes=facts.host_memory,
+            host_source="--host-memory",
+        )
+    verdicts = tuple(compare_with_capacity(budget, capacity)) if capacity else ()
+    phase = _MODEL_PHASES.get(event.phase) if event is not None else None
+    patches = tuple(
+        candidate_patches(effective, model, topology, capacity, verdicts=verdicts, phase=phase)
+    )
+    assumptions = tuple(budget.assumptions)
+    if world > GPUS_PER_NODE_GUESS:
+        assumptions += (f"{GPUS_PER_NODE_GUESS} GPUs per node assumed",)
+    return MemoryModelFacts(budget, verdicts, patches, assumptions)
 
 
 def _collect_inputs(
@@ -186,6 +273,9 @@ def _collect_inputs(
         )
     return files, reports
 
+
+GPUS_PER_NODE_GUESS = 8
+"""Ranks per host when no launcher line says it (the common 8-GPU node)."""
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,6})")
 

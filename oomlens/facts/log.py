@@ -391,6 +391,17 @@ class WorldSize:
 
 
 @dataclass(frozen=True, slots=True)
+class ParamCount:
+    """The model's parameter count as a line states it (``origin``: ``deepspeed`` zero.Init,
+    ``hf_trainer``, ``peft``, ``script`` for a training script's own line)."""
+
+    total: int
+    trainable: int | None
+    origin: str
+    source: SourceRef
+
+
+@dataclass(frozen=True, slots=True)
 class LauncherExit:
     """DeepSpeed launcher ``[...] exits with return code = N``.
 
@@ -511,6 +522,7 @@ class LogFacts:
     batch_assertions: tuple[BatchAssertion, ...]
     config_errors: tuple[ConfigErrorLine, ...]
     world_size: WorldSize | None
+    param_count: ParamCount | None
     launcher_exits: tuple[LauncherExit, ...]
     killed_subprocesses: tuple[KilledSubprocess, ...]
     closing_signals: tuple[ClosingSignal, ...]

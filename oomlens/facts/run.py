@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from oomlens.analysis.config_patch import ConfigPatch
 from oomlens.analysis.ranks import RankPicture
+from oomlens.analysis.zero_model import CapacityVerdict, MemoryBudget
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
@@ -62,12 +64,30 @@ class WorldSizeFact:
 
 
 @dataclass(frozen=True, slots=True)
-class ParamCount:
+class ModelParams:
     """The model's parameter count and where it was read (``--params``, a log line)."""
 
     total: int
     origin: str
     source: SourceRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryModelFacts:
+    """The ZeRO memory model for this run: what the config implies per GPU and per host for
+    the model's parameter count, compared with the capacity in force, and the config patches
+    it predicts would help (most memory saved first)."""
+
+    budget: MemoryBudget
+    verdicts: tuple[CapacityVerdict, ...]
+    patches: tuple[ConfigPatch, ...]
+    assumptions: tuple[str, ...]
+
+    def verdict(self, kind: str) -> CapacityVerdict | None:
+        for verdict in self.verdicts:
+            if verdict.kind == kind:
+                return verdict
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +106,10 @@ class RunFacts:
     config: ConfigSource | None
     ranks: RankPicture
     world_size: WorldSizeFact | None
-    params: ParamCount | None = None
+    params: ModelParams | None = None
     gpu_memory: int | None = None
     host_memory: int | None = None
+    memory_model: MemoryModelFacts | None = None
 
     # ----------------------------------------------------------------- questions rules ask
 

@@ -8,12 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oomlens.analysis.zero_model import CapacityVerdict
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.log import LogFacts, OomEvent, OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
-from oomlens.rules.base import Evidence, EvidenceKind
+from oomlens.rules.base import Evidence, EvidenceKind, Fix
 from oomlens.units import format_size
 
 MODEL_STATE_CATEGORIES = frozenset(
@@ -286,3 +287,65 @@ def snapshot_oom_evidence(s: SnapshotOom, note: str = "") -> Evidence:
         f"{size(s.device_free)} free on the device",
         note,
     )
+
+
+#: Memory-model components (``oomlens.analysis.zero_model``) that are model states.
+MODEL_STATE_COMPONENTS = frozenset(
+    {
+        "param_partition",
+        "param_full",
+        "grad_partition",
+        "grads",
+        "fp32_master",
+        "optimizer_states",
+        "step_fp32_grads",
+        "init_fp32_grad_buffer",
+        "hpz_secondary",
+    }
+)
+
+
+def model_overflow(facts: RunFacts) -> tuple[Evidence, CapacityVerdict] | None:
+    """The memory model's GPU verdict when it says the config cannot fit the card."""
+    model = facts.memory_model
+    if model is None:
+        return None
+    verdict = model.verdict("gpu")
+    if verdict is None or verdict.overflow_bytes <= 0:
+        return None
+    blamed = verdict.overflow_component
+    text = (
+        f"ZeRO memory model: {size(verdict.required_bytes)} needed per GPU at its peak "
+        f"({verdict.peak_phase}) vs {size(verdict.capacity_bytes)} ({verdict.capacity_source}); "
+        f"first overflow at {verdict.overflow_phase}"
+        + (f", largest allocation there: {blamed.name} {size(blamed.bytes)}" if blamed else "")
+    )
+    source = facts.params.source if facts.params is not None else None
+    note = (
+        f"for {facts.params.total:,} parameters ({facts.params.origin}) on "
+        f"{facts.world_size.value if facts.world_size else '?'} GPUs"
+        if facts.params is not None
+        else ""
+    )
+    return Evidence(EvidenceKind.DERIVED, text, source, note), verdict
+
+
+def model_patch_fixes(facts: RunFacts, limit: int = 2) -> list[Fix]:
+    """The memory model's best config patches as fixes, with their predicted savings."""
+    model = facts.memory_model
+    if model is None:
+        return []
+    fixes = []
+    for patch in model.patches[:limit]:
+        merge = patch.merge_patch()
+        if not merge:
+            continue
+        fixes.append(
+            Fix(
+                patch.summary[:1].upper() + patch.summary[1:] + ".",
+                config_patch=merge,
+                predicted_saving_bytes=patch.gpu_bytes_saved,
+                cost=patch.cost,
+            )
+        )
+    return fixes

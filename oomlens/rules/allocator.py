@@ -11,6 +11,7 @@ libraries.  A snapshot then shows the stuck blocks themselves.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import ClassVar
 
 from oomlens.facts.log import OomKind
@@ -22,6 +23,7 @@ from oomlens.rules._common import (
     SnapshotOom,
     allocator_oom,
     first_step_optimizer_oom,
+    model_overflow,
     oom_evidence,
     oom_numbers,
     optimizer_state_init,
@@ -169,6 +171,16 @@ class FragmentationRule:
                     "states that are being created for the first time must fit whole; a "
                     "defragmented "
                     "allocator would fail at the next state tensor",
+                    supports=False,
+                )
+            )
+        overflow = model_overflow(facts)
+        if overflow is not None:
+            confidence = min(confidence, 0.3)
+            evidence.append(
+                replace(
+                    overflow[0],
+                    note="the config cannot fit whatever the allocator does",
                     supports=False,
                 )
             )

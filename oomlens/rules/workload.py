@@ -17,6 +17,7 @@ from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
     MODEL_STATE_CATEGORIES,
+    MODEL_STATE_COMPONENTS,
     OomNumbers,
     SnapshotOom,
     allocator_oom,
@@ -25,6 +26,8 @@ from oomlens.rules._common import (
     effective_config,
     first_step_optimizer_oom,
     live_bytes,
+    model_overflow,
+    model_patch_fixes,
     oom_evidence,
     oom_numbers,
     optimizer_state_init,
@@ -374,6 +377,17 @@ class ModelStatesRule:
                 )
             elif confidence and share < 0.3:
                 confidence -= 0.2
+        overflow = model_overflow(facts)
+        if overflow is not None and confidence:
+            confidence += 0.15
+            evidence.append(overflow[0])
+        elif (
+            overflow is not None
+            and overflow[1].overflow_component is not None
+            and (overflow[1].overflow_component.code in MODEL_STATE_COMPONENTS)
+        ):
+            confidence = 0.5
+            evidence.append(overflow[0])
         if not confidence:
             return
         if _others_dominate(n):
@@ -388,10 +402,9 @@ class ModelStatesRule:
                 )
             )
         effective = effective_config(facts)
-        fixes: list[Fix] = []
-        if effective is not None:
+        fixes: list[Fix] = model_patch_fixes(facts) if overflow is not None else []
+        if effective is not None and not fixes:
             zero = effective.zero
-            evidence.append(config_evidence(zero.stage))
             if zero.stage.value < 3:
                 fixes.append(
                     Fix(
@@ -425,7 +438,7 @@ class ModelStatesRule:
                         cost="parameters fetched from the host every pass: much slower",
                     )
                 )
-        else:
+        elif effective is None:
             fixes.append(
                 Fix(
                     "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch "

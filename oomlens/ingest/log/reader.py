@@ -49,6 +49,7 @@ from oomlens.facts.log import (
     MemorySample,
     MemorySeries,
     OomEvent,
+    ParamCount,
     PeerFailureSignal,
     Phase,
     ProcessFailure,
@@ -57,7 +58,7 @@ from oomlens.facts.log import (
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, kernel, steps, torch_oom, torchrun
+from oomlens.ingest.log import deepspeed, kernel, params, steps, torch_oom, torchrun
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.timestamps import leading_timestamp
@@ -79,7 +80,7 @@ TERMINATE_ANCHORS: tuple[bytes, ...] = (b"terminate called after throwing",)
 TB, OOM, TERMINATE, DS_MEMORY, DS_CPU, FLUSH, CONFIG_DUMP, BATCH, CONFIG_ERROR = (
     1 << i for i in range(9)
 )
-LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP = (1 << i for i in range(9, 16))
+LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP, PARAMS = (1 << i for i in range(9, 17))
 
 _CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
     (TB, TRACEBACK_ANCHORS),
@@ -98,6 +99,7 @@ _CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
     (PEER, torchrun.PEER_ANCHORS),
     (KERNEL, kernel.ANCHORS),
     (STEP, steps.ANCHORS),
+    (PARAMS, params.ANCHORS),
 )
 
 
@@ -352,6 +354,7 @@ class LogReader:
         self.last_by_rank: dict[int | None, StepSample] = {}
         self.config_dump: DsConfigDump | None = None
         self.parsed_config_dump: DumpedConfig | None = None
+        self.param_count: ParamCount | None = None
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
@@ -675,6 +678,11 @@ class LogReader:
         if mask & LAUNCHER:
             self._launcher(message, ref, when)
             return
+        if mask & PARAMS and self.param_count is None:
+            counted = params.parse_param_count(message)
+            if counted is not None:
+                self.param_count = ParamCount(counted.total, counted.trainable, counted.origin, ref)
+                return
         if mask & WORLD:
             world = deepspeed.parse_world_size(message)
             if world is not None:
@@ -1215,6 +1223,7 @@ class LogReader:
             batch_assertions=tuple(self.batch.items),  # type: ignore[arg-type]
             config_errors=tuple(self.config_errors.items),  # type: ignore[arg-type]
             world_size=self.world,
+            param_count=self.param_count,
             launcher_exits=tuple(self.launcher_exits.items),  # type: ignore[arg-type]
             killed_subprocesses=tuple(self.killed.items),  # type: ignore[arg-type]
             closing_signals=tuple(self.closing.items),  # type: ignore[arg-type]
