@@ -10,6 +10,7 @@ import click
 from oomlens import __version__
 from oomlens.cli.analyze import analyze_command
 from oomlens.cli.check import check
+from oomlens.cli.epilog import epilog
 from oomlens.errors import ExitCode, OomlensError
 
 
@@ -21,6 +22,7 @@ def cli() -> None:
 
 cli.add_command(analyze_command)
 cli.add_command(check)
+cli.add_command(epilog)
 
 
 def main(argv: list[str] | None = None) -> None:

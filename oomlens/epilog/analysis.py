@@ -1,0 +1,58 @@
+"""The one place where the Epilog calls oomlens' analysis API.
+
+:func:`analyze_for_epilog` is the adapter: everything else in ``oomlens.epilog`` sees only
+:class:`EpilogAnalysis`, plain data that crosses the pipe from the analysis process.  It runs in
+that process (as the job's user, under the Epilog's deadline), so it imports lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EpilogAnalysis:
+    """What the Epilog keeps of a report."""
+
+    report: dict[str, Any]
+    """The versioned JSON report (``oomlens.render.json.report_to_dict``)."""
+    html: str | None
+    """The HTML report, or None when this oomlens has no HTML renderer."""
+    verdict: str
+    diagnosis: str | None = None
+    """The most likely diagnosis' id."""
+    confidence: float | None = None
+    summary: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+def analyze_for_epilog(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+    """Analyze a job's files (logs, snapshots, configs) and render the report.
+
+    Raises ``oomlens.errors.NoUsableInputError`` when nothing among ``paths`` could be read;
+    problems with single files are recorded in the report.
+    """
+    from oomlens.render.json import report_to_dict
+    from oomlens.session import analyze
+
+    report = analyze(list(paths), config=config)
+    notes: list[str] = []
+    html: str | None = None
+    try:
+        from oomlens.render.html import render_html
+    except ImportError:
+        notes.append("this oomlens has no HTML renderer yet; only the JSON report was written")
+    else:
+        html = render_html(report)
+    top = report.diagnoses[0] if report.diagnoses else None
+    return EpilogAnalysis(
+        report=report_to_dict(report),
+        html=html,
+        verdict=str(report.verdict),
+        diagnosis=None if top is None else str(top.id),
+        confidence=None if top is None else float(top.confidence),
+        summary=None if top is None else str(top.summary),
+        notes=tuple(notes),
+    )
