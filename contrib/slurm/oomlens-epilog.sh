@@ -17,7 +17,9 @@ HARD_LIMIT="${OOMLENS_EPILOG_HARD_LIMIT:-30}"                  # seconds; < Prol
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 set +e
-trap 'exit 0' TERM INT HUP
+child=""
+# A TERM from slurmd (PrologEpilogTimeout) ends oomlens and this script at once, with status 0.
+trap '[ -n "$child" ] && kill -KILL -- "-$child" 2>/dev/null; exit 0' TERM INT HUP
 
 args=(epilog --settings "$SETTINGS" --hard-limit "$HARD_LIMIT")
 if [ -n "${OOMLENS_EPILOG_SPOOL:-}" ]; then
@@ -25,10 +27,11 @@ if [ -n "${OOMLENS_EPILOG_SPOOL:-}" ]; then
 fi
 
 if [ -x "$OOMLENS" ] && [ -x /usr/bin/timeout ]; then
-    # In the background, so that a TERM from slurmd runs the trap at once instead of after
-    # the foreground command; timeout kills oomlens' whole process group with SIGKILL.
+    # In the background, so that a TERM runs the trap at once instead of after the foreground
+    # command.  timeout leads its own process group and SIGKILLs all of it at the limit.
     /usr/bin/timeout --signal=KILL "$HARD_LIMIT" "$OOMLENS" "${args[@]}" \
         </dev/null >/dev/null 2>&1 &
-    wait $! 2>/dev/null
+    child=$!
+    wait "$child" 2>/dev/null
 fi
 exit 0

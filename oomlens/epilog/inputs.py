@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass
@@ -26,12 +27,15 @@ from oomlens.epilog.patterns import (
     find_output_file,
 )
 from oomlens.epilog.settings import EpilogSettings
+from oomlens.epilog.spool import write_all
 from oomlens.units import format_size
 
 _SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 _COPY_CHUNK = 1024 * 1024
 _MAX_LINE_SEARCH = 1024 * 1024
 """How far the shortened copy looks for a line break to cut at."""
+_ZERO_RUN = 512
+_ZERO_RUN_RE = re.compile(rb"\x00{%d,}" % _ZERO_RUN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +242,9 @@ def _log_input(
 def shorten_log(source: str, destination_dir: str, limit: int) -> tuple[str, int]:
     """Copy the head (an eighth of ``limit``) and the tail of ``source`` into a new file.
 
-    The cuts fall on line breaks (within 1 MiB) and a marker line says how much was left out.
+    The cuts fall on line breaks (within 1 MiB) and a marker line says how much was left out;
+    long runs of zero bytes are left out too (one marker line each), so that a sparse region
+    does not make a text log look binary.
     Returns the copy's path (``destination_dir/<name>``) and the number of bytes not copied.
     Raises OSError when the source cannot be read or the copy cannot be written.
     """
@@ -267,8 +273,11 @@ def shorten_log(source: str, destination_dir: str, limit: int) -> tuple[str, int
         out = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             _copy_range(fd, out, 0, head_end)
-            marker = f"\n[oomlens epilog: {skipped} bytes of this {size}-byte file left out here]\n"
-            _write_all(out, marker.encode())
+            if skipped:
+                marker = (
+                    f"\n[oomlens epilog: {skipped} bytes of this {size}-byte file left out here]\n"
+                )
+                write_all(out, marker.encode())
             _copy_range(fd, out, tail_start, size)
         finally:
             os.close(out)
@@ -278,20 +287,30 @@ def shorten_log(source: str, destination_dir: str, limit: int) -> tuple[str, int
 
 
 def _copy_range(source_fd: int, out_fd: int, start: int, end: int) -> None:
+    """Copy bytes ``start:end``, with every run of zero bytes (a hole left by a crashed file
+    server, a sparse region) of ``_ZERO_RUN`` bytes or more replaced by one marker line."""
+    pending_zeros = 0
     position = start
     while position < end:
         chunk = os.pread(source_fd, min(_COPY_CHUNK, end - position), position)
         if not chunk:
-            return
-        _write_all(out_fd, chunk)
+            break
         position += len(chunk)
+        body = chunk.lstrip(b"\0")
+        pending_zeros += len(chunk) - len(body)
+        if not body:
+            continue
+        write_all(out_fd, _zeros(pending_zeros))
+        trimmed = body.rstrip(b"\0")
+        pending_zeros = len(body) - len(trimmed)
+        write_all(out_fd, _ZERO_RUN_RE.sub(lambda run: _zeros(len(run.group())), trimmed))
+    write_all(out_fd, _zeros(pending_zeros))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _zeros(count: int) -> bytes:
+    if count < _ZERO_RUN:
+        return b"\0" * count
+    return f"\n[oomlens epilog: {count} zero bytes left out here]\n".encode()
 
 
 def _workdir_files(

@@ -154,9 +154,24 @@ def _run(
     if spool_override is not None:
         settings = replace(settings, spool_dir=Path(spool_override))
     budget = effective_budget(settings.budget_seconds, hard_limit)
-    finish_by = started + budget
     recorder = _Recorder(job, settings, problems, started, budget, str(settings_path))
+    try:
+        return _act(job, settings, recorder, started + budget, analyzer)
+    except Exception as exc:  # noqa: BLE001 - a bug is recorded like any other outcome
+        return recorder.finish(
+            Action.ERROR, reason=f"internal error: {type(exc).__name__}: {str(exc)[:500]}"
+        )
+    finally:
+        recorder.close_spool()
 
+
+def _act(
+    job: JobEnvironment,
+    settings: EpilogSettings,
+    recorder: _Recorder,
+    finish_by: float,
+    analyzer: Analyzer,
+) -> EpilogOutcome:
     if job.job_id is None:
         return recorder.finish(Action.SKIPPED, reason="no SLURM_JOB_ID: not run by Slurm")
     if not runs_here(job):
@@ -167,7 +182,6 @@ def _run(
             reason=f"the job did not fail (exit {job.describe_exit()})",
             log=settings.log_successful_jobs,
         )
-
     key = job.spool_key
     assert key is not None
     try:
@@ -178,8 +192,8 @@ def _run(
     if job_fd is None:
         return recorder.finish(Action.DUPLICATE, log=False)
     try:
-        reserve = min(1.0, budget * 0.2)
-        result = _analyze(job, settings, finish_by - reserve, analyzer, problems)
+        reserve = min(1.0, recorder.budget * 0.2)
+        result = _analyze(job, settings, finish_by - reserve, analyzer, recorder.problems)
         return recorder.finish_analysis(job_fd, result)
     finally:
         os.close(job_fd)
@@ -333,9 +347,6 @@ class _Recorder:
         logged = False
         if log:
             logged = self._log(action, full)
-        if self.spool_fd is not None:
-            os.close(self.spool_fd)
-            self.spool_fd = None
         return EpilogOutcome(
             action,
             job.spool_key,
@@ -344,6 +355,11 @@ class _Recorder:
             problems=tuple(self.problems),
             elapsed=time.monotonic() - self.started,
         )
+
+    def close_spool(self) -> None:
+        if self.spool_fd is not None:
+            os.close(self.spool_fd)
+            self.spool_fd = None
 
     def _log(self, action: str, full: dict[str, Any]) -> bool:
         line = log_line(action, full)

@@ -193,3 +193,18 @@ def test_shorten_a_sparse_multi_gigabyte_file_quickly(tmp_path: Path) -> None:
     assert data.startswith(b"head line\n")
     assert data.endswith(b"torch.OutOfMemoryError: CUDA out of memory.\n")
     assert skipped > 3 * 1024**3 - 1024**2 - 100
+    # the zeros read at both ends are left out, so that the copy still reads as text
+    assert b"\0" not in data
+    assert len(data) < 1000
+
+
+def test_zero_runs_are_left_out_short_ones_kept(tmp_path: Path) -> None:
+    source = tmp_path / "holes.log"
+    source.write_bytes(b"a\n" + b"\0" * 5000 + b"b\0c\n" + b"\0" * 511 + b"d\n" + b"\0" * 3000)
+    copy, skipped = shorten_log(str(source), str(tmp_path / "out"), 1024**2)
+    assert skipped == 0
+    assert Path(copy).read_bytes() == (
+        b"a\n\n[oomlens epilog: 5000 zero bytes left out here]\nb\0c\n"
+        + b"\0" * 511
+        + b"d\n\n[oomlens epilog: 3000 zero bytes left out here]\n"
+    )

@@ -330,6 +330,8 @@ def test_a_bug_in_oomlens_is_an_error_outcome(
     outcome = _run(tmp_path, _env(job_dir))
     assert outcome.action == "error"
     assert outcome.problems == ("internal error: KeyError: 'surprise'",)
+    (line,) = _log_lines(tmp_path / "spool")
+    assert line["action"] == "error" and line["reason"] == "internal error: KeyError: 'surprise'"
 
 
 @needs_root

@@ -43,9 +43,10 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     base.chmod(0o755)
     launcher = base / "bin" / "oomlens"
     launcher.parent.mkdir()
+    # The Epilog runs this checkout's oomlens (first on sys.path) with the tests' interpreter.
+    python_path = f"{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"
     launcher.write_text(
-        "#!/bin/sh\n"
-        f'PYTHONPATH={REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} -m oomlens "$@"\n'
+        f'#!/bin/sh\nPYTHONPATH={python_path} exec {sys.executable} -m oomlens "$@"\n'
     )
     launcher.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     cluster = SlurmCluster(base, launcher, uid)
