@@ -7,6 +7,7 @@ that process (as the job's user, under the Epilog's deadline), so it imports laz
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,24 +29,29 @@ class EpilogAnalysis:
     notes: tuple[str, ...] = field(default=())
 
 
-def analyze_for_epilog(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def analyze_for_epilog(
+    paths: Sequence[str], *, config: str | None = None, max_snapshot_bytes: int | None = None
+) -> EpilogAnalysis:
     """Analyze a job's files (logs, snapshots, configs) and render the report.
 
-    Raises ``oomlens.errors.NoUsableInputError`` when nothing among ``paths`` could be read;
-    problems with single files are recorded in the report.
+    Snapshots larger than ``max_snapshot_bytes`` are not loaded (the report says so).  Raises
+    ``oomlens.errors.NoUsableInputError`` when nothing among ``paths`` could be read; problems
+    with single files are recorded in the report.
     """
     from oomlens.render.json import report_to_dict
-    from oomlens.session import analyze
+    from oomlens.session import AnalysisOptions, analyze
 
-    report = analyze(list(paths), config=config)
+    options = AnalysisOptions(max_snapshot_bytes=max_snapshot_bytes)
+    report = analyze(list(paths), config=config, options=options)
     notes: list[str] = []
     html: str | None = None
     try:
-        from oomlens.render.html import render_html
+        # Looked up by name: the HTML renderer is newer than this module and may be absent.
+        html_renderer = importlib.import_module("oomlens.render.html")
     except ImportError:
         notes.append("this oomlens has no HTML renderer yet; only the JSON report was written")
     else:
-        html = render_html(report)
+        html = str(html_renderer.render_html(report))
     top = report.diagnoses[0] if report.diagnoses else None
     return EpilogAnalysis(
         report=report_to_dict(report),

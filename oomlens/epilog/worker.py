@@ -36,7 +36,8 @@ from oomlens.epilog.spool import write_all
 from oomlens.errors import NoUsableInputError
 
 Analyzer = Callable[..., EpilogAnalysis]
-"""``analyzer(paths, config=...) -> EpilogAnalysis`` (the adapter, or a test's double)."""
+"""``analyzer(paths, config=..., max_snapshot_bytes=...) -> EpilogAnalysis`` (the adapter,
+or a test's double)."""
 
 MAX_RESULT_BYTES = 64 * 1024**2
 """A larger answer from the child is cut off and recorded as a failure."""
@@ -255,7 +256,9 @@ def _child_work(
         return
     started = time.monotonic()
     try:
-        analysis = analyzer(plan.analysis_paths, config=None)
+        analysis = analyzer(
+            plan.analysis_paths, config=None, max_snapshot_bytes=settings.max_snapshot_bytes
+        )
     except NoUsableInputError as exc:
         payload["status"] = WorkerStatus.NO_INPUT
         payload["error"] = exc.message

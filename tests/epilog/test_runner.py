@@ -41,7 +41,7 @@ def _analysis(paths: Sequence[str], **facts: Any) -> EpilogAnalysis:
     )
 
 
-def recording_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def recording_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     return _analysis(paths, euid=os.geteuid(), egid=os.getegid())
 
 
@@ -170,7 +170,7 @@ def test_no_job_id_is_logged_and_skipped(tmp_path: Path, job_dir: Path) -> None:
     assert "no SLURM_JOB_ID" in _log_lines(tmp_path / "spool")[0]["reason"]
 
 
-def hanging_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def hanging_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     Path(paths[0] + ".pid").write_text(str(os.getpid()))
     time.sleep(3600)
     raise AssertionError("unreachable")
@@ -212,25 +212,25 @@ def test_hard_limit_applies_to_a_run(tmp_path: Path, job_dir: Path) -> None:
     assert time.monotonic() - started < 1.9
 
 
-def raising_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def raising_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     raise RuntimeError("a bug in a rule")
 
 
-def segfaulting_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def segfaulting_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     os.kill(os.getpid(), signal.SIGSEGV)
     raise AssertionError("unreachable")
 
 
-def empty_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def empty_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     raise NoUsableInputError("none of 1 input could be read")
 
 
-def greedy_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def greedy_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     hoard = bytearray(2 * 1024**3)
     return _analysis(paths, size=len(hoard))
 
 
-def flooding_analyzer(paths: Sequence[str], *, config: str | None = None) -> EpilogAnalysis:
+def flooding_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     analysis = _analysis(paths)
     return EpilogAnalysis(analysis.report, "x" * (65 * 1024**2), "gpu_oom")
 
