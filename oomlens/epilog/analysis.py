@@ -8,6 +8,7 @@ that process (as the job's user, under the Epilog's deadline), so it imports laz
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,32 @@ class EpilogAnalysis:
     confidence: float | None = None
     summary: str | None = None
     notes: tuple[str, ...] = field(default=())
+
+
+_PRELOADED = (
+    "oomlens.session",
+    "oomlens.render.json",
+    "oomlens.render.html",
+    # Optional accelerators the readers import lazily.
+    "ahocorasick_rs",
+    "zstandard",
+    "hjson",
+)
+
+
+def prepare_analysis() -> None:
+    """Get the analysis ready in a process that is about to drop to the job's user.
+
+    Imports it now, while the installation is surely readable (it may not be to the job's
+    user), and keeps DeepSpeed out: importing it (and torch with it) to validate a config
+    costs seconds and gigabytes the Epilog does not have; oomlens' own config checks stand in.
+    """
+    sys.modules["deepspeed"] = None  # type: ignore[assignment]
+    for name in _PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
 
 
 def analyze_for_epilog(

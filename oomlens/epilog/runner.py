@@ -322,6 +322,7 @@ class _Recorder:
                 "id": job.job_id,
                 "user": job.user,
                 "uid": job.uid,
+                "gid": job.gid,
                 "node": job.node_name,
                 "nodelist": job.nodelist,
                 "context": str(job.context),

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from oomlens.epilog.analysis import EpilogAnalysis
+from oomlens.epilog.analysis import EpilogAnalysis, prepare_analysis
 from oomlens.epilog.environment import JobEnvironment
 from oomlens.epilog.inputs import plan_inputs, short_hostname
 from oomlens.epilog.settings import EpilogSettings
@@ -42,7 +42,8 @@ or a test's double)."""
 MAX_RESULT_BYTES = 64 * 1024**2
 """A larger answer from the child is cut off and recorded as a failure."""
 _PR_SET_PDEATHSIG = 1
-_REAP_SECONDS = 2.0
+_REAP_SECONDS = 0.5
+_MAX_FD = 65536
 
 
 class WorkerStatus:
@@ -207,7 +208,7 @@ def _child(  # pragma: no cover - runs in the forked child
             write_all(write_fd, json.dumps(message, default=str).encode("utf-8", "replace") + b"\n")
 
         try:
-            _child_work(job, settings, scratch_dir, analyzer, parent_pid, payload, send)
+            _child_work(job, settings, scratch_dir, analyzer, parent_pid, payload, send, write_fd)
         except _Refused as exc:
             payload.update(status=WorkerStatus.REFUSED, error=str(exc))
         except BaseException as exc:  # noqa: BLE001 - any failure becomes a recorded status
@@ -231,11 +232,14 @@ def _child_work(
     parent_pid: int,
     payload: dict[str, Any],
     send: Callable[[dict[str, Any]], None],
+    send_fd: int,
 ) -> None:
     """Fill ``payload`` step by step, so that what was found survives a later failure; the
     input plan is sent at once, so that the parent has it even if the analysis never ends."""
     _silence()
+    _close_inherited_descriptors(keep=send_fd)
     os.chdir("/")
+    prepare_analysis()
     payload["identity"] = drop_privileges(job)
     _die_with_parent(parent_pid)
     notes: list[str] = []
@@ -273,6 +277,12 @@ def _child_work(
     if settings.copy_to_workdir:
         payload["workdir_copies"] = copy_to_workdir(job, analysis, notes)
     payload["status"] = WorkerStatus.ANALYZED
+
+
+def _close_inherited_descriptors(keep: int) -> None:
+    """Close what the Epilog had open (its spool directories among them) but the pipe."""
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _MAX_FD)
 
 
 def _silence() -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -41,8 +42,16 @@ def _analysis(paths: Sequence[str], **facts: Any) -> EpilogAnalysis:
     )
 
 
-def recording_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
-    return _analysis(paths, euid=os.geteuid(), egid=os.getegid())
+def recording_analyzer(paths: Sequence[str], **options: Any) -> EpilogAnalysis:
+    return _analysis(
+        paths,
+        euid=os.geteuid(),
+        egid=os.getegid(),
+        options=options,
+        preloaded="oomlens.session" in sys.modules,
+        deepspeed_blocked=sys.modules.get("deepspeed", "absent") is None,
+        open_fds=sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+    )
 
 
 @pytest.fixture
@@ -114,6 +123,11 @@ def test_failed_job_is_analyzed_into_the_spool(tmp_path: Path, job_dir: Path) ->
     assert record["inputs"] == [
         {"path": str(job_dir / "train.41.log"), "role": "stdout+stderr", "bytes": 44}
     ]
+    # AND the analysis ran prepared: imported, without DeepSpeed, with no descriptor of the
+    # Epilog's but its pipe, and with the site's snapshot limit
+    assert verdict["preloaded"] and verdict["deepspeed_blocked"]
+    assert len(verdict["open_fds"]) == 5  # stdin, stdout, stderr (/dev/null), pipe, listdir's
+    assert verdict["options"] == {"config": None, "max_snapshot_bytes": 256 * 1024**2}
     for name in ("verdict.json", "report.html", "epilog.json"):
         assert stat.S_IMODE((spool / "41" / name).stat().st_mode) == 0o600
     assert stat.S_IMODE((spool / "41").stat().st_mode) == 0o700

@@ -26,8 +26,18 @@ from tests.slurm.cluster import (
     why_not_runnable,
 )
 
-TIMINGS: dict[str, float] = {}
+TIMINGS: dict[str, float | str] = {}
 """Seconds of each bring-up step (printed at the end of the session)."""
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIMINGS:
+        terminalreporter.write_line(
+            "real SLURM: " + ", ".join(
+                f"{key} {value:.2f} s" if isinstance(value, float) else f"{key} {value}"
+                for key, value in TIMINGS.items()
+            )
+        )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +70,6 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if created_user:
             remove_test_user()
         if os.environ.get("OOMLENS_KEEP_SLURM_BASE"):
-            print(f"\nSLURM test base kept: {base}")
+            TIMINGS["kept_base"] = str(base)
         else:
             shutil.rmtree(base, ignore_errors=True)
-        print("\nSLURM timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in TIMINGS.items()))
