@@ -236,7 +236,7 @@ def _child_work(
 ) -> None:
     """Fill ``payload`` step by step, so that what was found survives a later failure; the
     input plan is sent at once, so that the parent has it even if the analysis never ends."""
-    _silence()
+    _silence(keep=send_fd)
     _close_inherited_descriptors(keep=send_fd)
     os.chdir("/")
     prepare_analysis()
@@ -285,13 +285,15 @@ def _close_inherited_descriptors(keep: int) -> None:
     os.closerange(keep + 1, _MAX_FD)
 
 
-def _silence() -> None:
+def _silence(keep: int) -> None:
     """Nothing the analysis prints (or a crash dump) reaches slurmd's pipe or a terminal."""
     faulthandler.disable()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
+        if fd != keep:
+            os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
 
 
 def drop_privileges(job: JobEnvironment) -> dict[str, Any]:
