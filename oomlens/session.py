@@ -64,6 +64,9 @@ class AnalysisOptions:
     snapshot_limits: SnapshotLimits | None = None
     max_snapshot_bytes: int | None = None
     """Snapshots larger than this are not loaded (recorded as skipped): for time-boxed callers."""
+    prefer_deepspeed: bool = True
+    """Validate configs with DeepSpeed's own models when it is installed; False keeps DeepSpeed
+    (and torch with it: seconds and gigabytes) out of the process, oomlens' own checks stand in."""
 
 
 def analyze(
@@ -136,7 +139,9 @@ def gather_facts(
 
     ranks = rank_picture(run_logs.logs, run_logs.error_files, run_logs.kernel_logs)
     world = _world_size(run_logs.logs, options)
-    config_source = _config(config_files, run_logs.logs, world, reports)
+    config_source = _config(
+        config_files, run_logs.logs, world, reports, prefer_deepspeed=options.prefer_deepspeed
+    )
     params = _params(run_logs.logs, options)
     if (
         not run_logs.logs
@@ -342,6 +347,8 @@ def _config(
     logs: Sequence[LogFacts],
     world: WorldSizeFact | None,
     reports: list[InputReport],
+    *,
+    prefer_deepspeed: bool = True,
 ) -> ConfigSource | None:
     """The run's DeepSpeed config: the file (validated at the run's world size) reconciled with
     the engine's own dump from the log when there is one."""
@@ -354,7 +361,9 @@ def _config(
                 InputReport(file.path, InputKind.DS_CONFIG.value, exc.problem, problem=exc.message)
             )
             continue
-        from_file = read_and_check(document, world_size=world.value if world else None)
+        from_file = read_and_check(
+            document, world_size=world.value if world else None, prefer_deepspeed=prefer_deepspeed
+        )
         reports.append(InputReport(file.path, InputKind.DS_CONFIG.value, file.reason))
     reports.extend(
         InputReport(

@@ -6,17 +6,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from oomlens.cli.params import COUNT, SIZE
 from oomlens.errors import UsageError
-from oomlens.render.json import render_json
-from oomlens.render.markdown import render_markdown
-from oomlens.render.text import render_text
-from oomlens.report import Report
 from oomlens.rules.thresholds import load_thresholds
-from oomlens.session import AnalysisOptions, analyze
+
+if TYPE_CHECKING:
+    from oomlens.report import Report
 
 FORMATS = ("text", "json", "markdown")
 _EXTENSIONS = {
@@ -44,6 +43,12 @@ def choose_format(fmt: str | None, output: str | None) -> str:
 
 
 def render(report: Report, fmt: str, *, colour: bool = False) -> str:
+    # Renderers and the analysis are imported when used: `oomlens epilog` and `--help` start
+    # without loading them.
+    from oomlens.render.json import render_json
+    from oomlens.render.markdown import render_markdown
+    from oomlens.render.text import render_text
+
     if fmt == "json":
         return render_json(report)
     if fmt == "markdown":
@@ -128,6 +133,8 @@ def analyze_command(
     """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
     combined), snapshot pickles, ds_config files, kernel logs, torchelastic error files, or
     the run's directory. Prints the verdict, the diagnoses with their evidence, and the fix."""
+    from oomlens.session import AnalysisOptions, analyze
+
     chosen = choose_format(fmt, output)
     options = AnalysisOptions(
         thresholds=load_thresholds(thresholds_file),

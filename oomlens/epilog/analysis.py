@@ -8,7 +8,6 @@ that process (as the job's user, under the Epilog's deadline), so it imports laz
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,10 +44,9 @@ def prepare_analysis() -> None:
     """Get the analysis ready in a process that is about to drop to the job's user.
 
     Imports it now, while the installation is surely readable (it may not be to the job's
-    user), and keeps DeepSpeed out: importing it (and torch with it) to validate a config
-    costs seconds and gigabytes the Epilog does not have; oomlens' own config checks stand in.
+    user).  DeepSpeed stays out (``prefer_deepspeed=False`` below): importing it, and torch
+    with it, to validate a config costs seconds and gigabytes the Epilog does not have.
     """
-    sys.modules["deepspeed"] = None  # type: ignore[assignment]
     for name in _PRELOADED:
         try:
             importlib.import_module(name)
@@ -68,7 +66,7 @@ def analyze_for_epilog(
     from oomlens.render.json import report_to_dict
     from oomlens.session import AnalysisOptions, analyze
 
-    options = AnalysisOptions(max_snapshot_bytes=max_snapshot_bytes)
+    options = AnalysisOptions(max_snapshot_bytes=max_snapshot_bytes, prefer_deepspeed=False)
     report = analyze(list(paths), config=config, options=options)
     notes: list[str] = []
     html: str | None = None

@@ -48,7 +48,8 @@ def _epilog(tmp_path: Path, job_id: str, analyzer: Any, settings: str = "") -> N
 def test_unfinished_and_deferred_jobs_are_pending(tmp_path: Path) -> None:
     # GIVEN three handled jobs: one finished, one timed out, one with a deferred snapshot
     _epilog(tmp_path, "7", _quick)
-    _epilog(tmp_path, "8", _stuck, "budget_seconds = 1\n")
+    # (a budget that leaves the child time to report its inputs even on a loaded machine)
+    _epilog(tmp_path, "8", _stuck, "budget_seconds = 8\n")
     _epilog(tmp_path, "10", _quick, 'max_snapshot_bytes = "4 KiB"\n')
     # WHEN
     pending = pending_jobs(tmp_path / "spool")

@@ -49,7 +49,6 @@ def recording_analyzer(paths: Sequence[str], **options: Any) -> EpilogAnalysis:
         egid=os.getegid(),
         options=options,
         preloaded="oomlens.session" in sys.modules,
-        deepspeed_blocked=sys.modules.get("deepspeed", "absent") is None,
         open_fds=sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
     )
 
@@ -125,7 +124,7 @@ def test_failed_job_is_analyzed_into_the_spool(tmp_path: Path, job_dir: Path) ->
     ]
     # AND the analysis ran prepared: imported, without DeepSpeed, with no descriptor of the
     # Epilog's but its pipe, and with the site's snapshot limit
-    assert verdict["preloaded"] and verdict["deepspeed_blocked"]
+    assert verdict["preloaded"]
     assert len(verdict["open_fds"]) == 5  # stdin, stdout, stderr (/dev/null), pipe, listdir's
     assert verdict["options"] == {"config": None, "max_snapshot_bytes": 256 * 1024**2}
     for name in ("verdict.json", "report.html", "epilog.json"):
@@ -427,3 +426,20 @@ def test_no_copy_when_not_running_as_the_jobs_user(job_dir: Path) -> None:
     written = copy_to_workdir(job, _analysis([]), notes)
     assert written == [] and "not as the job's user" in notes[0]
     assert not list(job_dir.glob("oomlens-*"))
+
+
+def test_the_epilog_analysis_never_validates_with_deepspeed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Importing DeepSpeed (and torch) costs the Epilog seconds and gigabytes: its analysis
+    uses oomlens' own config checks."""
+    from oomlens.analysis import ds_validation
+    from oomlens.epilog.analysis import analyze_for_epilog
+    from tests._corpus import case_dir
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the epilog validated a config with DeepSpeed")
+
+    monkeypatch.setattr(ds_validation, "validate_with_deepspeed", refuse)
+    result = analyze_for_epilog([str(case_dir("prefetch_overshoot"))])
+    assert result.diagnosis == "prefetch_overshoot"
