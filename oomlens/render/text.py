@@ -58,7 +58,9 @@ def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
         head += f", rank {d.rank}"
     lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]
     for item in d.evidence[:SHOWN_EVIDENCE]:
-        where = f" ({item.source.describe()})" if item.source else ""
+        cited = item.source.describe() if item.source else ""
+        # Config values cite their own line ("... (user at ds_config.json:14)"): once is enough.
+        where = f" ({cited})" if cited and cited.split(" (")[0] not in item.text else ""
         mark = "+" if item.supports else "-"
         lines.append(f"    {mark} {clean(item.text)}{where}")
     if len(d.evidence) > SHOWN_EVIDENCE:
