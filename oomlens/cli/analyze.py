@@ -17,8 +17,10 @@ from oomlens.rules.thresholds import load_thresholds
 if TYPE_CHECKING:
     from oomlens.report import Report
 
-FORMATS = ("text", "json", "markdown")
+FORMATS = ("text", "json", "markdown", "html")
 _EXTENSIONS = {
+    ".html": "html",
+    ".htm": "html",
     ".json": "json",
     ".md": "markdown",
     ".markdown": "markdown",
@@ -37,18 +39,23 @@ def choose_format(fmt: str | None, output: str | None) -> str:
             return _EXTENSIONS[suffix]
         raise UsageError(
             f"{output}: cannot tell the format from the extension {suffix or '(none)'}; "
-            f"use .json, .md or .txt, or pass --format"
+            f"use .html, .json, .md or .txt, or pass --format"
         )
     return "text"
 
 
-def render(report: Report, fmt: str, *, colour: bool = False) -> str:
+def render(report: Report, fmt: str, *, colour: bool = False, redacted: bool = False) -> str:
+    """``report`` in ``fmt`` (``text``, ``json``, ``markdown``, ``html``)."""
     # Renderers and the analysis are imported when used: `oomlens epilog` and `--help` start
     # without loading them.
     from oomlens.render.json import render_json
     from oomlens.render.markdown import render_markdown
     from oomlens.render.text import render_text
 
+    if fmt == "html":
+        from oomlens.render.html import render_html
+
+        return render_html(report, redacted=redacted)
     if fmt == "json":
         return render_json(report)
     if fmt == "markdown":
@@ -92,6 +99,20 @@ def write_output(path: str, text: str) -> None:
     help="Write the report to this file instead of standard output.",
 )
 @click.option(
+    "--html",
+    "html_output",
+    type=click.Path(),
+    default=None,
+    help="Also write the self-contained HTML report to this file.",
+)
+@click.option(
+    "--redact",
+    is_flag=True,
+    default=False,
+    help="Replace user names, home paths, host names and IP addresses (consistently) in "
+    "every output, for reports that leave the organisation.",
+)
+@click.option(
     "--params",
     type=COUNT,
     default=None,
@@ -123,6 +144,8 @@ def analyze_command(
     config: str | None,
     fmt: str | None,
     output: str | None,
+    html_output: str | None,
+    redact: bool,
     params: int | None,
     gpus: int | None,
     gpu_memory: int | None,
@@ -144,13 +167,19 @@ def analyze_command(
         host_memory=host_memory,
     )
     report = analyze(list(inputs), config=config, options=options)
+    if redact:
+        from oomlens.render.redact import redact_report
+
+        report = redact_report(report)
+    summary = f"oomlens: {report.verdict.value}{': ' + report.top.id if report.top else ''}"
+    if html_output is not None:
+        write_output(html_output, render(report, "html", redacted=redact))
+        click.echo(f"{summary}; HTML report written to {html_output}", err=True)
     if output is not None:
-        write_output(output, render(report, chosen))
-        click.echo(
-            f"oomlens: {report.verdict.value}"
-            f"{': ' + report.top.id if report.top else ''}; report written to {output}",
-            err=True,
-        )
+        write_output(output, render(report, chosen, redacted=redact))
+        click.echo(f"{summary}; report written to {output}", err=True)
         return
     use_colour = sys.stdout.isatty() if colour is None else colour
-    click.echo(render(report, chosen, colour=use_colour and chosen == "text"), nl=False)
+    click.echo(
+        render(report, chosen, colour=use_colour and chosen == "text", redacted=redact), nl=False
+    )

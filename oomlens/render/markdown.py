@@ -1,33 +1,48 @@
 """The Markdown report (``--format markdown``): the HTML report's content without charts, for
-ticket bodies in GitHub or Jira.  Rendered from ``templates/markdown/`` with Markdown escaping
-(see ``oomlens.render.templates``)."""
+ticket bodies in GitHub or Jira.
+
+Rendered from ``templates/markdown/`` over the same view model as the HTML report
+(``oomlens.render.view``), one partial per section.  Every value from the inputs goes through
+the ``md`` (inline) or ``code`` (fenced block) filter (see ``oomlens.render.templates``).  The
+per-rule text (how to read the evidence, how to tell the fix worked, the explanation of ids that
+are not rules) is the same text the HTML report shows: the plain-text blocks of
+``templates/rules/<id>.html``.
+"""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from oomlens.render.templates import environment
-from oomlens.report import SCHEMA_VERSION, Report
+from oomlens.render.view import View, build_view
+from oomlens.report import Report
 
-MAX_CONFIG_ROWS = 40
-MAX_OOM_ROWS = 16
+RULE_BASE = "rules/_rule.html"
+RULE_TEXT_BLOCKS = ("explanation", "reading", "verify")
 
 
-def render_markdown(report: Report) -> str:
-    facts = report.facts
-    picture = facts.ranks
-    config_values = []
-    if facts.config is not None:
-        effective = facts.config.reading.effective
-        config_values = [v for v in effective.all_values() if v.is_explicit][:MAX_CONFIG_ROWS]
-    template = environment("markdown").get_template("markdown/report.md.j2")
-    return template.render(
-        report=report,
-        schema_version=SCHEMA_VERSION,
-        verdict_title=report.verdict.value.replace("_", " ").upper(),
-        first_failed=picture.first_failed,
-        basis=picture.basis,
-        victims=[str(r) for r in picture.peer_victims if r is not None],
-        ranks=picture.ranks,
-        oom_events=facts.oom_events()[:MAX_OOM_ROWS],
-        config=facts.config,
-        config_values=config_values,
-    )
+@lru_cache(maxsize=128)
+def rule_text(partial: str, block: str) -> str:
+    """The plain text of ``block`` in the rule partial ``partial`` (or in the base layout when
+    the partial does not override it), whitespace collapsed; '' when neither defines it.
+
+    These blocks hold trusted prose and no variables, so the text is the same in every format.
+    """
+    if block not in RULE_TEXT_BLOCKS:
+        raise ValueError(f"{block!r} is not a rule text block")
+    env = environment("html")
+    for name in (partial, RULE_BASE):
+        template = env.get_template(name)
+        render = template.blocks.get(block)
+        if render is not None:
+            return " ".join("".join(render(template.new_context({}))).split())
+    return ""
+
+
+def render_view_markdown(view: View) -> str:
+    env = environment("markdown")
+    return env.get_template("markdown/report.md.j2").render(v=view, rule_text=rule_text)
+
+
+def render_markdown(report: Report, *, redacted: bool = False) -> str:
+    return render_view_markdown(build_view(report, redacted=redacted))
