@@ -87,9 +87,13 @@ DOM_AUDIT = r"""
     const n = document.getElementsByTagName(tag).length;
     if (n) found.push(n + " <" + tag + ">");
   }
-  if (document.querySelectorAll("meta[http-equiv]").length !== 1) {
-    found.push("extra meta http-equiv");
+  const metas = document.querySelectorAll("meta[http-equiv]");
+  for (const meta of metas) {
+    if (meta.getAttribute("http-equiv").toLowerCase() !== "content-security-policy") {
+      found.push("meta http-equiv " + meta.getAttribute("http-equiv"));
+    }
   }
+  if (metas.length > 1) found.push(metas.length + " meta http-equiv elements");
   if (document.querySelectorAll("style").length !== 1) found.push("extra style element");
   for (const el of document.querySelectorAll("*")) {
     for (const attr of el.attributes) {
@@ -346,6 +350,22 @@ class Browser:
                 elif method == "Network.requestWillBeSent":
                     result.requests.append(params.get("request", {}).get("url", ""))
             return result
+        finally:
+            self._send("Target.closeTarget", {"targetId": target})
+
+    def print_pdf(self, path: Path) -> bytes:
+        """``path`` printed to PDF (print media, backgrounds off), as a person's browser would."""
+        target = self._send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self._send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+        try:
+            self._send("Page.enable", {}, session)
+            self._events.clear()
+            self._send("Page.navigate", {"url": path.resolve().as_uri()}, session)
+            self._wait_for("Page.loadEventFired", session)
+            reply = self._send("Page.printToPDF", {"printBackground": False}, session)
+            return base64.b64decode(reply["data"])
         finally:
             self._send("Target.closeTarget", {"targetId": target})
 
