@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -43,6 +43,7 @@ from oomlens.rules.base import Diagnosis, Evidence, Fix
 from oomlens.units import format_size
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 MAX_TEXT = 2000
 """Characters of one untrusted string (a log line, a config value, a frame)."""
@@ -84,7 +85,7 @@ class Capped(Generic[T]):
     def more(self) -> int:
         return self.total - len(self.items)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[T]:
         return iter(self.items)
 
     def __len__(self) -> int:
@@ -94,14 +95,9 @@ class Capped(Generic[T]):
         return bool(self.items)
 
 
-def cap(items: Iterable[T], limit: int) -> Capped[T]:
-    kept: list[T] = []
-    total = 0
-    for item in items:
-        total += 1
-        if len(kept) < limit:
-            kept.append(item)
-    return Capped(tuple(kept), total)
+def cap(source: Sequence[S], limit: int, make: Callable[[S], T]) -> Capped[T]:
+    """The first ``limit`` items of ``source`` made into views (only those are built)."""
+    return Capped(tuple(make(item) for item in source[:limit]), len(source))
 
 
 def text(value: object, limit: int = MAX_TEXT) -> str:
@@ -448,10 +444,10 @@ def _explanation(rule_id: str) -> str | None:
 
 
 def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
-    evidence = cap((_evidence(e) for e in d.evidence), MAX_EVIDENCE)
+    evidence = cap(d.evidence, MAX_EVIDENCE, _evidence)
     if evidence.more:
         cuts.append(f"{d.id}: {evidence.more} more evidence items not shown (all are in the JSON)")
-    fixes = cap((_fix(i, f) for i, f in enumerate(d.fixes, 1)), MAX_FIXES)
+    fixes = cap(list(enumerate(d.fixes, 1)), MAX_FIXES, lambda pair: _fix(*pair))
     return DiagnosisView(
         index=index,
         anchor=f"d{index}-{d.id}" if d.id.replace("_", "").isalnum() else f"d{index}",
@@ -464,7 +460,7 @@ def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
         rank=d.rank,
         evidence=evidence,
         fixes=fixes,
-        missing=cap((text(m, 1000) for m in d.missing), MAX_MISSING),
+        missing=cap(d.missing, MAX_MISSING, lambda m: text(m, 1000)),
         figures=tuple(
             Fact(text(k, 80).replace("_", " "), _figure_value(k, v)) for k, v in d.figures.items()
         )[:24],
@@ -505,22 +501,20 @@ def _ranks(report: Report) -> RankTable:
     picture = report.facts.ranks
     first = picture.first_failed
     rows = cap(
-        (
-            RankRow(
-                rank="?" if s.rank is None else str(s.rank),
-                outcome=s.outcome.replace("_", " "),
-                own_failure=s.own_failure,
-                died_because_of_peer=s.died_because_of_peer,
-                peer_evidence=text(s.peer_evidence or "", 400),
-                exitcode="" if s.exitcode is None else str(s.exitcode),
-                signal=text(s.signal or "", 40),
-                when=s.first_time.isoformat(sep=" ") if s.first_time else "",
-                where=_where(s.first_source),
-                is_first=first is not None and s is first,
-            )
-            for s in picture.ranks
-        ),
+        picture.ranks,
         MAX_RANK_ROWS,
+        lambda s: RankRow(
+            rank="?" if s.rank is None else str(s.rank),
+            outcome=s.outcome.replace("_", " "),
+            own_failure=s.own_failure,
+            died_because_of_peer=s.died_because_of_peer,
+            peer_evidence=text(s.peer_evidence or "", 400),
+            exitcode="" if s.exitcode is None else str(s.exitcode),
+            signal=text(s.signal or "", 40),
+            when=s.first_time.isoformat(sep=" ") if s.first_time else "",
+            where=_where(s.first_source),
+            is_first=first is not None and s is first,
+        ),
     )
     return RankTable(
         rows=rows,
@@ -530,8 +524,9 @@ def _ranks(report: Report) -> RankTable:
         timed_out=", ".join(str(r) for r in picture.timed_out_ranks),
         stragglers=", ".join(str(r) for r in picture.suspected_stragglers),
         launcher_exits=cap(
-            (f"exit code {e.return_code} ({_where(e.source)})" for e in picture.launcher_exits),
+            picture.launcher_exits,
             8,
+            lambda e: f"exit code {e.return_code} ({_where(e.source)})",
         ),
     )
 
@@ -554,24 +549,22 @@ class OomRow:
 
 def _oom_rows(events: Sequence[OomEvent]) -> Capped[OomRow]:
     return cap(
-        (
-            OomRow(
-                rank="?" if e.rank is None else str(e.rank),
-                host=text(e.source.host or "", 100),
-                device="" if e.message.device is None else str(e.message.device),
-                kind=e.message.kind.value,
-                phase=e.phase.value.replace("_", " "),
-                requested=size(e.message.tried_to_allocate),
-                allocated=size(e.message.allocated_by_pytorch),
-                reserved_unallocated=size(e.message.reserved_unallocated),
-                free=size(e.message.free),
-                limit=size(e.message.allowed or e.message.total_capacity),
-                when=e.timestamp.isoformat(sep=" ") if e.timestamp else "",
-                where=_where(e.source),
-            )
-            for e in events
-        ),
+        events,
         MAX_OOM_ROWS,
+        lambda e: OomRow(
+            rank="?" if e.rank is None else str(e.rank),
+            host=text(e.source.host or "", 100),
+            device="" if e.message.device is None else str(e.message.device),
+            kind=e.message.kind.value,
+            phase=e.phase.value.replace("_", " "),
+            requested=size(e.message.tried_to_allocate),
+            allocated=size(e.message.allocated_by_pytorch),
+            reserved_unallocated=size(e.message.reserved_unallocated),
+            free=size(e.message.free),
+            limit=size(e.message.allowed or e.message.total_capacity),
+            when=e.timestamp.isoformat(sep=" ") if e.timestamp else "",
+            where=_where(e.source),
+        ),
     )
 
 
@@ -1395,31 +1388,27 @@ def _config(report: Report) -> ConfigView | None:
     return ConfigView(
         origin=source.origin.replace("_", " ").replace("+", " + "),
         where=_where(effective.source),
-        rows=cap((_config_row(v) for v in ordered), MAX_CONFIG_ROWS),
+        rows=cap(ordered, MAX_CONFIG_ROWS, _config_row),
         auto_keys=", ".join(text(k, 200) for k in effective.auto_keys[:30]),
         problems=cap(
-            (
-                ProblemRow(
-                    p.severity.value, text(p.key_path, 200), text(p.message, 600), _where(p.source)
-                )
-                for p in reading.problems
-            ),
+            reading.problems,
             MAX_CONFIG_PROBLEMS,
+            lambda p: ProblemRow(
+                p.severity.value, text(p.key_path, 200), text(p.message, 600), _where(p.source)
+            ),
         ),
         hazards=cap(
-            (
-                ProblemRow(
-                    h.severity.value,
-                    text(", ".join(h.key_paths), 300),
-                    text(h.message, 600)
-                    + (f" ({format_size(h.bytes_at_stake)} at stake)" if h.bytes_at_stake else ""),
-                    ", ".join(_where(s) for s in h.sources[:3]),
-                )
-                for h in reading.hazards
-            ),
+            reading.hazards,
             MAX_CONFIG_PROBLEMS,
+            lambda h: ProblemRow(
+                h.severity.value,
+                text(", ".join(h.key_paths), 300),
+                text(h.message, 600)
+                + (f" ({format_size(h.bytes_at_stake)} at stake)" if h.bytes_at_stake else ""),
+                ", ".join(_where(s) for s in h.sources[:3]),
+            ),
         ),
-        notes=cap((text(n, 600) for n in reading.notes), MAX_CONFIG_PROBLEMS),
+        notes=cap(reading.notes, MAX_CONFIG_PROBLEMS, lambda n: text(n, 600)),
         raw_json=raw,
         raw_cut=raw_cut,
     )
@@ -1544,18 +1533,16 @@ def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
     except (ValueError, TypeError, ArithmeticError) as exc:
         return None, text(f"the memory model could not be computed: {exc}", 400)
     rows = cap(
-        (
-            BudgetRow(
-                name=text(c.name, 200),
-                where=("GPU" if c.device is Device.GPU else "host")
-                + (" (per host)" if c.per_host else ""),
-                phase=c.phase.value,
-                bytes=format_size(c.bytes),
-                formula=text(c.formula, 300),
-            )
-            for c in budget.components
-        ),
+        budget.components,
         MAX_BUDGET_ROWS,
+        lambda c: BudgetRow(
+            name=text(c.name, 200),
+            where=("GPU" if c.device is Device.GPU else "host")
+            + (" (per host)" if c.per_host else ""),
+            phase=c.phase.value,
+            bytes=format_size(c.bytes),
+            formula=text(c.formula, 300),
+        ),
     )
     summary = (
         f"ZeRO stage {budget.stage}, {budget.precision.value}, "
@@ -1589,18 +1576,16 @@ class InputRow:
 
 def _inputs(report: Report) -> Capped[InputRow]:
     return cap(
-        (
-            InputRow(
-                path=text(i.path, MAX_SHORT_TEXT),
-                kind=text(i.kind, 60).replace("_", " "),
-                detail=text(i.detail, 300),
-                rank="" if i.rank is None else str(i.rank),
-                problem=text(i.problem or "", 600),
-                notes=cap((text(n, 300) for n in i.notes), MAX_INPUT_NOTES),
-            )
-            for i in report.facts.inputs
-        ),
+        report.facts.inputs,
         MAX_INPUT_ROWS,
+        lambda i: InputRow(
+            path=text(i.path, MAX_SHORT_TEXT),
+            kind=text(i.kind, 60).replace("_", " "),
+            detail=text(i.detail, 300),
+            rank="" if i.rank is None else str(i.rank),
+            problem=text(i.problem or "", 600),
+            notes=cap(i.notes, MAX_INPUT_NOTES, lambda n: text(n, 300)),
+        ),
     )
 
 
@@ -1650,8 +1635,9 @@ def _blind_spots(report: Report) -> BlindSpots | None:
                 )
             )
     others = cap(
-        (Fact(f"process {p.pid}", format_size(p.bytes)) for p in m.other_processes),
+        m.other_processes,
         MAX_OTHER_PROCESSES,
+        lambda p: Fact(f"process {p.pid}", format_size(p.bytes)),
     )
     return BlindSpots(figures=tuple(figures), other_processes=others, where=_where(event.source))
 
@@ -1713,7 +1699,7 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
             )
     at_oom = _oom_budget(report)
     zero, zero_missing = _zero_budget(report)
-    missing = cap((text(m, 1000) for m in report.missing), MAX_MISSING * 2)
+    missing = cap(report.missing, MAX_MISSING * 2, lambda m: text(m, 1000))
     world = report.facts.world_size
     return View(
         banner=_banner(report),
