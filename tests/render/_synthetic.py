@@ -20,7 +20,9 @@ def _corpus_blocks() -> tuple[list[str], list[str]]:
     lines = _SOURCE.read_text().splitlines()
     ma = next(i for i, line in enumerate(lines) if line.startswith("MA "))
     memory_block = lines[ma - 1 : ma + 2]
-    start = next(i for i, line in enumerate(lines) if line == "[rank1]: Traceback (most recent call last):")
+    start = next(
+        i for i, line in enumerate(lines) if line == "[rank1]: Traceback (most recent call last):"
+    )
     end = next(i for i in range(start, len(lines)) if "OutOfMemoryError" in lines[i])
     block = lines[start : end + 1]
     traceback = [block[0], block[1], block[2], *block[-5:]]

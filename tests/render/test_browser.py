@@ -92,9 +92,7 @@ def test_dark_mode_and_print_render(browser: Browser, shots: Path) -> None:
     assert pdf.startswith(b"%PDF") and pdf.count(b"/Type /Page") >= 2
 
 
-def test_injection_payloads_never_run_and_show_as_text(
-    browser: Browser, tmp_path: Path
-) -> None:
+def test_injection_payloads_never_run_and_show_as_text(browser: Browser, tmp_path: Path) -> None:
     # GIVEN a run whose log lines, traceback frames, OOM message, config keys and values and
     # snapshot frame names carry classic script-injection payloads
     report = analyze([hostile_run(tmp_path / "run")])

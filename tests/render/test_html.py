@@ -104,7 +104,9 @@ def test_corpus_report_shows_the_expected_cause_first_with_evidence_and_fix(
 
 
 @pytest.mark.parametrize("name", ["fragmentation", "memory_leak", "prefetch_overshoot"])
-def test_charts_are_inline_svg_with_bounded_points(name: str, corpus_reports: dict[str, Report]) -> None:
+def test_charts_are_inline_svg_with_bounded_points(
+    name: str, corpus_reports: dict[str, Report]
+) -> None:
     html = render_html(corpus_reports[name])
     charts = re.findall(r'<svg class="chart"', html)
     assert charts
@@ -239,11 +241,11 @@ def test_huge_facts_render_under_the_size_bound(corpus_reports: dict[str, Report
     huge_log_facts = dataclasses.replace(log, memory=many_series, oom_events=events)
     ranks = dataclasses.replace(
         facts.ranks,
-        ranks=tuple(
-            dataclasses.replace(facts.ranks.ranks[0], rank=r) for r in range(2000)
-        ),
+        ranks=tuple(dataclasses.replace(facts.ranks.ranks[0], rank=r) for r in range(2000)),
     )
-    inputs = tuple(dataclasses.replace(facts.inputs[0], path=f"/logs/rank{r}.log") for r in range(5000))
+    inputs = tuple(
+        dataclasses.replace(facts.inputs[0], path=f"/logs/rank{r}.log") for r in range(5000)
+    )
     evidence = tuple(
         Evidence(EvidenceKind.LOG, "x" * 5000, SourceRef(log.path, i)) for i in range(2000)
     )
