@@ -25,13 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from oomlens.analysis.zero_model import (
-    Device,
-    MemoryBudget,
-    ModelSize,
-    Topology,
-    build_budget,
-)
+from oomlens.analysis.zero_model import Device
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue
 from oomlens.facts.log import MemorySeries, OomEvent, OomKind
@@ -1446,6 +1440,10 @@ class ZeroBudget:
     gpu_peak: str
     host_peak: str
     assumptions: tuple[str, ...]
+    verdicts: tuple[Fact, ...]
+    """Each device's peak against its capacity."""
+    patches: tuple[Fact, ...]
+    """The config patches the model predicts would help, most memory saved first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1515,23 +1513,19 @@ def _oom_budget(report: Report) -> OomBudget | None:
 
 
 def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
+    """The ZeRO memory model the analysis built (``RunFacts.memory_model``), for display."""
     facts = report.facts
     if facts.config is None:
         return None, ""
-    if facts.params is None:
-        return None, (
-            "the parameter count is unknown: pass --params (e.g. --params 1.3B) to get the "
-            "ZeRO memory model's per-GPU and per-host budget"
-        )
-    world = facts.world_size.value if facts.world_size is not None else 1
-    try:
-        budget: MemoryBudget = build_budget(
-            facts.config.reading.effective,
-            ModelSize(total_params=facts.params.total, source=facts.params.origin),
-            Topology(world_size=world, gpus_per_node=min(world, 8)),
-        )
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        return None, text(f"the memory model could not be computed: {exc}", 400)
+    model = facts.memory_model
+    if model is None:
+        if facts.params is None:
+            return None, (
+                "the parameter count is unknown: pass --params (e.g. --params 1.3B) to get the "
+                "ZeRO memory model's per-GPU and per-host budget"
+            )
+        return None, "the memory model could not be built for this config"
+    budget = model.budget
     rows = cap(
         budget.components,
         MAX_BUDGET_ROWS,
@@ -1546,8 +1540,41 @@ def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
     )
     summary = (
         f"ZeRO stage {budget.stage}, {budget.precision.value}, "
-        f"{facts.params.total:,} parameters ({text(facts.params.origin, 100)}), "
-        f"{world} rank(s)"
+        f"{budget.model.total_params:,} parameters ({text(budget.model.source, 100)}), "
+        f"{budget.topology.world_size} rank(s), {budget.topology.ranks_per_host} per host"
+    )
+    verdicts = tuple(
+        Fact(
+            f"{v.kind} capacity {format_size(v.capacity_bytes)} ({text(v.capacity_source, 100)})",
+            (
+                f"fits: peak {format_size(v.required_bytes)} ({text(v.peak_phase, 60)}), "
+                f"{format_size(v.headroom_bytes)} left"
+                if v.fits
+                else f"does not fit: peak {format_size(v.required_bytes)}, "
+                f"{format_size(v.overflow_bytes)} over"
+                + (f" from {text(v.overflow_phase, 60)}" if v.overflow_phase else "")
+                + (
+                    f" ({text(v.overflow_component.name, 120)})"
+                    if v.overflow_component is not None
+                    else ""
+                )
+            ),
+        )
+        for v in model.verdicts
+    )
+    patches = tuple(
+        Fact(
+            text(p.summary, 300),
+            "; ".join(
+                part
+                for part in (
+                    f"saves {format_size(p.gpu_bytes_saved)} per GPU" if p.gpu_bytes_saved else "",
+                    f"cost: {text(p.cost, 200)}" if p.cost else "",
+                )
+                if part
+            ),
+        )
+        for p in model.patches[:6]
     )
     return (
         ZeroBudget(
@@ -1555,7 +1582,9 @@ def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
             rows=rows,
             gpu_peak=format_size(budget.gpu_peak()),
             host_peak=format_size(budget.host_peak()),
-            assumptions=tuple(text(a, 400) for a in budget.assumptions[:10]),
+            assumptions=tuple(text(a, 400) for a in (*budget.assumptions, *model.assumptions)[:10]),
+            verdicts=verdicts,
+            patches=patches,
         ),
         "",
     )
