@@ -23,7 +23,7 @@ from oomlens.render.view import MAX_EVIDENCE, MAX_POINTS, build_view, downsample
 from oomlens.report import Report
 from oomlens.rules.base import Evidence, EvidenceKind
 from oomlens.rules.engine import RULES
-from oomlens.session import analyze
+from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import case_dir, case_names, manifest
 from tests.render._hostile import XSS_PAYLOADS, hostile_run
 from tests.render._synthetic import huge_log
@@ -278,3 +278,17 @@ def test_huge_synthetic_log_renders_under_two_megabytes(tmp_path: Path) -> None:
     assert len(html.encode()) < MAX_REPORT_BYTES
     assert report.facts.oom_events() and "more out-of-memory errors not listed" in html
     assert "more ranks&#39; series not drawn" in html
+
+
+def test_memory_budget_shows_the_zero_model_when_the_parameter_count_is_known() -> None:
+    report = analyze(
+        [case_dir("prefetch_overshoot")],
+        options=AnalysisOptions(params=350_000_000, gpu_memory=int(6.75 * 1024**3)),
+    )
+    view = build_view(report)
+    assert view.budget.zero is not None and view.budget.zero.rows
+    assert any("gpu capacity" in f.label for f in view.budget.zero.verdicts)
+    html = render_html(report)
+    assert "ZeRO memory model" in html and "GPU peak" in html
+    without_config = build_view(analyze([case_dir("fragmentation")]))
+    assert without_config.budget.zero is None and without_config.budget.zero_missing == ""

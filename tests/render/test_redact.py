@@ -15,7 +15,7 @@ from oomlens.render.json import render_json
 from oomlens.render.markdown import render_markdown
 from oomlens.render.redact import Redactor, redact_report
 from oomlens.render.text import render_text
-from oomlens.session import analyze
+from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import case_dir
 
 USER = "alice.smith"
@@ -161,3 +161,17 @@ def test_same_original_same_placeholder_and_names_learnt_anywhere_apply_everywhe
 def test_redaction_refuses_objects_it_cannot_walk() -> None:
     with pytest.raises(TypeError):
         Redactor(include_machine=False).apply(object())
+
+
+def test_redaction_walks_every_fact_of_a_full_report() -> None:
+    """Snapshots, the config, the ZeRO memory model and its patches: nothing it cannot copy."""
+    report = analyze(
+        [case_dir("prefetch_overshoot")],
+        options=AnalysisOptions(params=350_000_000, gpu_memory=int(6.75 * 1024**3)),
+    )
+    assert report.facts.memory_model is not None and report.facts.snapshots
+    redacted = redact_report(report)
+    assert redacted.facts.memory_model is not None
+    assert redacted.facts.memory_model.budget == report.facts.memory_model.budget  # no names
+    for render in (render_text, render_json, render_markdown, render_html):
+        assert render(redacted)
