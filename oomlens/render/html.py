@@ -16,7 +16,7 @@ import base64
 import hashlib
 from functools import lru_cache
 
-from oomlens.render.templates import environment
+from oomlens.render.templates import environment, rule_partials
 from oomlens.render.view import View, build_view
 from oomlens.report import Report
 
@@ -60,3 +60,23 @@ def render_view_html(view: View) -> str:
 def render_html(report: Report, *, redacted: bool = False) -> str:
     """The report as one HTML page (see the module docstring)."""
     return render_view_html(build_view(report, redacted=redacted))
+
+
+def load_templates() -> None:
+    """Compile every template the HTML and Markdown reports use, and the page's policy.
+
+    Called on import: a process that imports this module and then drops to a user who cannot
+    read the installation (the SLURM Epilog's worker) still renders from the compiled templates
+    (the environments never re-read a template they hold).
+    """
+    html = environment("html")
+    for name in html.list_templates(filter_func=lambda n: n.startswith(("html/", "rules/"))):
+        html.get_template(name)
+    markdown = environment("markdown")
+    for name in markdown.list_templates(filter_func=lambda n: n.startswith("markdown/")):
+        markdown.get_template(name)
+    rule_partials()
+    content_security_policy()
+
+
+load_templates()

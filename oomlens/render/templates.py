@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,24 @@ _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]#|<>~&])")
 
 
 def template_dir() -> Path:
-    """``oomlens/templates`` when installed from a wheel, else the checkout's ``templates/``."""
-    packaged = resources.files("oomlens") / "templates"
+    """``oomlens/templates`` when installed from a wheel, else the checkout's ``templates/``.
+
+    Found from this file's location, not through ``importlib.resources`` (whose lazy imports
+    fail in a process that dropped to a user who cannot read the Python installation, as the
+    SLURM Epilog's worker does).
+    """
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "templates"
     if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "templates"
+        return packaged
+    return package.parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def rule_partials() -> frozenset[str]:
+    """The diagnosis ids that have a partial ``templates/rules/<id>.html``."""
+    folder = template_dir() / "rules"
+    return frozenset(p.stem for p in folder.glob("*.html") if not p.name.startswith("_"))
 
 
 def md_inline(value: object) -> Markup:
@@ -70,6 +82,10 @@ def environment(kind: str) -> Environment:
     env = Environment(
         loader=FileSystemLoader(str(template_dir())),
         autoescape=True,
+        # templates never change under a running process; not checking their files again lets
+        # a process that loaded them keep rendering after it lost the right to read them
+        auto_reload=False,
+        cache_size=-1,
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -30,7 +30,7 @@ from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue
 from oomlens.facts.log import MemorySeries, OomEvent, OomKind
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
-from oomlens.render.templates import template_dir
+from oomlens.render.templates import rule_partials
 from oomlens.render.text import clean
 from oomlens.report import SCHEMA_VERSION, Report, Verdict
 from oomlens.rules.base import Diagnosis, Evidence, Fix
@@ -422,10 +422,7 @@ _BYTE_FIGURES = frozenset(
 
 def partial_for(rule_id: str) -> str:
     """``rules/<id>.html`` when that partial exists, else the generic ``rules/_rule.html``."""
-    if (
-        rule_id.replace("_", "").isalnum()
-        and (template_dir() / "rules" / f"{rule_id}.html").is_file()
-    ):
+    if rule_id in rule_partials():
         return f"rules/{rule_id}.html"
     return "rules/_rule.html"
 
