@@ -1,13 +1,17 @@
 """The analysis process: a forked child that drops to the job's user and has a hard deadline.
 
-The parent (root, in slurmd's Epilog) never opens a path the user controls.  The child:
+The parent (root, in slurmd's Epilog or in the sweeper's cron job) never opens a path the user
+controls.  :func:`run_in_child` is the one child runner the Epilog and the sweeper share.  The
+child:
 
-1. drops every privilege to the job's uid, gid and groups (as root; it refuses to go on as
-   root for a job whose user is unknown), then arranges to die with its parent;
+1. closes what it inherited, imports the analysis, then drops every privilege to the job's
+   uid, gid and groups (as root; it refuses to go on as root for a job whose user is
+   unknown), and arranges to die with its parent;
 2. caps its address space (``max_memory_bytes``);
-3. finds and bounds the job's inputs (:mod:`.inputs`), analyzes them (:mod:`.analysis`),
-   and, when the site allows, writes the reports into the work directory as that user;
-4. sends one JSON document back through a pipe and exits with ``os._exit``.
+3. runs the caller's work as that user (the Epilog's: find and bound the job's inputs with
+   :mod:`.inputs`, analyze them with :mod:`.analysis`, and, when the site allows, write the
+   reports into the work directory);
+4. sends JSON documents back through a pipe and exits with ``os._exit``.
 
 The parent reads that pipe until the deadline, then SIGKILLs the child: a hang, a loop or a
 crash in the analysis ends as a recorded status, never as a late Epilog.
@@ -24,9 +28,9 @@ import resource
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from oomlens.epilog.analysis import EpilogAnalysis, prepare_analysis
 from oomlens.epilog.environment import JobEnvironment
@@ -38,6 +42,13 @@ from oomlens.errors import NoUsableInputError
 Analyzer = Callable[..., EpilogAnalysis]
 """``analyzer(paths, config=..., max_snapshot_bytes=...) -> EpilogAnalysis`` (the adapter,
 or a test's double)."""
+Send = Callable[[dict[str, Any]], None]
+"""Sends one JSON object to the parent; each adds to (overrides keys of) the previous ones."""
+ChildWork = Callable[[dict[str, Any], Send], None]
+"""``work(payload, send)``: what the child does once it is the job's user.  It fills
+``payload`` (JSON-ready values; ``status`` last, a :class:`WorkerStatus`), and may ``send`` it
+early so that the parent keeps what was found even if the work never ends.  What it raises
+becomes ``analysis_failed``."""
 
 MAX_RESULT_BYTES = 64 * 1024**2
 """A larger answer from the child is cut off and recorded as a failure."""
@@ -68,6 +79,19 @@ class WorkerResult:
     seconds: float = 0.0
 
 
+class RunAs(Protocol):
+    """Whose files the child reads: the job's user (a ``JobEnvironment``, a ``PendingJob``)."""
+
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def uid(self) -> int | None: ...
+
+    @property
+    def gid(self) -> int | None: ...
+
+
 class _Refused(Exception):
     """The child will not read the job's files (it would have to do so as root)."""
 
@@ -80,10 +104,33 @@ def run_analysis_process(
     scratch_dir: str | None,
     analyzer: Analyzer,
 ) -> WorkerResult:
-    """Run the analysis in a child process and wait for it until ``deadline`` (monotonic).
+    """The Epilog's analysis: find the job's inputs within the settings' bounds, analyze them,
+    copy the reports into the work directory when the site allows; in a child process, as the
+    job's user, until ``deadline`` (monotonic).  See :func:`run_in_child` for what it raises."""
 
-    Never raises for anything the child does; raises OSError only when no process or pipe can
-    be created at all.
+    def work(payload: dict[str, Any], send: Send) -> None:
+        _epilog_work(job, settings, scratch_dir, analyzer, payload, send)
+
+    return run_in_child(
+        work, run_as=job, deadline=deadline, max_memory_bytes=settings.max_memory_bytes
+    )
+
+
+def run_in_child(
+    work: ChildWork,
+    *,
+    run_as: RunAs,
+    deadline: float,
+    max_memory_bytes: int,
+) -> WorkerResult:
+    """Run ``work`` in a forked child that becomes ``run_as``'s user (when this process is
+    root) with its address space capped at ``max_memory_bytes`` (0: no cap), and wait for it
+    until ``deadline`` (``time.monotonic()``), when it is SIGKILLed.
+
+    Returns the child's merged messages and status: the one the work set, ``refused`` (root,
+    and the user is unknown), ``analysis_failed`` (the work raised, or sent more than
+    ``MAX_RESULT_BYTES``), ``timed_out`` or ``crashed`` (no answer).  Never raises for anything
+    the child does; raises OSError only when no process or pipe can be created at all.
     """
     started = time.monotonic()
     read_fd, write_fd = os.pipe()
@@ -91,7 +138,7 @@ def run_analysis_process(
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child; its behaviour is tested end to end
         os.close(read_fd)
-        _child(job, settings, scratch_dir, analyzer, write_fd, parent_pid)
+        _child(work, run_as, max_memory_bytes, write_fd, parent_pid)
     os.close(write_fd)
     try:
         data, finished, overflow = _read_until(read_fd, deadline)
@@ -193,10 +240,9 @@ def _describe(wait_status: int | None) -> str:
 
 
 def _child(  # pragma: no cover - runs in the forked child
-    job: JobEnvironment,
-    settings: EpilogSettings,
-    scratch_dir: str | None,
-    analyzer: Analyzer,
+    work: ChildWork,
+    run_as: RunAs,
+    max_memory_bytes: int,
     write_fd: int,
     parent_pid: int,
 ) -> None:
@@ -208,7 +254,18 @@ def _child(  # pragma: no cover - runs in the forked child
             write_all(write_fd, json.dumps(message, default=str).encode("utf-8", "replace") + b"\n")
 
         try:
-            _child_work(job, settings, scratch_dir, analyzer, parent_pid, payload, send, write_fd)
+            _silence(keep=write_fd)
+            _close_inherited_descriptors(keep=write_fd)
+            os.chdir("/")
+            prepare_analysis()
+            payload["identity"] = drop_privileges(run_as)
+            _die_with_parent(parent_pid)
+            notes: list[str] = []
+            payload["notes"] = notes
+            memory_note = _limit_memory(max_memory_bytes)
+            if memory_note:
+                notes.append(memory_note)
+            work(payload, send)
         except _Refused as exc:
             payload.update(status=WorkerStatus.REFUSED, error=str(exc))
         except BaseException as exc:  # noqa: BLE001 - any failure becomes a recorded status
@@ -224,29 +281,17 @@ def _child(  # pragma: no cover - runs in the forked child
         os._exit(0)
 
 
-def _child_work(
+def _epilog_work(
     job: JobEnvironment,
     settings: EpilogSettings,
     scratch_dir: str | None,
     analyzer: Analyzer,
-    parent_pid: int,
     payload: dict[str, Any],
-    send: Callable[[dict[str, Any]], None],
-    send_fd: int,
+    send: Send,
 ) -> None:
-    """Fill ``payload`` step by step, so that what was found survives a later failure; the
-    input plan is sent at once, so that the parent has it even if the analysis never ends."""
-    _silence(keep=send_fd)
-    _close_inherited_descriptors(keep=send_fd)
-    os.chdir("/")
-    prepare_analysis()
-    payload["identity"] = drop_privileges(job)
-    _die_with_parent(parent_pid)
-    notes: list[str] = []
-    payload["notes"] = notes
-    memory_note = _limit_memory(settings.max_memory_bytes)
-    if memory_note:
-        notes.append(memory_note)
+    """The Epilog's work, as the job's user: the input plan is sent at once, so that the
+    parent has it even if the analysis never ends."""
+    notes: list[str] = payload["notes"]
     plan = plan_inputs(
         job, settings, now=time.time(), scratch_dir=scratch_dir, hostname=short_hostname()
     )
@@ -258,25 +303,42 @@ def _child_work(
         payload["status"] = WorkerStatus.NO_INPUT
         payload["error"] = "none of the job's files could be found or read"
         return
+    analysis = analyze_into(
+        payload, analyzer, plan.analysis_paths, max_snapshot_bytes=settings.max_snapshot_bytes
+    )
+    if analysis is None:
+        return
+    if settings.copy_to_workdir:
+        payload["workdir_copies"] = copy_to_workdir(job, analysis, notes)
+    payload["status"] = WorkerStatus.ANALYZED
+
+
+def analyze_into(
+    payload: dict[str, Any],
+    analyzer: Analyzer,
+    paths: Sequence[str],
+    *,
+    max_snapshot_bytes: int | None,
+) -> EpilogAnalysis | None:
+    """Run ``analyzer`` on ``paths`` and put its result into ``payload`` (``analysis``,
+    ``report``, ``html``, ``analysis_seconds``, its notes); returns it.  When nothing among
+    the paths could be read, sets the ``no_input`` status and returns None.  Anything else the
+    analyzer raises propagates (the child records it)."""
     started = time.monotonic()
     try:
-        analysis = analyzer(
-            plan.analysis_paths, config=None, max_snapshot_bytes=settings.max_snapshot_bytes
-        )
+        analysis = analyzer(paths, config=None, max_snapshot_bytes=max_snapshot_bytes)
     except NoUsableInputError as exc:
         payload["status"] = WorkerStatus.NO_INPUT
         payload["error"] = exc.message
-        return
+        return None
     payload["analysis_seconds"] = round(time.monotonic() - started, 3)
-    notes.extend(analysis.notes)
+    payload.setdefault("notes", []).extend(analysis.notes)
     payload["analysis"] = {
         key: value for key, value in asdict(analysis).items() if key not in ("report", "html")
     }
     payload["report"] = analysis.report
     payload["html"] = analysis.html
-    if settings.copy_to_workdir:
-        payload["workdir_copies"] = copy_to_workdir(job, analysis, notes)
-    payload["status"] = WorkerStatus.ANALYZED
+    return analysis
 
 
 def _close_inherited_descriptors(keep: int) -> None:
@@ -296,7 +358,7 @@ def _silence(keep: int) -> None:
         os.close(null)
 
 
-def drop_privileges(job: JobEnvironment) -> dict[str, Any]:
+def drop_privileges(job: RunAs) -> dict[str, Any]:
     """Become the job's user when running as root; describe who the process is afterwards.
 
     Raises ``_Refused`` when running as root for a job whose user is unknown: the job's files
@@ -363,27 +425,40 @@ def copy_to_workdir(job: JobEnvironment, analysis: EpilogAnalysis, notes: list[s
     """Write ``oomlens-<job>.json`` (and ``.html``) into the work directory, as the job's user.
 
     Only when this process is the job's user: root never writes into a directory a user
-    controls.  Each file is written under a temporary name and renamed into place.
+    controls.  Each file is written under a temporary name and renamed into place.  Returns
+    the paths written; every problem becomes a note.
     """
-    if not job.work_dir or job.spool_key is None:
+    return write_workdir_copies(
+        job.work_dir, job.spool_key, job.uid, analysis.report, analysis.html, notes
+    )
+
+
+def write_workdir_copies(
+    work_dir: str | None,
+    key: str | None,
+    uid: int | None,
+    report: dict[str, Any],
+    html: str | None,
+    notes: list[str],
+) -> list[str]:
+    """:func:`copy_to_workdir` for a job known by its work directory, spool key and uid."""
+    if not work_dir or key is None:
         notes.append("copy_to_workdir: the job's work directory is unknown")
         return []
-    if job.uid is None or os.geteuid() != job.uid:
+    if uid is None or os.geteuid() != uid:
         notes.append(
-            f"copy_to_workdir: this Epilog runs as uid {os.geteuid()}, not as the job's user; "
+            f"copy_to_workdir: this process runs as uid {os.geteuid()}, not as the job's user; "
             "no copy in the work directory"
         )
         return []
-    files: list[tuple[str, bytes]] = [
-        (f"oomlens-{job.spool_key}.json", json.dumps(analysis.report, indent=2).encode())
-    ]
-    if analysis.html is not None:
-        files.append((f"oomlens-{job.spool_key}.html", analysis.html.encode("utf-8", "replace")))
+    files = [(f"oomlens-{key}.json", json.dumps(report, indent=2).encode())]
+    if html is not None:
+        files.append((f"oomlens-{key}.html", html.encode("utf-8", "replace")))
     written: list[str] = []
     try:
-        dir_fd = os.open(job.work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = os.open(work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        notes.append(f"copy_to_workdir: cannot open {job.work_dir} ({exc.strerror or exc})")
+        notes.append(f"copy_to_workdir: cannot open {work_dir} ({exc.strerror or exc})")
         return []
     try:
         for name, data in files:
@@ -404,7 +479,7 @@ def copy_to_workdir(job: JobEnvironment, analysis: EpilogAnalysis, notes: list[s
                 notes.append(f"copy_to_workdir: {name}: {exc.strerror or exc}")
                 _unlink_quietly(temporary, dir_fd)
                 continue
-            written.append(os.path.join(job.work_dir, name))
+            written.append(os.path.join(work_dir, name))
     finally:
         os.close(dir_fd)
     return written
