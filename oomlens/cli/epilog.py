@@ -3,7 +3,9 @@
 Meant to be run by ``contrib/slurm/oomlens-epilog.sh`` from ``slurm.conf``'s ``Epilog=`` or
 ``EpilogSlurmctld=``.  It reads the job from the environment and always exits 0: a failing
 Epilog drains the node.  ``--check`` is for admins: it validates the settings file, prints the
-effective settings, and exits 2 when they are invalid.
+effective settings, and exits 2 when they are invalid.  ``--sweep`` is for cron: it finishes
+the analyses the Epilog deferred or cut short (:mod:`oomlens.epilog.sweep`); it exits 0 when
+it ran, whatever became of the jobs, and 2 for a bad settings file, option or spool.
 """
 
 from __future__ import annotations
@@ -53,8 +55,45 @@ _STARTED = _process_started()
     is_flag=True,
     help="Validate the settings file, print the effective settings, exit 2 if invalid.",
 )
-def epilog(settings_path: str, spool: str | None, hard_limit: str | None, check: bool) -> None:
-    """Analyze the job that just ended, from a SLURM Epilog. Always exits 0."""
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Instead, analyze the jobs whose Epilog deferred a big snapshot or stopped at its "
+    "budget (for cron, as root); exits 0 when it ran, 2 for a bad settings file or spool.",
+)
+@click.option(
+    "--budget-per-job",
+    default=None,
+    metavar="SECONDS",
+    help="--sweep: seconds each job's analysis may take  [default: 300]",
+)
+@click.option(
+    "--max-jobs", default=None, metavar="N", help="--sweep: take at most N jobs this run."
+)
+@click.option(
+    "--max-memory",
+    default=None,
+    metavar="SIZE",
+    help="--sweep: address-space cap of each analysis, e.g. '32 GiB' (0: none)  "
+    "[default: the settings' max_memory_bytes]",
+)
+def epilog(
+    settings_path: str,
+    spool: str | None,
+    hard_limit: str | None,
+    check: bool,
+    sweep: bool,
+    budget_per_job: str | None,
+    max_jobs: str | None,
+    max_memory: str | None,
+) -> None:
+    """Analyze the job that just ended, from a SLURM Epilog. Always exits 0.
+
+    With --sweep, finish the analyses the Epilog deferred (see docs/epilog.md, "Sweeper").
+    """
+    if sweep:
+        _sweep(settings_path, spool, hard_limit, check, budget_per_job, max_jobs, max_memory)
+        return
     if check:
         _check(settings_path, spool)
         return
@@ -77,6 +116,66 @@ def epilog(settings_path: str, spool: str | None, hard_limit: str | None, check:
         click.echo(outcome.summary_line(), err=True)
     except BaseException:  # noqa: BLE001, S110 - the Epilog must exit 0, whatever happened
         pass
+
+
+def _sweep(
+    settings_path: str,
+    spool: str | None,
+    hard_limit: str | None,
+    check: bool,
+    budget_per_job: str | None,
+    max_jobs: str | None,
+    max_memory: str | None,
+) -> None:
+    """Run the sweeper; raises UsageError (exit 2) for bad options, settings or spool."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from oomlens.epilog.settings import load_settings
+    from oomlens.epilog.sweep import DEFAULT_BUDGET_PER_JOB, SweepOutcome, sweep_spool
+    from oomlens.errors import UsageError
+    from oomlens.units import parse_size
+
+    if check or hard_limit is not None:
+        raise UsageError("--sweep takes neither --check nor --hard-limit (they are the Epilog's)")
+    budget = DEFAULT_BUDGET_PER_JOB
+    if budget_per_job is not None:
+        try:
+            budget = float(budget_per_job)
+        except ValueError:
+            budget = -1.0
+        if not 1.0 <= budget <= 86400.0:
+            raise UsageError(
+                f"--budget-per-job {budget_per_job!r}: give a number of seconds from 1 to 86400"
+            )
+    jobs: int | None = None
+    if max_jobs is not None:
+        if not max_jobs.isdigit() or int(max_jobs) < 1:
+            raise UsageError(f"--max-jobs {max_jobs!r}: give a whole number of jobs, at least 1")
+        jobs = int(max_jobs)
+    memory: int | None = None
+    if max_memory is not None:
+        try:
+            memory = parse_size(max_memory)
+        except ValueError:
+            memory = -1
+        if memory < 0:
+            raise UsageError(f"--max-memory {max_memory!r}: give a size such as '32 GiB', or 0")
+    settings = load_settings(settings_path)
+    if spool is not None:
+        settings = replace(settings, spool_dir=Path(spool))
+
+    def report(outcome: SweepOutcome) -> None:
+        click.echo(outcome.summary_line(), err=True)
+
+    run = sweep_spool(
+        settings, budget_per_job=budget, max_jobs=jobs, max_memory_bytes=memory, report=report
+    )
+    if run.left:
+        click.echo(
+            f"oomlens sweep: {run.left} pending job(s) left for the next sweep (--max-jobs)",
+            err=True,
+        )
 
 
 def _check(settings_path: str, spool: str | None) -> None:

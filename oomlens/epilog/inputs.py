@@ -161,7 +161,7 @@ def plan_inputs(
         identity = _identity(found.path)
         if identity is None or identity in seen:
             continue
-        unreadable = _unreadable(found.path)
+        unreadable = why_unreadable(found.path)
         if unreadable:
             notes.append(f"{role}: {found.path}: {unreadable}")
             continue
@@ -184,7 +184,7 @@ def plan_inputs(
     return InputPlan(tuple(inputs), tuple(deferred), tuple(notes))
 
 
-def _unreadable(path: str) -> str | None:
+def why_unreadable(path: str) -> str | None:
     """Why this process cannot read ``path`` as a regular file, or None when it can.
 
     The file is opened (without blocking, in case it became a FIFO) because ``stat`` succeeds
@@ -366,7 +366,7 @@ def _workdir_files(
             key = "max_snapshot_bytes" if is_snapshot else "max_log_bytes"
             deferred.append(DeferredInput(path, size, f"larger than {key} ({format_size(limit)})"))
             continue
-        unreadable = _unreadable(path)
+        unreadable = why_unreadable(path)
         if unreadable:
             notes.append(f"{path}: {unreadable}")
             continue

@@ -2,10 +2,10 @@
 
 The Epilog stops at its budget and defers snapshots larger than ``max_snapshot_bytes``; both
 are recorded in ``<spool>/<job>/epilog.json`` (``status`` ``timed_out``/``crashed``, and the
-``deferred`` list).  A sweeper (``oomlens triage``, or a cron job) analyzes those files later,
-without the Epilog's time limit, then writes ``<spool>/<job>/sweep.json`` so that the job
-leaves this list.  It must read the files as the job's user (``uid``/``gid``), never as root:
-the user controls them.
+``deferred`` list).  The sweeper (:mod:`.sweep`, ``oomlens epilog --sweep`` from cron) analyzes
+those files later, without the Epilog's time limit, then writes ``<spool>/<job>/sweep.json`` so
+that the job leaves this list.  It reads the files as the job's user (``uid``/``gid``), never
+as root: the user controls them.
 """
 
 from __future__ import annotations

@@ -363,26 +363,34 @@ class _Recorder:
             self.spool_fd = None
 
     def _log(self, action: str, full: dict[str, Any]) -> bool:
-        line = log_line(action, full)
-        text = json.dumps(line, separators=(",", ":"), default=str)
-        logged = False
         try:
             if self.spool_fd is None and self.settings.log_path.parent == self.settings.spool_dir:
                 self.spool_fd = open_spool(self.settings.spool_dir)
-            append_line(
-                self.settings.log_path,
-                text,
-                spool_dir=self.settings.spool_dir,
-                spool_fd=self.spool_fd,
-            )
-            logged = True
         except SpoolError as exc:
             self.problems.append(f"log: {exc}")
-        except OSError as exc:
-            self.problems.append(f"log {self.settings.log_path}: {exc.strerror or exc}")
-        if self.settings.syslog or not logged:
-            _syslog(self.settings.syslog_facility, action, line)
-        return logged
+            _syslog(self.settings.syslog_facility, action, log_line(action, full))
+            return False
+        return write_log_line(self.settings, self.spool_fd, log_line(action, full), self.problems)
+
+
+def write_log_line(
+    settings: EpilogSettings, spool_fd: int | None, line: dict[str, Any], problems: list[str]
+) -> bool:
+    """Append ``line`` (see :func:`log_line`) to the settings' log file, and send it to syslog
+    when the settings say so or the file cannot be written.  Returns whether the file got it;
+    a failure is appended to ``problems``, never raised."""
+    text = json.dumps(line, separators=(",", ":"), default=str)
+    logged = False
+    try:
+        append_line(settings.log_path, text, spool_dir=settings.spool_dir, spool_fd=spool_fd)
+        logged = True
+    except SpoolError as exc:
+        problems.append(f"log: {exc}")
+    except OSError as exc:
+        problems.append(f"log {settings.log_path}: {exc.strerror or exc}")
+    if settings.syslog or not logged:
+        _syslog(settings.syslog_facility, str(line.get("action", "")), line)
+    return logged
 
 
 def log_line(action: str, full: dict[str, Any]) -> dict[str, Any]:

@@ -6,18 +6,23 @@ Layout (``spool_dir`` from the settings or ``--spool``)::
     <spool>/<job id>/epilog.json     what the Epilog did (always, for a job it acted on)
     <spool>/<job id>/verdict.json    the versioned JSON report (when the analysis finished)
     <spool>/<job id>/report.html     the HTML report (when the analysis finished)
+    <spool>/<job id>/sweep.json      what the sweeper did (:mod:`.sweep`), which then replaced
+                                     verdict.json and report.html, keeping the Epilog's as
+                                     verdict.epilog.json and report.epilog.html
 
 The spool is written by root (or SlurmUser) while users control the jobs, so every write goes
 through directory file descriptors with ``O_NOFOLLOW`` and ``O_EXCL``: a planted symbolic link
-or an existing name is never followed or overwritten.  The spool directory itself must belong
-to this user (or root) and must not be writable by group or others.  Creating ``<job id>/``
-is the claim on a job: when it exists already, another Epilog handled the job.
+or an existing name is never followed or overwritten (the sweeper replaces a report only by
+renaming a new file over it, which never follows a link either).  The spool directory itself
+must belong to this user (or root) and must not be writable by group or others.  Creating
+``<job id>/`` is the claim on a job: when it exists already, another Epilog handled the job.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -81,6 +86,67 @@ def claim_job_directory(spool_fd: int, key: str) -> int | None:
     except FileExistsError:
         return None
     return os.open(key, _DIR_FLAGS, dir_fd=spool_fd)
+
+
+def open_job_directory(spool_fd: int, key: str) -> int:
+    """Open the existing ``<key>/`` of the spool (never through a symbolic link); returns its fd.
+
+    Raises SpoolError for a name that is not a job directory's, OSError when it cannot be
+    opened (``ELOOP`` for a link, ``ENOTDIR``, ``ENOENT``).
+    """
+    if not key or "/" in key or key in (".", ".."):
+        raise SpoolError(f"{key!r}: not a job directory name")
+    return os.open(key, _DIR_FLAGS, dir_fd=spool_fd)
+
+
+def replace_file(
+    dir_fd: int, name: str, data: bytes, *, keep_original_as: str | None = None
+) -> bool:
+    """Put ``data`` at ``name`` in ``dir_fd`` atomically: written to a new temporary name
+    (``O_EXCL|O_NOFOLLOW``, mode 0600, synced), then renamed over ``name``, so that a reader
+    sees the old file or the new one, never a part.
+
+    With ``keep_original_as``, an existing regular file ``name`` is first hard-linked to that
+    name (when it is free), so that the original stays.  Returns whether it was kept.  Raises
+    OSError; the temporary file is removed then.
+    """
+    temporary = f"{temporary_prefix(name)}{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(temporary, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        kept = keep_original_as is not None and _link_original(dir_fd, name, keep_original_as)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    return kept
+
+
+def temporary_prefix(name: str) -> str:
+    """How the temporary files of :func:`replace_file` for ``name`` begin (a process killed
+    between writing and renaming one leaves it behind)."""
+    return f".{name}."
+
+
+def _link_original(dir_fd: int, name: str, keep_as: str) -> bool:
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    try:
+        os.link(name, keep_as, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    return True
 
 
 def write_new_file(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:

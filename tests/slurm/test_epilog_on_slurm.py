@@ -16,6 +16,7 @@ import os
 import pickle
 import pwd
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -367,3 +368,42 @@ def test_output_swapped_for_a_link_to_a_root_only_file(cluster: SlurmCluster) ->
         if path.is_file() and not path.is_symlink():
             assert "SECRET-7731" not in path.read_text(errors="replace"), path
     _assert_node_healthy(cluster, run)
+
+
+# ------------------------------------------------------------------------------ the sweeper
+
+
+def test_the_sweeper_finishes_a_deferred_snapshot(cluster: SlurmCluster) -> None:
+    # GIVEN a job that replays the fragmentation crash with its snapshot in the work directory,
+    # and an Epilog whose max_snapshot_bytes is below that snapshot's size
+    cluster.settings.write_text(SETTINGS + 'max_snapshot_bytes = "100 KiB"\n')
+    snapshot = case_dir("fragmentation") / "snapshot_rank0.pickle"
+    run, job_dir = _run_job(
+        cluster, "deferred", "cat train.log >&2; exit 1",
+        files={**_replay("fragmentation"), "snapshot_rank0.pickle": snapshot},
+    )  # fmt: skip
+    _assert_node_healthy(cluster, run)
+    record = _record(cluster.spool, run)
+    assert [Path(item["path"]).name for item in record["deferred"]] == ["snapshot_rank0.pickle"]
+    # WHEN root's cron runs the sweeper (on a spool holding only this job: the session's
+    # spool keeps one log line per job for the other tests)
+    spool = cluster.base / f"sweep-spool-{run.job_id}"
+    spool.mkdir(mode=0o700)
+    shutil.copytree(cluster.spool / str(run.job_id), spool / str(run.job_id))
+    done = subprocess.run(
+        [str(cluster.oomlens_bin), "epilog", "--sweep", "--spool", str(spool),
+         "--settings", str(cluster.settings), "--budget-per-job", "60"],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    # THEN it analyzed the snapshot as the job's user, and the verdict cites it
+    assert done.returncode == 0, done.stderr
+    sweep = json.loads((spool / str(run.job_id) / "sweep.json").read_text())
+    assert sweep["status"] == "analyzed" and sweep["identity"]["uid"] == cluster.test_uid
+    verdict = json.loads((spool / str(run.job_id) / "verdict.json").read_text())
+    diagnosis = verdict["diagnoses"][0]
+    assert diagnosis["id"] == "fragmentation"
+    assert "snapshot" in {item["kind"] for item in diagnosis["evidence"]}
+    # AND the copy in the work directory (copy_to_workdir) is the new report, the user's file
+    copy = job_dir / f"oomlens-{run.job_id}.json"
+    assert json.loads(copy.read_text()) == verdict
+    assert copy.stat().st_uid == cluster.test_uid
