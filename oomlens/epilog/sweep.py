@@ -218,7 +218,11 @@ def _sweep_job(
         reason = f"spool: {key}: cannot open the job directory ({_strerror(exc)})"
         return _error_outcome(job, settings, spool_fd, reason, started, started_at)
     try:
-        claim = _claim(job_fd, budget)
+        try:
+            claim = _claim(job_fd, budget)
+        except OSError as exc:
+            reason = f"spool: {key}/{LOCK_NAME}: cannot create it ({_strerror(exc)})"
+            return _error_outcome(job, settings, spool_fd, reason, started, started_at)
         if claim is None:
             return None
         try:
@@ -255,9 +259,8 @@ def _sweep_work(
     analyzer: Analyzer,
 ) -> Callable[[dict[str, Any], Send], None]:
     """What the analysis process does, as the job's user."""
-    job_fields = epilog_record.get("job") if isinstance(epilog_record.get("job"), dict) else {}
-    assert isinstance(job_fields, dict)
-    work_dir = job_fields.get("work_dir")
+    job_fields = epilog_record.get("job")
+    work_dir = job_fields.get("work_dir") if isinstance(job_fields, dict) else None
     # The Epilog's copies in the work directory are brought up to date, and only those: the
     # site may have turned copy_to_workdir off since.
     update_copies = settings.copy_to_workdir and bool(epilog_record.get("workdir_copies"))
@@ -363,18 +366,21 @@ def _claim(job_fd: int, budget: float) -> _Claim | None:
                 took_over = f"took over a stale {LOCK_NAME} ({who}, {age:.0f} s old)"
                 fd = _create_lock(job_fd)
             token = secrets.token_hex(16)
-            _remove_leftovers(job_fd)
+            holder_info = {
+                "token": token,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": _now(),
+                "budget_s": budget,
+            }
             try:
-                holder_info = {
-                    "token": token,
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "started_at": _now(),
-                    "budget_s": budget,
-                }
                 write_all(fd, json.dumps(holder_info).encode())
+            except OSError:
+                os.unlink(LOCK_NAME, dir_fd=job_fd)
+                raise
             finally:
                 os.close(fd)
+            _remove_leftovers(job_fd)
             return _Claim(token, took_over)
     except _LockBusy:
         return None
