@@ -41,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_LIMIT = '"100 KiB"'
 """Below the fragmentation snapshot's 191987 bytes: the Epilog defers it."""
 DEFERRED_JOB, TIMED_OUT_JOB = "21", "22"
+SWEEP_TEST_USER = "oomlens-sweeptest"
 
 
 @dataclass(frozen=True)
@@ -65,19 +66,20 @@ class BuiltSpool:
 
 @pytest.fixture(scope="module")
 def job_user() -> Iterator[JobUser]:
-    """As root, an unprivileged throwaway user (the real-SLURM tests' one); else this user."""
+    """As root, an unprivileged throwaway user (made as the real-SLURM tests make theirs, under
+    another name: those may run meanwhile); else this user."""
     if os.geteuid() != 0:
         entry = pwd.getpwuid(os.geteuid())
         yield JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
         return
-    from tests.slurm.cluster import TEST_USER, ensure_test_user, remove_test_user
+    from tests.slurm.cluster import ensure_test_user, remove_test_user
 
-    uid, gid, created = ensure_test_user()
+    uid, gid, created = ensure_test_user(SWEEP_TEST_USER)
     try:
-        yield JobUser(TEST_USER, uid, gid)
+        yield JobUser(SWEEP_TEST_USER, uid, gid)
     finally:
         if created:
-            remove_test_user()
+            remove_test_user(SWEEP_TEST_USER)
 
 
 @pytest.fixture(scope="module")

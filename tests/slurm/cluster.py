@@ -62,25 +62,25 @@ def install_packages() -> float:
     return time.monotonic() - started
 
 
-def ensure_test_user() -> tuple[int, int, bool]:
+def ensure_test_user(name: str = TEST_USER) -> tuple[int, int, bool]:
     """The unprivileged user test jobs run as: (uid, gid, created by this call)."""
     try:
-        entry = pwd.getpwnam(TEST_USER)
+        entry = pwd.getpwnam(name)
         return entry.pw_uid, entry.pw_gid, False
     except KeyError:
         pass
     subprocess.run(
         ["useradd", "--system", "--user-group", "--no-create-home",
-         "--home-dir", "/nonexistent", "--shell", "/bin/sh", TEST_USER],
+         "--home-dir", "/nonexistent", "--shell", "/bin/sh", name],
         check=True,
         timeout=60,
     )  # fmt: skip
-    entry = pwd.getpwnam(TEST_USER)
+    entry = pwd.getpwnam(name)
     return entry.pw_uid, entry.pw_gid, True
 
 
-def remove_test_user() -> None:
-    subprocess.run(["userdel", TEST_USER], check=False, timeout=60)
+def remove_test_user(name: str = TEST_USER) -> None:
+    subprocess.run(["userdel", name], check=False, timeout=60)
 
 
 def _free_port() -> int:
