@@ -236,9 +236,10 @@ def test_sweep_finishes_what_the_epilog_deferred(spool: Path, built_spool: Built
     assert fragmentation["confidence"] > frag_before["confidence"]
     assert (spool / DEFERRED_JOB / "verdict.epilog.json").read_bytes() == epilog_verdict
     assert (spool / DEFERRED_JOB / "report.epilog.html").read_bytes() == epilog_html
-    # (the Epilog's HTML never stands beside the new verdict)
-    html = spool / DEFERRED_JOB / "report.html"
-    assert not html.exists() or html.read_bytes() != epilog_html
+    # AND the HTML report is the new one, rendered from the new verdict
+    html = (spool / DEFERRED_JOB / "report.html").read_text()
+    assert html.lower().startswith("<!doctype html>") and "snapshot_rank0.pickle" in html
+    assert html.encode() != epilog_html
     # AND job 22, which the Epilog never finished, has its verdict: the corpus case's diagnosis
     expected = manifest("other_process")["expected"]["diagnosis"]
     assert _json(spool / TIMED_OUT_JOB / "verdict.json")["diagnoses"][0]["id"] == expected
@@ -254,6 +255,7 @@ def test_sweep_finishes_what_the_epilog_deferred(spool: Path, built_spool: Built
     assert record["identity"]["uid"] == built_spool.user.uid
     assert record["files"]["verdict"] == str(spool / DEFERRED_JOB / "verdict.json")
     assert record["files"]["verdict_epilog"] == str(spool / DEFERRED_JOB / "verdict.epilog.json")
+    assert record["files"]["html"] == str(spool / DEFERRED_JOB / "report.html")
     assert record["limits"] == {"budget_s": 60.0, "max_memory_bytes": 8 * 1024**3}
     assert _json(spool / TIMED_OUT_JOB / "sweep.json")["epilog_status"] == "timed_out"
     # AND one "swept" line per job in the spool's log

@@ -403,6 +403,7 @@ def test_the_sweeper_finishes_a_deferred_snapshot(cluster: SlurmCluster) -> None
     diagnosis = verdict["diagnoses"][0]
     assert diagnosis["id"] == "fragmentation"
     assert "snapshot" in {item["kind"] for item in diagnosis["evidence"]}
+    assert (spool / str(run.job_id) / "report.html").exists() == HAS_HTML
     # AND the copy in the work directory (copy_to_workdir) is the new report, the user's file
     copy = job_dir / f"oomlens-{run.job_id}.json"
     assert json.loads(copy.read_text()) == verdict
