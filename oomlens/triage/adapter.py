@@ -1,0 +1,91 @@
+"""The one place where triage touches oomlens' analysis API.
+
+Everything else in ``oomlens.triage`` goes through the three functions here, so a change in
+that API is a change in this module only.  They run in worker processes as well as in the
+parent, so they import lazily and return plain data (dicts, strings, booleans).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import oomlens
+
+_TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
+
+
+def analyze_run(
+    inputs: Sequence[str], *, config: str | None, want_html: bool
+) -> tuple[dict[str, Any], str | None]:
+    """Analyze one run: ``inputs`` are its files and/or directories, as ``analyze`` takes them.
+
+    Returns the report's versioned JSON dict and, when ``want_html`` and the HTML renderer
+    exists, the report as one HTML page (else None).  Raises ``NoUsableInputError`` when nothing
+    among the inputs could be read; problems with single files are recorded in the report.
+    """
+    from oomlens.render.json import report_to_dict
+    from oomlens.session import analyze
+
+    report = analyze(list(inputs), config=config)
+    html: str | None = None
+    if want_html and html_available():
+        from oomlens.render.html import render_html
+
+        html = render_html(report)
+    return report_to_dict(report), html
+
+
+def html_available() -> bool:
+    """Whether per-run HTML reports can be rendered by this oomlens."""
+    try:
+        from oomlens.render import html  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def is_training_log(path: str) -> bool:
+    """Whether ``path`` is a training log by its content, the way run discovery decides it.
+
+    A text file without any training-log marker still counts when its name says it is a log
+    (a quiet healthy run prints nothing a marker would catch).  Raises ``InputError`` when the
+    file cannot be opened.
+    """
+    from oomlens.ingest.detect import InputKind, detect_kind
+
+    detection = detect_kind(path)
+    if detection.kind is InputKind.TRAINING_LOG:
+        return True
+    return (
+        detection.kind is InputKind.UNKNOWN
+        and detection.reason.startswith("text without")
+        and _strip_compression(os.path.basename(path).lower()).endswith(_TEXT_LOG_SUFFIXES)
+    )
+
+
+def analyzer_id() -> str:
+    """Identifies the analysis code: results made by other code are not reused.
+
+    The package version alone is not enough while rules change between releases, so the
+    digest of oomlens' own sources is part of it (about a hundred small files: milliseconds).
+    """
+    digest = hashlib.sha256()
+    package = Path(oomlens.__file__).resolve().parent
+    for source in sorted(package.rglob("*.py")):
+        relative = source.relative_to(package).as_posix()
+        if relative.startswith(("triage/", "cli/")):
+            continue
+        digest.update(relative.encode() + b"\0")
+        digest.update(source.read_bytes() + b"\0")
+    return f"oomlens {oomlens.__version__} {digest.hexdigest()[:16]}"
+
+
+def _strip_compression(name: str) -> str:
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
