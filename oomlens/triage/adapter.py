@@ -8,6 +8,8 @@ parent, so they import lazily and return plain data (dicts, strings, booleans).
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,19 +35,23 @@ def analyze_run(
     report = analyze(list(inputs), config=config)
     html: str | None = None
     if want_html and html_available():
-        from oomlens.render.html import render_html
-
-        html = render_html(report)
+        html = str(importlib.import_module("oomlens.render.html").render_html(report))
     return report_to_dict(report), html
+
+
+def preload() -> None:
+    """Import, once in this process, what analyses need, so that worker processes forked
+    from it start warm (DeepSpeed's config models import torch: seconds per process)."""
+    import oomlens.render.json  # noqa: F401
+    import oomlens.session  # noqa: F401
+    from oomlens.analysis.ds_validation import deepspeed_available
+
+    deepspeed_available()
 
 
 def html_available() -> bool:
     """Whether per-run HTML reports can be rendered by this oomlens."""
-    try:
-        from oomlens.render import html  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("oomlens.render.html") is not None
 
 
 def is_training_log(path: str) -> bool:

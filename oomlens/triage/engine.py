@@ -171,6 +171,7 @@ def triage(
             for task in [AnalysisTask(run.inputs, config, _report_path(run, options))]
         }
         if tasks:
+            adapter.preload()
             jobs = max(1, min(options.jobs, len(tasks)))
             with TaskPool(
                 analyze, jobs=jobs, timeout=options.timeout, memory_limit=options.memory_limit

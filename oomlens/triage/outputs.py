@@ -112,7 +112,7 @@ def read_table(path: str) -> pandas.DataFrame:
         if kind == "csv":
             frame = pandas.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
         elif kind == "jsonl":
-            frame = pandas.DataFrame.from_records(_read_jsonl(path))
+            frame = pandas.DataFrame.from_records(_read_jsonl(path), columns=list(COLUMNS))
         elif kind == "parquet":
             _require_pyarrow(path)
             frame = pandas.read_parquet(path)
@@ -175,8 +175,6 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
             if not isinstance(record, dict):
                 raise ValueError(f"line {number} is not a JSON object")
             records.append(record)
-    if not records:
-        return [dict.fromkeys(COLUMNS)][:0]
     return records
 
 

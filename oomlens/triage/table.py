@@ -141,8 +141,14 @@ def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
     ranks = report.get("ranks")
     ranks = ranks if isinstance(ranks, Mapping) else {}
     out["first_failed_rank"] = _integer(ranks.get("first_failed"))
-    failed = [r for r in _list(ranks.get("failed")) if isinstance(r, int)]
-    out["failed_ranks"] = ",".join(str(r) for r in sorted(set(failed))) or None
+    failed = {
+        r["rank"]
+        for r in _list(ranks.get("ranks"))
+        if isinstance(r, Mapping)
+        and r.get("own_failure") is True
+        and _integer(r.get("rank")) is not None
+    }
+    out["failed_ranks"] = ",".join(str(r) for r in sorted(failed)) or None
     event = _first_event(report, out["first_failed_rank"])
     out["phase"] = _text(event.get("phase"))
     out["tried_to_allocate"] = _integer(event.get("tried_to_allocate"))
@@ -151,10 +157,10 @@ def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
     out["capacity"] = _integer(event.get("allowed")) or _integer(event.get("total_capacity"))
     out["free"] = _integer(event.get("free"))
     out["knob"] = _knob(top)
-    out["call_site"] = _text(event.get("call_site"))
-    inputs = report.get("inputs")
-    problems = inputs.get("problems") if isinstance(inputs, Mapping) else None
-    out["problems"] = len(problems) if isinstance(problems, list) else 0
+    out["call_site"] = _text(event.get("phase_evidence"))
+    out["problems"] = sum(
+        1 for i in _list(report.get("inputs")) if isinstance(i, Mapping) and i.get("problem")
+    )
     return out
 
 
@@ -181,19 +187,18 @@ def _first_event(report: Mapping[str, Any], rank: int | None) -> Mapping[str, An
 
 
 def _knob(diagnosis: Mapping[str, Any]) -> str | None:
-    """The settings the first fix changes: config keys (dotted) and environment variables."""
+    """The config settings the diagnosis' first fix changes, as dotted keys.
+
+    The keys, not the values: runs that died of the same prefetch setting group together
+    whether it was raised to 1e10 or 5e9.  Environment variables are left out: they are
+    remedies (``expandable_segments``), not what the runs had in common.
+    """
     fixes = [f for f in _list(diagnosis.get("fix")) if isinstance(f, Mapping)]
-    if not fixes:
-        return None
-    fix = fixes[0]
-    names: list[str] = []
-    patch = fix.get("config_patch")
-    if isinstance(patch, Mapping):
-        names.extend(_flatten_keys(patch, ""))
-    environment = fix.get("environment")
-    if isinstance(environment, Mapping):
-        names.extend(f"{name}={value}" for name, value in sorted(environment.items()))
-    return ", ".join(names) or None
+    for fix in fixes[:1]:
+        patch = fix.get("config_patch")
+        if isinstance(patch, Mapping) and patch:
+            return ", ".join(_flatten_keys(patch, ""))
+    return None
 
 
 def _flatten_keys(patch: Mapping[str, Any], prefix: str) -> list[str]:
