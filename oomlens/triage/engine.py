@@ -151,7 +151,10 @@ def triage(
         warnings.extend(f"{path}: {why}; skipped" for path, why in walk.skipped)
         runs = [r for r in walk.runs if options.shard is None or options.shard.takes(r)]
 
-        hashes = _hash_files(runs, known, changed, store, options.jobs, progress)
+        # New or changed files mean analyses are likely: warm the analysis up while hashing.
+        hashes = _hash_files(
+            runs, known, changed, store, options.jobs, progress, meanwhile=adapter.preload
+        )
         analyzer = adapter.analyzer_id()
         config = os.path.abspath(options.config) if options.config else None
         config_key = _config_key(config)
@@ -246,8 +249,13 @@ def _hash_files(
     store: ResultStore,
     jobs: int,
     progress: Progress,
+    *,
+    meanwhile: Callable[[], None],
 ) -> dict[str, str]:
-    """The content hash of every file of ``runs``, reading only files that changed."""
+    """The content hash of every file of ``runs``, reading only files that changed.
+
+    When some files must be read, ``meanwhile()`` runs in this thread while threads hash.
+    """
     hashes: dict[str, str] = {}
     to_read: dict[str, FileEntry] = {}
     for run in runs:
@@ -268,7 +276,9 @@ def _hash_files(
     progress.start("hashing", len(to_read))
     batch: list[tuple[str, FileRecord]] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
-        for entry, sha in threads.map(_hash_file, to_read.values()):
+        hashed = threads.map(_hash_file, to_read.values())
+        meanwhile()
+        for entry, sha in hashed:
             hashes[entry.path] = sha or "unreadable"
             if sha is not None:
                 previous = changed.get(entry.path) or known.get(entry.path)
@@ -289,12 +299,23 @@ def _hash_files(
     return hashes
 
 
+_HASH_CHUNK = 8 * 1024 * 1024
+"""Read size for hashing.  Large on purpose: each read and each digest update releases the
+GIL, and with small chunks (``hashlib.file_digest`` uses 256 KiB) the hashing threads spend
+their time waiting for the GIL while the main thread imports the analysis."""
+
+
 def _hash_file(entry: FileEntry) -> tuple[FileEntry, str | None]:
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
     try:
-        with open(entry.path, "rb") as stream:
-            return entry, hashlib.file_digest(stream, "sha256").hexdigest()
+        with open(entry.path, "rb", buffering=0) as stream:
+            while count := stream.readinto(view):
+                digest.update(view[:count])
     except OSError:
         return entry, None
+    return entry, digest.hexdigest()
 
 
 def _config_key(config: str | None) -> str | None:

@@ -8,6 +8,7 @@ code) is replaced, and in both cases that task alone gets a failure while the ot
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import resource
@@ -123,6 +124,10 @@ class TaskPool(Generic[Task]):
         self.close()
 
     def _start_worker(self) -> _Worker:
+        if self._context.get_start_method() == "fork":
+            # The parent's objects (a warmed-up torch is millions of them) would otherwise be
+            # walked by every full collection in every worker, copying their pages on write.
+            gc.freeze()
         parent_end, child_end = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=_worker_main,
