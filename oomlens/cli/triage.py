@@ -8,12 +8,12 @@ from typing import Any
 import click
 
 from oomlens.errors import NoUsableInputError, UsageError
-from oomlens.triage import merge_tables, render_summary, write_table
-from oomlens.triage.engine import Shard, TriageOptions, triage
-from oomlens.triage.outputs import check_outputs
 from oomlens.triage.pool import default_jobs
-from oomlens.triage.summary import printable
+from oomlens.triage.shard import Shard
 from oomlens.units import parse_size
+
+# The engine, pandas and the analysis are imported inside the commands: every other oomlens
+# command imports this module too, and must start fast.
 
 DEFAULT_STORE = "oomlens-triage.sqlite"
 
@@ -133,6 +133,13 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> in
 )
 @click.option("--retry-errors", is_flag=True, help="Analyze again the runs that failed last time.")
 @click.option(
+    "--deepspeed/--no-deepspeed",
+    default=False,
+    show_default=True,
+    help="Validate configs with DeepSpeed's own models when it is installed (imports torch: "
+    "seconds and gigabytes more; oomlens' own checks stand in by default).",
+)
+@click.option(
     "--title", default="oomlens triage", show_default=True, help="The HTML index's title."
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
@@ -148,6 +155,7 @@ def run_command(
     max_memory: int | None,
     config: str | None,
     retry_errors: bool,
+    deepspeed: bool,
     title: str,
     quiet: bool,
 ) -> None:
@@ -159,6 +167,10 @@ def run_command(
 
     Combine the tables of a job array's shards with: oomlens triage merge TABLE... -o FILE
     """
+    from oomlens.triage.engine import TriageOptions, triage
+    from oomlens.triage.outputs import check_outputs, write_table
+    from oomlens.triage.summary import printable, render_summary
+
     check_outputs(outputs)
     if store is not None and no_store:
         raise UsageError("--store and --no-store contradict each other; give one")
@@ -179,6 +191,7 @@ def run_command(
         config=config,
         retry_errors=retry_errors,
         memory_limit=max_memory,
+        deepspeed=deepspeed,
     )
     result = triage(directories, options, progress=_Bar(not quiet))
     for warning in result.warnings:
@@ -220,6 +233,10 @@ def merge_command(
 ) -> None:
     """Merge the tables written by the shards of a job array (oomlens triage --shard K/N -o
     TABLE) into one, as a single run over the whole tree would have made it."""
+    from oomlens.triage.merge import merge_tables
+    from oomlens.triage.outputs import check_outputs, write_table
+    from oomlens.triage.summary import render_summary
+
     check_outputs(outputs)
     merged = merge_tables(tables)
     for output in outputs:

@@ -8,21 +8,28 @@ row per run (``table.COLUMNS``).  ``Shard`` splits a tree among the tasks of a j
 an HTML index.  The analysis API is reached only through ``oomlens.triage.adapter``.
 """
 
-from oomlens.triage.engine import Shard, TriageOptions, TriageResult, triage
-from oomlens.triage.merge import merge_tables
-from oomlens.triage.outputs import read_table, write_table
-from oomlens.triage.summary import group_table, render_summary
-from oomlens.triage.table import COLUMNS
+from __future__ import annotations
 
-__all__ = [
-    "COLUMNS",
-    "Shard",
-    "TriageOptions",
-    "TriageResult",
-    "group_table",
-    "merge_tables",
-    "read_table",
-    "render_summary",
-    "triage",
-    "write_table",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "COLUMNS": "oomlens.triage.table",
+    "Shard": "oomlens.triage.shard",
+    "TriageOptions": "oomlens.triage.engine",
+    "TriageResult": "oomlens.triage.engine",
+    "group_table": "oomlens.triage.summary",
+    "merge_tables": "oomlens.triage.merge",
+    "read_table": "oomlens.triage.outputs",
+    "render_summary": "oomlens.triage.summary",
+    "triage": "oomlens.triage.engine",
+    "write_table": "oomlens.triage.outputs",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``oomlens --help`` and the other commands must not pay for pandas.
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'oomlens.triage' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -21,32 +21,53 @@ _TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
 
 
 def analyze_run(
-    inputs: Sequence[str], *, config: str | None, want_html: bool
+    inputs: Sequence[str], *, config: str | None, want_html: bool, deepspeed: bool
 ) -> tuple[dict[str, Any], str | None]:
     """Analyze one run: ``inputs`` are its files and/or directories, as ``analyze`` takes them.
 
     Returns the report's versioned JSON dict and, when ``want_html`` and the HTML renderer
-    exists, the report as one HTML page (else None).  Raises ``NoUsableInputError`` when nothing
-    among the inputs could be read; problems with single files are recorded in the report.
+    exists, the report as one HTML page (else None).  ``deepspeed`` validates configs with
+    DeepSpeed's own models when it is installed (else oomlens' own checks).  Raises
+    ``NoUsableInputError`` when nothing among the inputs could be read; problems with single
+    files are recorded in the report.
     """
     from oomlens.render.json import report_to_dict
-    from oomlens.session import analyze
+    from oomlens.session import AnalysisOptions, analyze
 
-    report = analyze(list(inputs), config=config)
+    report = analyze(
+        list(inputs), config=config, options=AnalysisOptions(prefer_deepspeed=deepspeed)
+    )
     html: str | None = None
     if want_html and html_available():
+        # Looked up by name: the HTML renderer may be absent from this oomlens.
         html = str(importlib.import_module("oomlens.render.html").render_html(report))
     return report_to_dict(report), html
 
 
-def preload() -> None:
-    """Import, once in this process, what analyses need, so that worker processes forked
-    from it start warm (DeepSpeed's config models import torch: seconds per process)."""
-    import oomlens.render.json  # noqa: F401
-    import oomlens.session  # noqa: F401
-    from oomlens.analysis.ds_validation import deepspeed_available
+_PRELOADED = (
+    "oomlens.session",
+    "oomlens.render.json",
+    "oomlens.render.html",
+    # Optional accelerators the readers import lazily.
+    "ahocorasick_rs",
+    "zstandard",
+    "hjson",
+)
 
-    deepspeed_available()
+
+def preload(*, deepspeed: bool) -> None:
+    """Import, once in this process, what analyses need, so that worker processes forked
+    from it start warm.  With ``deepspeed``, DeepSpeed's config models too (they import
+    torch: seconds per process)."""
+    for name in _PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    if deepspeed:
+        from oomlens.analysis.ds_validation import deepspeed_available
+
+        deepspeed_available()
 
 
 def html_available() -> bool:

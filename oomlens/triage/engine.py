@@ -25,46 +25,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import pandas
-import regex
 
 from oomlens.errors import InputError, UsageError
 from oomlens.triage import adapter
 from oomlens.triage.pool import TaskPool, default_jobs
+from oomlens.triage.shard import Shard
 from oomlens.triage.store import FileRecord, ResultStore, StoredResult, run_key
 from oomlens.triage.table import RunRow, build_table
 from oomlens.triage.walk import FileEntry, RunSpec, find_runs, log_by_name
 from oomlens.triage.worker import AnalysisResult, AnalysisTask, analyze_task
 
-_SHARD = regex.compile(r"\s*(\d{1,9})\s*/\s*(\d{1,9})\s*")
 _HASH_BATCH = 256
 """File hashes are committed in batches this large: a killed run re-reads at most this many."""
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """Run ``index`` of ``count`` (1-based) of a job array."""
-
-    index: int
-    count: int
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        """``"3/8"`` -> ``Shard(3, 8)``; raises ``UsageError`` for anything else."""
-        match = _SHARD.fullmatch(text)
-        if match is None:
-            raise UsageError(f"--shard {text!r}: expected K/N, e.g. 3/8 (run 3 of 8)")
-        index, count = int(match[1]), int(match[2])
-        if not 1 <= index <= count:
-            raise UsageError(
-                f"--shard {text}: K must be between 1 and N (with a SLURM array --array=1-N, "
-                "use --shard $SLURM_ARRAY_TASK_ID/N)"
-            )
-        return cls(index, count)
-
-    def takes(self, run: RunSpec) -> bool:
-        """Whether this shard analyzes ``run``: decided by the run's name alone."""
-        digest = hashlib.sha256(run.name.encode("utf-8", "surrogateescape")).digest()
-        return int.from_bytes(digest[:8], "big") % self.count == self.index - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +55,10 @@ class TriageOptions:
     """Analyze again the runs whose stored result is an error."""
     memory_limit: int | None = None
     """Address-space limit per worker process, bytes."""
+    deepspeed: bool = False
+    """Validate configs with DeepSpeed's own models when it is installed.  Off by default:
+    importing DeepSpeed (and torch) costs seconds and gigabytes per process, and oomlens' own
+    checks stand in for it."""
 
 
 class Progress(Protocol):
@@ -153,11 +129,17 @@ def triage(
 
         # New or changed files mean analyses are likely: warm the analysis up while hashing.
         hashes = _hash_files(
-            runs, known, changed, store, options.jobs, progress, meanwhile=adapter.preload
+            runs,
+            known,
+            changed,
+            store,
+            options.jobs,
+            progress,
+            meanwhile=lambda: adapter.preload(deepspeed=options.deepspeed),
         )
         analyzer = adapter.analyzer_id()
         config = os.path.abspath(options.config) if options.config else None
-        config_key = _config_key(config)
+        config_key = _config_key(config, options.deepspeed)
         keys = {
             run.identity: run_key(
                 analyzer, config_key, run.root, ((rel, hashes[f.path]) for rel, f in run.files)
@@ -171,10 +153,12 @@ def triage(
         tasks = {
             id(task): (run, task)
             for run in todo
-            for task in [AnalysisTask(run.inputs, config, _report_path(run, options))]
+            for task in [
+                AnalysisTask(run.inputs, config, _report_path(run, options), options.deepspeed)
+            ]
         }
         if tasks:
-            adapter.preload()
+            adapter.preload(deepspeed=options.deepspeed)
             jobs = max(1, min(options.jobs, len(tasks)))
             with TaskPool(
                 analyze, jobs=jobs, timeout=options.timeout, memory_limit=options.memory_limit
@@ -318,15 +302,18 @@ def _hash_file(entry: FileEntry) -> tuple[FileEntry, str | None]:
     return entry, digest.hexdigest()
 
 
-def _config_key(config: str | None) -> str | None:
-    """The config override's path and content: a changed config means new analyses."""
+def _config_key(config: str | None, deepspeed: bool) -> str:
+    """The options that change an analysis: the config override's path and content, and
+    which validator checks configs."""
+    key = "deepspeed" if deepspeed else "oomlens"
     if config is None:
-        return None
+        return key
     try:
         with open(config, "rb") as stream:
-            return config + "\0" + hashlib.file_digest(stream, "sha256").hexdigest()
+            digest = hashlib.file_digest(stream, "sha256").hexdigest()
     except OSError as exc:
         raise UsageError(f"{config}: cannot be read ({exc.strerror or exc})") from exc
+    return f"{key}\0{config}\0{digest}"
 
 
 def _needs_analysis(result: StoredResult | None, options: TriageOptions) -> bool:

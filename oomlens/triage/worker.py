@@ -19,6 +19,8 @@ class AnalysisTask:
     inputs: tuple[str, ...]
     config: str | None
     report_path: str | None
+    deepspeed: bool = False
+    """Validate configs with DeepSpeed's own models (when installed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,10 @@ def analyze_task(task: AnalysisTask) -> AnalysisResult:
     error: str | None = None
     try:
         report, html = adapter.analyze_run(
-            task.inputs, config=task.config, want_html=task.report_path is not None
+            task.inputs,
+            config=task.config,
+            want_html=task.report_path is not None,
+            deepspeed=task.deepspeed,
         )
     except NoUsableInputError as exc:
         error = f"no usable input: {exc.message}"
