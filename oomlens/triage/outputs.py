@@ -137,10 +137,14 @@ def _write_csv(table: pandas.DataFrame, path: str) -> None:
     write_atomically(path, table.to_csv(index=False, lineterminator="\n").encode("utf-8"))
 
 
+def _missing(value: object) -> bool:
+    return value is None or value is pandas.NA or (isinstance(value, float) and value != value)
+
+
 def _json_records(table: pandas.DataFrame) -> list[dict[str, Any]]:
     records = []
     for row in table.to_dict(orient="records"):
-        record = {k: (None if v is pandas.NA or v is None else v) for k, v in row.items()}
+        record = {k: (None if _missing(v) else v) for k, v in row.items()}
         figures = record.get("figures")
         if isinstance(figures, str):
             try:
@@ -280,7 +284,10 @@ def render_index(table: pandas.DataFrame, *, index_path: str, title: str) -> str
         runs=runs,
         verdicts=verdict_counts(table),
         diagnoses=diagnosis_counts(table),
-        groups=group_table(table).to_dict(orient="records"),
+        groups=[
+            {key: None if _missing(value) else value for key, value in group.items()}
+            for group in group_table(table).to_dict(orient="records")
+        ],
         errors=int(table["error"].notna().sum()),
         generated=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         version=__version__,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas
+import regex
 
 from oomlens.triage.store import StoredResult
 from oomlens.triage.walk import RunSpec
@@ -157,7 +158,7 @@ def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
     out["capacity"] = _integer(event.get("allowed")) or _integer(event.get("total_capacity"))
     out["free"] = _integer(event.get("free"))
     out["knob"] = _knob(top)
-    out["call_site"] = _text(event.get("phase_evidence"))
+    out["call_site"] = _call_site(_text(event.get("phase_evidence")))
     out["problems"] = sum(
         1 for i in _list(report.get("inputs")) if isinstance(i, Mapping) and i.get("problem")
     )
@@ -209,6 +210,17 @@ def _flatten_keys(patch: Mapping[str, Any], prefix: str) -> list[str]:
         else:
             keys.append(f"{prefix}{name}")
     return keys
+
+
+_INSTALLED = regex.compile(r"^.{0,4096}?/(?:site|dist)-packages/")
+
+
+def _call_site(frame: str | None) -> str | None:
+    """``.../site-packages/torch/optim/adam.py:791 in f`` -> ``torch/optim/adam.py:791 in f``:
+    the same library frame groups together whichever environment it was installed in."""
+    if frame is None:
+        return None
+    return _INSTALLED.sub("", frame, count=1, timeout=1.0)
 
 
 def _iso(mtime_ns: int) -> str:

@@ -94,6 +94,8 @@ def test_the_html_index_escapes_paths_and_loads_nothing(
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page)
     assert "default-src 'none'" in page
     assert page.count("<tr>") >= len(table)
+    # missing values are empty cells, not pandas' NaN
+    assert not re.search(r">\s*(?:nan|NaN|<NA>|None)\s*<", page)
 
 
 def test_the_html_index_links_reports_relative_to_itself(
