@@ -259,7 +259,8 @@ def _hash_files(
         return hashes
     progress.start("hashing", len(to_read))
     batch: list[tuple[str, FileRecord]] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
+    threads = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         hashed = threads.map(_hash_file, to_read.values())
         meanwhile()
         for entry, sha in hashed:
@@ -278,6 +279,9 @@ def _hash_files(
                 store.put_files(batch)
                 batch = []
             progress.advance()
+    finally:
+        # An interrupt must not wait for the hashing of every file still queued.
+        threads.shutdown(wait=True, cancel_futures=True)
     store.put_files(batch)
     progress.finish()
     return hashes

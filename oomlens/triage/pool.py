@@ -8,11 +8,13 @@ code) is replaced, and in both cases that task alone gets a failure while the ot
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -26,6 +28,7 @@ from oomlens.errors import OomlensError
 
 Task = TypeVar("Task")
 _READY = "ready"
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +44,10 @@ def _context() -> multiprocessing.context.BaseContext:
     # fork starts a worker in milliseconds and re-imports nothing (spawn and forkserver
     # re-run the caller's main script, which breaks callers without a __main__ guard); it is
     # only unsafe with other threads running, which then get forkserver (spawn if absent).
+    # On Linux only: there the kernel kills a worker whose parent died (_die_with_parent); a
+    # forked worker also holds its siblings' pipe ends, so it would not see the parent go.
     methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
+    if sys.platform == "linux" and "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
@@ -51,9 +56,25 @@ class WorkerStartError(OomlensError):
     """A worker process died before it could take any task: nothing would be analyzed."""
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """Have the kernel kill this worker when the parent dies (Linux), so that a parent killed
+    with SIGKILL leaves no worker analyzing on, unsupervised and without its deadline."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the worker ends at its next read instead
+        return
+    if parent is not None and os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
 def _worker_main(
-    conn: Connection, function: Callable[[Any], Any], memory_limit: int | None
+    conn: Connection,
+    function: Callable[[Any], Any],
+    memory_limit: int | None,
+    parent: int | None,
 ) -> None:
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
     if memory_limit is not None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
@@ -124,14 +145,16 @@ class TaskPool(Generic[Task]):
         self.close()
 
     def _start_worker(self) -> _Worker:
+        parent = None  # a forkserver or spawn child's parent is not this process
         if self._context.get_start_method() == "fork":
+            parent = os.getpid()
             # The parent's objects (a warmed-up torch is millions of them) would otherwise be
             # walked by every full collection in every worker, copying their pages on write.
             gc.freeze()
         parent_end, child_end = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=_worker_main,
-            args=(child_end, self._function, self._memory_limit),
+            args=(child_end, self._function, self._memory_limit, parent),
             daemon=True,
         )
         process.start()

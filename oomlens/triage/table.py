@@ -220,7 +220,7 @@ def _call_site(frame: str | None) -> str | None:
     the same library frame groups together whichever environment it was installed in."""
     if frame is None:
         return None
-    return _INSTALLED.sub("", frame, count=1, timeout=1.0)
+    return str(_INSTALLED.sub("", frame, count=1, timeout=1.0))
 
 
 def _iso(mtime_ns: int) -> str:

@@ -92,3 +92,54 @@ def test_sigkill_at_any_moment_loses_nothing_finished(tmp_path: Path) -> None:
     # AND the table is the one a clean run makes
     clean = triage([str(root)], TriageOptions(jobs=2, store=None))
     pandas.testing.assert_frame_equal(resumed.table, clean.table)
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_workers_do_not_outlive_a_parent_killed_alone(tmp_path: Path) -> None:
+    # GIVEN a triage whose workers are busy
+    root = tmp_path / "archive"
+    for n, case in enumerate(case_names()):
+        copy_case(case, root / case, moment=BASE_TIME + n)
+    store = tmp_path / "store.sqlite"
+    process = _start(root, store)
+    try:
+        deadline = time.monotonic() + 60
+        while not _read(store, "SELECT key FROM results LIMIT 1"):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        workers = _children(process.pid)
+        assert workers
+        # WHEN only the parent is killed (as the kernel's OOM killer would)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        # THEN its workers go too, instead of analyzing on without a deadline
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, [p for p in workers if _alive(p)]
+            time.sleep(0.05)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert _integrity(store) == "ok"
