@@ -29,6 +29,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,9 @@ _CRASH_START = (
     "device-side assert",
     "ChildFailedError",
 )
+
+
+_STEP = re.compile(r"\bstep[ =]\d")
 
 
 def _filler_blocks(count: int, rng: random.Random) -> list[str]:
@@ -90,8 +94,14 @@ def _filler_blocks(count: int, rng: random.Random) -> list[str]:
 
 def _grow_log(source: Path, dest: Path, size: int, blocks: list[str], rng: random.Random) -> None:
     lines = source.read_text(errors="surrogateescape").splitlines(keepends=True)
+    # A long run's chatter comes before its last steps: the case's own training lines and its
+    # failure stay together at the end, as they would be in a real multi-MB log.
     cut = next(
-        (i for i, line in enumerate(lines) if any(mark in line for mark in _CRASH_START)),
+        (
+            i
+            for i, line in enumerate(lines)
+            if _STEP.search(line) or any(mark in line for mark in _CRASH_START)
+        ),
         max(0, len(lines) - 5),
     )
     with open(dest, "w", errors="surrogateescape") as out:
@@ -109,13 +119,14 @@ def _grow_log(source: Path, dest: Path, size: int, blocks: list[str], rng: rando
 
 def build_archive(
     archive: Path, runs: int, min_mb: float, max_mb: float, broken_every: int
-) -> dict[str, str]:
-    """The archive of ``runs`` runs; returns run name -> expected verdict ('error' if broken)."""
+) -> dict[str, dict[str, object]]:
+    """The archive of ``runs`` runs; returns run name -> the case's ``expected`` (empty for a
+    run whose log is garbage)."""
     rng = random.Random(20261130)
     cases = sorted(p.name for p in CORPUS.iterdir() if p.is_dir() and not p.name.startswith("_"))
     expected = {c: json.loads((CORPUS / c / "case.json").read_text())["expected"] for c in cases}
     blocks = _filler_blocks(32, rng)
-    truth: dict[str, str] = {}
+    truth: dict[str, dict[str, object]] = {}
     for n in range(runs):
         case = cases[n % len(cases)]
         moment = BASE_TIME + n * 2400
@@ -127,11 +138,11 @@ def build_archive(
             for other in run.rglob("*"):
                 if other.is_file() and other.name != "train.log":
                     other.unlink()
-            truth[name] = "error"
+            truth[name] = {}
         else:
             size = int(rng.uniform(min_mb, max_mb) * 1024 * 1024)
             _grow_log(CORPUS / case / "train.log", run / "train.log", size, blocks, rng)
-            truth[name] = expected[case]["verdict"]
+            truth[name] = expected[case]
         for path in run.rglob("*"):
             os.utime(path, (moment, moment))
     return truth
@@ -210,13 +221,21 @@ def main() -> None:
 
         with open(table, newline="") as stream:
             rows = list(csv.DictReader(stream))
-        agree = sum(
-            1
-            for row in rows
-            if (row["error"] and truth.get(row["run"]) == "error")
-            or (not row["error"] and truth.get(row["run"]) == row["verdict"])
+        verdicts = diagnoses = errors = 0
+        for row in rows:
+            want = truth.get(row["run"])
+            if want == {}:
+                errors += bool(row["error"])
+            elif want:
+                verdicts += row["verdict"] == want["verdict"]
+                allowed = {want["diagnosis"], *want.get("acceptable", [])}  # type: ignore[misc]
+                diagnoses += (row["diagnosis"] or None) in allowed
+        broken = sum(1 for want in truth.values() if want == {})
+        print(
+            f"rows: {len(rows)} for {len(truth)} runs; expected verdict {verdicts}, expected"
+            f" diagnosis {diagnoses} of {len(truth) - broken}; {errors} of {broken} garbage"
+            " logs are rows with their error"
         )
-        print(f"rows: {len(rows)} for {len(truth)} runs; {agree} agree with the expected verdict")
 
         one, line1 = _triage(str(archive), "--jobs", "1", "--no-store", "--shard", "1/2", cwd=work)
         two, line2 = _triage(str(archive), "--jobs", "2", "--no-store", "--shard", "1/2", cwd=work)

@@ -29,7 +29,11 @@ class _TriageGroup(click.Group):
 
 @click.group(cls=_TriageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def triage_command() -> None:
-    """Triage a tree of runs (see ``oomlens triage run --help``) or merge shard tables."""
+    """One table of every run under a tree: which died of what, grouped, newest first.
+
+    oomlens triage DIR... triages (the same as oomlens triage run DIR...; see its --help);
+    oomlens triage merge TABLE... joins the tables of a job array's shards.
+    """
 
 
 class _Bar:

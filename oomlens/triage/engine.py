@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -111,15 +111,7 @@ def triage(
     progress = progress or _Silent()
     warnings: list[str] = []
     if options.reports_dir is not None:
-        try:
-            os.makedirs(options.reports_dir, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(
-                f"{options.reports_dir}: cannot create the reports directory"
-                f" ({exc.strerror or exc})"
-            ) from exc
-        if not adapter.html_available():
-            warnings.append("per-run HTML reports are not available in this oomlens version")
+        warnings.extend(_prepare_reports_dir(options.reports_dir))
     with ResultStore(options.store) as store:
         known = store.load_files()
         changed: dict[str, FileRecord] = {}
@@ -148,42 +140,22 @@ def triage(
         }
         stored = store.get_results(keys.values())
         todo = [run for run in runs if _needs_analysis(stored.get(keys[run.identity]), options)]
-
         progress.start("analyzing", len(todo))
-        tasks = {
-            id(task): (run, task)
-            for run in todo
-            for task in [
-                AnalysisTask(run.inputs, config, _report_path(run, options), options.deepspeed)
-            ]
-        }
-        if tasks:
-            adapter.preload(deepspeed=options.deepspeed)
-            jobs = max(1, min(options.jobs, len(tasks)))
-            with TaskPool(
-                analyze, jobs=jobs, timeout=options.timeout, memory_limit=options.memory_limit
-            ) as pool:
-                for task, outcome in pool.run(task for _, task in tasks.values()):
-                    run = tasks[id(task)][0]
-                    if outcome.failure is not None:
-                        result = AnalysisResult(None, outcome.failure, None, None, 0.0)
-                    else:
-                        result = outcome.value
-                    if result.report_problem:
-                        warnings.append(result.report_problem)
-                    saved = StoredResult(
-                        keys[run.identity],
-                        run.identity,
-                        result.report,
-                        result.error,
-                        result.report_file,
-                        result.seconds,
-                    )
-                    store.put_result(saved, analyzer=analyzer)
-                    stored[saved.key] = saved
-                    progress.advance()
+        for run, result in _analyze_runs(todo, config, options, analyze):
+            if result.report_problem:
+                warnings.append(result.report_problem)
+            saved = StoredResult(
+                keys[run.identity],
+                run.identity,
+                result.report,
+                result.error,
+                result.report_file,
+                result.seconds,
+            )
+            store.put_result(saved, analyzer=analyzer)  # committed now: a kill loses nothing
+            stored[saved.key] = saved
+            progress.advance()
         progress.finish()
-
         rows = [RunRow(run, stored[keys[run.identity]]) for run in runs]
     return TriageResult(
         build_table(rows),
@@ -193,6 +165,52 @@ def triage(
         time.perf_counter() - started,
         tuple(warnings),
     )
+
+
+def _prepare_reports_dir(reports_dir: str) -> list[str]:
+    """Create the reports directory; the warnings to show (none, or why there is no HTML)."""
+    try:
+        os.makedirs(reports_dir, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{reports_dir}: cannot create the reports directory ({exc.strerror or exc})"
+        ) from exc
+    if adapter.html_available():
+        return []
+    return ["per-run HTML reports are not available in this oomlens version"]
+
+
+def _analyze_runs(
+    runs: Sequence[RunSpec],
+    config: str | None,
+    options: TriageOptions,
+    analyze: Callable[[AnalysisTask], AnalysisResult],
+) -> Iterator[tuple[RunSpec, AnalysisResult]]:
+    """Analyze ``runs`` in worker processes; yield each run's result as it ends.
+
+    A run whose analysis overran ``options.timeout``, ran out of memory or crashed its worker
+    gets a result with that error.
+    """
+    if not runs:
+        return
+    adapter.preload(deepspeed=options.deepspeed)
+    tasks = [
+        AnalysisTask(run.inputs, config, _report_path(run, options), options.deepspeed)
+        for run in runs
+    ]
+    run_of_task = {id(task): run for task, run in zip(tasks, runs, strict=True)}
+    with TaskPool(
+        analyze,
+        jobs=max(1, min(options.jobs, len(tasks))),
+        timeout=options.timeout,
+        memory_limit=options.memory_limit,
+    ) as pool:
+        for task, outcome in pool.run(tasks):
+            if outcome.failure is not None:
+                result = AnalysisResult(None, outcome.failure, None, None, 0.0)
+            else:
+                result = outcome.value
+            yield run_of_task[id(task)], result
 
 
 def _log_detector(
