@@ -179,3 +179,19 @@ def test_html_reports_are_written_and_reused(tmp_path: Path) -> None:
     os.unlink(report)  # a deleted report is made again
     assert triage([str(tmp_path / "runs")], options).analyzed == 1
     assert os.path.isfile(report)
+
+
+def test_a_config_override_is_part_of_what_was_analyzed(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    copy_case("prefetch_overshoot", archive / "a", moment=BASE_TIME)
+    copy_case("prefetch_fits", archive / "b", moment=BASE_TIME + 1)
+    store = str(tmp_path / "s.sqlite")
+    assert triage([str(archive)], TriageOptions(jobs=2, store=store)).analyzed == 2
+    # GIVEN the default settings' config forced on every run
+    config = str(archive / "b" / "ds_config.json")
+    forced = TriageOptions(jobs=2, store=store, config=config)
+    result = triage([str(archive)], forced)
+    # THEN both runs are analyzed again, with it, and the next call reuses that
+    assert result.analyzed == 2
+    assert triage([str(archive)], forced).analyzed == 0
+    assert triage([str(archive)], TriageOptions(jobs=2, store=store)).analyzed == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.errors import UsageError
-from oomlens.triage import adapter
+from oomlens.triage import adapter, walk
 from oomlens.triage.walk import FileEntry, RunSpec, find_runs
 from tests._corpus import case_dir, case_names
 
@@ -158,15 +158,32 @@ def test_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
         find_runs([str(tmp_path / "nope")], is_log=_is_log)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every directory")
-def test_an_unreadable_subfolder_is_reported_and_skipped(tmp_path: Path) -> None:
+def test_an_unreadable_subfolder_is_reported_and_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a folder the walk may not list (chmod 0 does not stop root, so scandir says so)
     _copy_case("fragmentation", tmp_path / "ok")
     locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0)
-    try:
-        result = find_runs([str(tmp_path)], is_log=_is_log)
-    finally:
-        locked.chmod(0o755)
+    _copy_case("nccl_timeout", locked)
+    real_scandir = os.scandir
+
+    def scandir(path: str) -> object:
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(walk.os, "scandir", scandir)
+    result = find_runs([str(tmp_path)], is_log=_is_log)
     assert [run.name for run in result.runs] == ["ok"]
-    assert [path for path, _ in result.skipped] == [str(locked)]
+    assert result.skipped == ((str(locked), "cannot be listed (Permission denied)"),)
+
+
+def test_an_unreadable_top_directory_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def scandir(path: str) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(walk.os, "scandir", scandir)
+    with pytest.raises(UsageError, match="cannot be listed .Permission denied.; check its"):
+        find_runs([str(tmp_path)], is_log=_is_log)
