@@ -11,6 +11,7 @@ from oomlens import __version__
 from oomlens.cli.analyze import analyze_command
 from oomlens.cli.check import check
 from oomlens.cli.epilog import epilog
+from oomlens.cli.triage import triage_command
 from oomlens.errors import ExitCode, OomlensError
 
 
@@ -23,6 +24,7 @@ def cli() -> None:
 cli.add_command(analyze_command)
 cli.add_command(check)
 cli.add_command(epilog)
+cli.add_command(triage_command, "triage")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,118 @@
+"""The one place where triage touches oomlens' analysis API.
+
+Everything else in ``oomlens.triage`` goes through the three functions here, so a change in
+that API is a change in this module only.  They run in worker processes as well as in the
+parent, so they import lazily and return plain data (dicts, strings, booleans).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import oomlens
+
+_TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
+
+
+def analyze_run(
+    inputs: Sequence[str], *, config: str | None, want_html: bool, deepspeed: bool
+) -> tuple[dict[str, Any], str | None]:
+    """Analyze one run: ``inputs`` are its files and/or directories, as ``analyze`` takes them.
+
+    Returns the report's versioned JSON dict and, when ``want_html`` and the HTML renderer
+    exists, the report as one HTML page (else None).  ``deepspeed`` validates configs with
+    DeepSpeed's own models when it is installed (else oomlens' own checks).  Raises
+    ``NoUsableInputError`` when nothing among the inputs could be read; problems with single
+    files are recorded in the report.
+    """
+    from oomlens.render.json import report_to_dict
+    from oomlens.session import AnalysisOptions, analyze
+
+    report = analyze(
+        list(inputs), config=config, options=AnalysisOptions(prefer_deepspeed=deepspeed)
+    )
+    html: str | None = None
+    if want_html and html_available():
+        # Looked up by name: the HTML renderer may be absent from this oomlens.
+        html = str(importlib.import_module("oomlens.render.html").render_html(report))
+    return report_to_dict(report), html
+
+
+_PRELOADED = (
+    "oomlens.session",
+    "oomlens.render.json",
+    "oomlens.render.html",
+    # Optional accelerators the readers import lazily.
+    "ahocorasick_rs",
+    "zstandard",
+    "hjson",
+)
+
+
+def preload(*, deepspeed: bool) -> None:
+    """Import, once in this process, what analyses need, so that worker processes forked
+    from it start warm.  With ``deepspeed``, DeepSpeed's config models too (they import
+    torch: seconds per process)."""
+    for name in _PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    if deepspeed:
+        from oomlens.analysis.ds_validation import deepspeed_available
+
+        deepspeed_available()
+
+
+def html_available() -> bool:
+    """Whether per-run HTML reports can be rendered by this oomlens."""
+    return importlib.util.find_spec("oomlens.render.html") is not None
+
+
+def is_training_log(path: str) -> bool:
+    """Whether ``path`` is a training log by its content, the way run discovery decides it.
+
+    A text file without any training-log marker still counts when its name says it is a log
+    (a quiet healthy run prints nothing a marker would catch).  Raises ``InputError`` when the
+    file cannot be opened.
+    """
+    from oomlens.ingest.detect import InputKind, detect_kind
+
+    detection = detect_kind(path)
+    if detection.kind is InputKind.TRAINING_LOG:
+        return True
+    return (
+        detection.kind is InputKind.UNKNOWN
+        and detection.reason.startswith("text without")
+        and _strip_compression(os.path.basename(path).lower()).endswith(_TEXT_LOG_SUFFIXES)
+    )
+
+
+def analyzer_id() -> str:
+    """Identifies the analysis code: results made by other code are not reused.
+
+    The package version alone is not enough while rules change between releases, so the
+    digest of oomlens' own sources is part of it (about a hundred small files: milliseconds).
+    """
+    digest = hashlib.sha256()
+    package = Path(oomlens.__file__).resolve().parent
+    for source in sorted(package.rglob("*.py")):
+        relative = source.relative_to(package).as_posix()
+        if relative.startswith(("triage/", "cli/")):
+            continue
+        digest.update(relative.encode() + b"\0")
+        digest.update(source.read_bytes() + b"\0")
+    return f"oomlens {oomlens.__version__} {digest.hexdigest()[:16]}"
+
+
+def _strip_compression(name: str) -> str:
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name

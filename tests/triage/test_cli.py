@@ -1,0 +1,90 @@
+"""``oomlens triage`` and ``oomlens triage merge`` as a user runs them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas
+import pandas.testing
+import pytest
+
+from oomlens.cli import main
+from oomlens.triage.outputs import read_table
+from tests.triage._trees import BASE_TIME, copy_case
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(exit_info.value.code or 0), captured.out, captured.err
+
+
+@pytest.fixture()
+def archive(tmp_path: Path) -> Path:
+    root = tmp_path / "archive"
+    copy_case("prefetch_overshoot", root / "a", moment=BASE_TIME)
+    copy_case("prefetch_overshoot", root / "b", moment=BASE_TIME + 60)
+    copy_case("fragmentation_fixed", root / "c", moment=BASE_TIME + 120)
+    return root
+
+
+def test_triage_writes_the_table_and_prints_the_summary(
+    archive: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(
+        ["triage", str(archive), "-j", "2", "-o", "runs.csv", "-o", "index.html"], capsys
+    )
+    assert code == 0, err
+    assert out.startswith("3 runs: 2 gpu_oom, 1 no_failure\n")
+    assert "2  prefetch_overshoot" in out
+    assert "Groups, worst first:" in out
+    assert "3 analyzed, 0 unchanged" in err
+    assert len(read_table("runs.csv")) == 3
+    assert (tmp_path / "index.html").is_file()
+    assert (tmp_path / "oomlens-triage.sqlite").is_file()  # the default store
+    code, _, err = _run(["triage", str(archive), "-q"], capsys)
+    assert code == 0 and err == ""
+
+
+def test_shards_and_merge_from_the_command_line(
+    archive: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for k in (1, 2):
+        code, _, err = _run(
+            ["triage", str(archive), "--shard", f"{k}/2", "-o", f"part{k}.jsonl", "-q"], capsys
+        )
+        assert code == 0, err
+        assert (tmp_path / f"oomlens-triage.shard-{k}-of-2.sqlite").is_file()
+    code, _, err = _run(["triage", str(archive), "--no-store", "-o", "all.csv", "-q"], capsys)
+    assert code == 0, err
+    code, out, err = _run(
+        ["triage", "merge", "part1.jsonl", "part2.jsonl", "-o", "merged.parquet"], capsys
+    )
+    assert code == 0, err
+    assert out.startswith("3 runs:")
+    pandas.testing.assert_frame_equal(read_table("merged.parquet"), read_table("all.csv"))
+
+
+def test_no_runs_is_exit_3_and_bad_options_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    code, _, err = _run(["triage", str(tmp_path / "empty"), "--no-store"], capsys)
+    assert code == 3 and "no runs found under" in err
+    code, _, err = _run(["triage", str(tmp_path), "--shard", "0/4"], capsys)
+    assert code == 2 and "K must be between 1 and N" in err
+    code, _, err = _run(["triage", str(tmp_path), "-o", "x.xlsx"], capsys)
+    assert code == 2 and "unknown output format .xlsx" in err
+    code, _, err = _run(["triage", str(tmp_path / "nope"), "--no-store"], capsys)
+    assert code == 2 and "no such directory" in err
+    code, _, err = _run(["triage", "merge", str(tmp_path / "missing.csv")], capsys)
+    assert code == 3 and "missing.csv" in err

@@ -1,0 +1,131 @@
+"""Every output format holds the same table; the HTML index is inert whatever the paths say."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sqlite3
+from pathlib import Path
+
+import pandas
+import pandas.testing
+import pytest
+from markupsafe import escape
+
+from oomlens.errors import InputError, UsageError
+from oomlens.triage import outputs
+from oomlens.triage.engine import TriageOptions, triage
+from oomlens.triage.outputs import read_table, write_table
+from tests.triage._trees import BASE_TIME, copy_case
+
+HOSTILE = '<img src=x onerror="alert(1)"> & co'
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> pandas.DataFrame:
+    root = tmp_path_factory.mktemp("runs")
+    copy_case("prefetch_overshoot", root / "ds" / "prefetch", moment=BASE_TIME)
+    copy_case("fragmentation_fixed", root / "ok", moment=BASE_TIME + 60)
+    copy_case("fragmentation", root / HOSTILE, moment=BASE_TIME + 120)
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "train.log").write_bytes(bytes(range(256)) * 16)
+    result = triage([str(root)], TriageOptions(jobs=2, store=None))
+    assert len(result.table) == 4
+    return result.table
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.ndjson", "t.parquet", "t.sqlite", "t.db"])
+def test_each_table_format_reads_back_as_the_same_table(
+    table: pandas.DataFrame, tmp_path: Path, name: str
+) -> None:
+    path = str(tmp_path / name)
+    write_table(table, path)
+    pandas.testing.assert_frame_equal(read_table(path), table)
+
+
+def test_the_sqlite_output_has_runs_and_groups(table: pandas.DataFrame, tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    write_table(table, str(path))
+    with sqlite3.connect(path) as db:
+        runs = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+        groups = db.execute("SELECT sum(runs) FROM groups").fetchone()[0]
+    db.close()
+    assert runs == groups == len(table)
+
+
+def test_parquet_without_pyarrow_says_how_to_enable_it(
+    table: pandas.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        outputs.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyarrow" else real(name, *a),
+    )
+    with pytest.raises(UsageError, match=r"pip install 'oomlens\[parquet\]'"):
+        write_table(table, str(tmp_path / "t.parquet"))
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_an_unknown_extension_is_a_usage_error(table: pandas.DataFrame, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"unknown output format \.xlsx"):
+        write_table(table, str(tmp_path / "t.xlsx"))
+
+
+def test_a_file_that_is_not_a_table_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(InputError, match="not a triage table: no column"):
+        read_table(str(path))
+
+
+def test_the_html_index_escapes_paths_and_loads_nothing(
+    table: pandas.DataFrame, tmp_path: Path
+) -> None:
+    index = tmp_path / "index.html"
+    write_table(table, str(index), title="Monday <b>")
+    page = index.read_text()
+    # the hostile run name is there, as text
+    assert str(escape(HOSTILE)) in page
+    assert "<img" not in page and "Monday <b>" not in page and "Monday &lt;b&gt;" in page
+    # nothing is fetched: no scripts, no remote URLs, a CSP that forbids loading
+    assert "<script" not in page
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page)
+    assert "default-src 'none'" in page
+    assert page.count("<tr>") >= len(table)
+    # missing values are empty cells, not pandas' NaN
+    assert not re.search(r">\s*(?:nan|NaN|<NA>|None)\s*<", page)
+
+
+def test_the_html_index_links_reports_relative_to_itself(
+    table: pandas.DataFrame, tmp_path: Path
+) -> None:
+    reports = tmp_path / "reports"
+    linked = table.copy()
+    linked["report"] = pandas.array(
+        [str(reports / f"r {i}#?.html") for i in range(len(table))], dtype="string"
+    )
+    index = tmp_path / "site" / "index.html"
+    index.parent.mkdir()
+    write_table(linked, str(index))
+    page = index.read_text()
+    hrefs = re.findall(r'href="([^"]*)"', page)
+    assert sorted(hrefs) == sorted(f"../reports/r%20{i}%23%3F.html" for i in range(len(table)))
+
+
+def test_a_write_that_fails_leaves_the_old_file(
+    table: pandas.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("old\n")
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pandas.DataFrame, "to_sql", explode)
+    with pytest.raises(UsageError, match="No space left"):
+        write_table(table, str(tmp_path / "t.sqlite"))
+    assert not (tmp_path / "t.sqlite").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+    assert path.read_text() == "old\n"

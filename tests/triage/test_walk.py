@@ -1,0 +1,189 @@
+"""Run discovery in trees built from the real corpus' case folders and launcher layouts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oomlens.errors import UsageError
+from oomlens.triage import adapter, walk
+from oomlens.triage.walk import FileEntry, RunSpec, find_runs
+from tests._corpus import case_dir, case_names
+
+
+def _is_log(entry: FileEntry) -> bool:
+    return adapter.is_training_log(entry.path)
+
+
+def _runs(*paths: Path) -> dict[str, RunSpec]:
+    result = find_runs([str(p) for p in paths], is_log=_is_log)
+    return {run.name: run for run in result.runs}
+
+
+def _copy_case(name: str, dest: Path) -> Path:
+    shutil.copytree(case_dir(name), dest)
+    return dest
+
+
+def test_every_corpus_case_is_one_run_holding_all_its_files() -> None:
+    # GIVEN the corpus as it is checked in (cases, plus the generators in _scenarios)
+    # WHEN it is walked
+    runs = _runs(case_dir("fragmentation").parent)
+    # THEN each case is one run, nothing else is, and each run hands its folder to the analysis
+    assert sorted(runs) == case_names()
+    for name, run in runs.items():
+        assert run.inputs == (str(case_dir(name)),)
+        relatives = {rel for rel, _ in run.files}
+        on_disk = {
+            str(p.relative_to(case_dir(name))) for p in case_dir(name).rglob("*") if p.is_file()
+        }
+        assert relatives == on_disk
+
+
+def test_per_rank_layouts_belong_to_the_run_around_them() -> None:
+    runs = _runs(case_dir("fragmentation").parent)
+    torchrun = {rel for rel, _ in runs["generation_oom"].files if rel.startswith("torchrun_logs")}
+    deepspeed = {
+        rel for rel, _ in runs["model_states_too_large"].files if rel.startswith("rank_logs")
+    }
+    assert len(torchrun) == 4  # stdout.log and stderr.log of local ranks 0 and 1
+    assert len(deepspeed) == 2
+    assert not any("torchrun_logs" in name or "rank_logs" in name for name in runs)
+
+
+def test_a_torchrun_log_dir_alone_is_the_run(tmp_path: Path) -> None:
+    # GIVEN only what torchrun --log-dir wrote, in a job folder of an archive
+    shutil.copytree(case_dir("generation_oom") / "torchrun_logs", tmp_path / "job-7")
+    runs = _runs(tmp_path)
+    assert list(runs) == ["job-7"]
+    assert runs["job-7"].inputs == (str(tmp_path / "job-7"),)
+    assert len(runs["job-7"].files) == 4
+
+
+def test_deepspeed_rank_logs_alone_are_the_run(tmp_path: Path) -> None:
+    shutil.copytree(case_dir("model_states_too_large") / "rank_logs", tmp_path / "job-8")
+    runs = _runs(tmp_path)
+    assert list(runs) == ["job-8"]
+    assert len(runs["job-8"].files) == 2
+
+
+def test_deepspeed_rank_logs_next_to_a_snapshot_belong_to_that_folder(tmp_path: Path) -> None:
+    case = case_dir("model_states_too_large")
+    run = tmp_path / "job-9"
+    shutil.copytree(case / "rank_logs", run / "logs")
+    shutil.copy(case / "snapshot_rank0.pickle", run)
+    runs = _runs(tmp_path)
+    assert list(runs) == ["job-9"]
+    assert {rel for rel, _ in runs["job-9"].files} >= {"snapshot_rank0.pickle"}
+
+
+def test_nested_runs_are_separate_and_the_outer_run_does_not_swallow_the_inner(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a run folder with a rerun kept in a subfolder, and a checkpoint folder
+    outer = _copy_case("prefetch_overshoot", tmp_path / "exp")
+    inner = _copy_case("prefetch_fits", outer / "rerun")
+    (outer / "ckpt").mkdir()
+    (outer / "ckpt" / "model.pt").write_bytes(b"\0" * 4096)
+    (outer / "ckpt" / "optimizer.bin").write_bytes(b"\0" * 4096)
+    runs = _runs(tmp_path)
+    assert sorted(runs) == ["exp", "exp/rerun"]
+    # THEN the outer run is given its own files and the subfolders without runs, one by one
+    outer_inputs = set(runs["exp"].inputs)
+    assert str(inner) not in outer_inputs
+    assert str(outer / "ckpt") in outer_inputs
+    assert str(outer / "train.log") in outer_inputs
+    assert not any(p.startswith(str(inner)) for p in outer_inputs)
+    assert not any(rel.startswith("rerun") for rel, _ in runs["exp"].files)
+    # a checkpoint is no input and is never hashed
+    assert "ckpt/model.pt" not in {rel for rel, _ in runs["exp"].files}
+    assert runs["exp/rerun"].inputs == (str(inner),)
+
+
+def test_slurm_output_files_of_several_jobs_are_one_run_each(tmp_path: Path) -> None:
+    # GIVEN a folder where sbatch wrote the outputs of three jobs (%j and %A_%a names)
+    logs = tmp_path / "slurm"
+    logs.mkdir()
+    shutil.copy(case_dir("fragmentation") / "train.log", logs / "slurm-1001.out")
+    shutil.copy(case_dir("nccl_timeout") / "train.log", logs / "train.1002.out")
+    shutil.copy(case_dir("nccl_timeout") / "train.log", logs / "train.1002.err")
+    shutil.copy(case_dir("memory_leak_fixed") / "train.log", logs / "slurm-1003_4.out")
+    runs = _runs(tmp_path)
+    assert sorted(runs) == ["slurm/slurm-1001", "slurm/slurm-1003_4", "slurm/train.1002"]
+    assert runs["slurm/train.1002"].inputs == (
+        str(logs / "train.1002.err"),
+        str(logs / "train.1002.out"),
+    )
+    assert runs["slurm/slurm-1001"].path == str(logs / "slurm-1001.out")
+
+
+def test_folders_without_a_training_log_are_not_runs(tmp_path: Path) -> None:
+    # GIVEN a kernel log, a config, a README and a hidden run copy: none is a run
+    (tmp_path / "kernel").mkdir()
+    shutil.copy(case_dir("checkpoint_save_host_oom") / "kernel.log", tmp_path / "kernel")
+    (tmp_path / "configs").mkdir()
+    shutil.copy(case_dir("memory_leak") / "ds_config.json", tmp_path / "configs")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.txt").write_text("How to run the training job.\n")
+    _copy_case("fragmentation", tmp_path / ".snapshot-copy")
+    assert _runs(tmp_path) == {}
+
+
+def test_a_log_file_given_directly_is_a_run(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    shutil.copy(case_dir("fragmentation") / "train.log", log)
+    runs = _runs(log)
+    assert list(runs) == ["job.log"]
+    assert runs["job.log"].inputs == (str(log),)
+
+
+def test_the_same_run_given_twice_is_one_run(tmp_path: Path) -> None:
+    _copy_case("fragmentation", tmp_path / "a" / "frag")
+    result = find_runs([str(tmp_path), str(tmp_path / "a")], is_log=_is_log)
+    assert [run.name for run in result.runs] == ["a/frag"]
+
+
+def test_symlinked_folders_are_not_followed(tmp_path: Path) -> None:
+    _copy_case("fragmentation", tmp_path / "real" / "frag")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "loop").symlink_to(tmp_path)
+    assert sorted(_runs(tmp_path)) == ["real/frag"]
+
+
+def test_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such directory"):
+        find_runs([str(tmp_path / "nope")], is_log=_is_log)
+
+
+def test_an_unreadable_subfolder_is_reported_and_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a folder the walk may not list (chmod 0 does not stop root, so scandir says so)
+    _copy_case("fragmentation", tmp_path / "ok")
+    locked = tmp_path / "locked"
+    _copy_case("nccl_timeout", locked)
+    real_scandir = os.scandir
+
+    def scandir(path: str) -> object:
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(walk.os, "scandir", scandir)
+    result = find_runs([str(tmp_path)], is_log=_is_log)
+    assert [run.name for run in result.runs] == ["ok"]
+    assert result.skipped == ((str(locked), "cannot be listed (Permission denied)"),)
+
+
+def test_an_unreadable_top_directory_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def scandir(path: str) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(walk.os, "scandir", scandir)
+    with pytest.raises(UsageError, match="cannot be listed .Permission denied.; check its"):
+        find_runs([str(tmp_path)], is_log=_is_log)
