@@ -41,7 +41,7 @@ _MARKER_ACTIONS = frozenset({"snapshot", "oom"})
 _TOP_LEVEL_KEYS = frozenset(
     {"segments", "device_traces", "allocator_settings", "external_annotations", "traces"}
 )
-_STACK_SCAN_LIMIT = 2000
+_STACK_SCAN_LIMIT = 500
 _RANK_RE = re.compile(r"rank[_\-]?(\d{1,6})", re.IGNORECASE)
 
 _SHAPE_HINT = (
@@ -282,9 +282,14 @@ def _stack_depth(segments: list[Any], device_traces: list[Any]) -> StackDepth:
             for entry in trace:
                 yield entry.get("frames")
 
+    seen: set[int] = set()
     for frames in frame_lists():
         if not frames or type(frames) is not list:
             continue
+        # Frame lists are memoized in the pickle: a free shares its block's alloc stack.
+        if id(frames) in seen:
+            continue
+        seen.add(id(frames))
         scanned += 1
         for frame in frames:
             if type(frame) is not dict:
