@@ -143,6 +143,7 @@ def gather_facts(
         config_files, run_logs.logs, world, reports, prefer_deepspeed=options.prefer_deepspeed
     )
     params = _params(run_logs.logs, options)
+    host_memory, host_origin = _host_memory(run_logs.logs, options)
     if (
         not run_logs.logs
         and not snapshots
@@ -163,7 +164,8 @@ def gather_facts(
         world_size=world,
         params=params,
         gpu_memory=options.gpu_memory,
-        host_memory=options.host_memory,
+        host_memory=host_memory,
+        host_memory_origin=host_origin,
     )
     return replace(facts, memory_model=memory_model(facts))
 
@@ -176,6 +178,23 @@ def _params(logs: Sequence[LogFacts], options: AnalysisOptions) -> ModelParams |
             count = log.param_count
             return ModelParams(count.total, f"log ({count.origin})", count.source)
     return None
+
+
+def _host_memory(logs: Sequence[LogFacts], options: AnalysisOptions) -> tuple[int | None, str]:
+    """One host's RAM: ``--host-memory``, else what DeepSpeed's ``see_memory_usage`` implies
+    (``CPU Virtual Memory: used = U GB, percent = P%`` is node-wide: total = U / P)."""
+    if options.host_memory is not None:
+        return options.host_memory, "--host-memory"
+    best: tuple[int, str] | None = None
+    for log in logs:
+        for series in log.memory:
+            for sample in series.samples:
+                if sample.cpu_used and sample.cpu_percent and sample.cpu_percent >= 1.0:
+                    total = round(sample.cpu_used / (sample.cpu_percent / 100))
+                    origin = f"see_memory_usage CPU line at {sample.source.describe()}"
+                    if best is None or total > best[0]:
+                        best = (total, origin)
+    return best if best is not None else (None, "")
 
 
 _MODEL_PHASES = {
@@ -215,14 +234,14 @@ def memory_model(facts: RunFacts) -> MemoryModelFacts | None:
             allowed=m.allowed,
             source=f"OOM message at {event.source.describe()}",
             host_bytes=facts.host_memory,
-            host_source="--host-memory" if facts.host_memory else "",
+            host_source=facts.host_memory_origin,
         )
     elif facts.gpu_memory is not None or facts.host_memory is not None:
         capacity = Capacity(
             gpu_bytes=facts.gpu_memory,
             gpu_source="--gpu-memory",
             host_bytes=facts.host_memory,
-            host_source="--host-memory",
+            host_source=facts.host_memory_origin,
         )
     verdicts = tuple(compare_with_capacity(budget, capacity)) if capacity else ()
     phase = _MODEL_PHASES.get(event.phase) if event is not None else None

@@ -109,6 +109,9 @@ class RunFacts:
     params: ModelParams | None = None
     gpu_memory: int | None = None
     host_memory: int | None = None
+    host_memory_origin: str = ""
+    """``--host-memory``, or the log's ``CPU Virtual Memory: used = .. GB, percent = ..%``
+    (DeepSpeed's node-wide figure: used / percent)."""
     memory_model: MemoryModelFacts | None = None
 
     # ----------------------------------------------------------------- questions rules ask

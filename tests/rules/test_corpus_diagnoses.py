@@ -82,3 +82,15 @@ def test_a_snapshot_alone_still_gives_a_diagnosis() -> None:
     report = analyze([case_dir("fragmentation") / "snapshot_rank0.pickle"])
     assert report.verdict.value == "gpu_oom"
     assert report.diagnoses
+
+
+def test_host_memory_comes_from_deepspeeds_cpu_line_when_not_given() -> None:
+    from oomlens.session import AnalysisOptions, gather_facts
+
+    facts = gather_facts([case_dir("memory_leak")])
+    # "CPU Virtual Memory: used = U GB, percent = P%" is node-wide: the 256 GiB VM
+    assert facts.host_memory is not None
+    assert 240 * 1024**3 < facts.host_memory < 270 * 1024**3
+    assert "see_memory_usage" in facts.host_memory_origin
+    given = gather_facts([case_dir("memory_leak")], options=AnalysisOptions(host_memory=1024**3))
+    assert given.host_memory == 1024**3 and given.host_memory_origin == "--host-memory"
