@@ -4,7 +4,7 @@ Builds ``<dir>/archive/<date>/<case>-<n>/``: every run is a copy of one corpus c
 (its snapshots, configs, per-rank logs, kernel log and cgroup counters as they are), with its
 ``train.log`` grown to several MB by inserting, before the failure, the chatter a long run
 prints: NCCL ``INFO`` channel lines, torch's checkpoint ``UserWarning`` and tqdm progress
-rewrites (the line shapes of the logs in ``/work/shared/samples`` and the reader's own bench).
+rewrites (the line shapes of the logs in ``../shared/samples`` and the reader's own bench).
 A few runs get a log that is binary garbage, to show that a broken run is a row with its
 error.  File times are spread over a month, one run a few minutes after the other.
 
