@@ -101,9 +101,15 @@ class JobRun:
 
 
 class SlurmCluster:
-    """slurmctld + slurmd (+ a private munged) on localhost, under ``base``."""
+    """slurmctld + slurmd (+ a private munged) on localhost, under ``base``.
 
-    def __init__(self, base: Path, oomlens_bin: Path, test_uid: int) -> None:
+    With ``oomlens_bin``, ``Epilog=`` and ``EpilogSlurmctld=`` run oomlens' Epilog script;
+    without, the cluster has no Epilog (for tests that only submit jobs).
+    """
+
+    def __init__(
+        self, base: Path, oomlens_bin: Path | None = None, test_uid: int | None = None
+    ) -> None:
         self.base = base
         self.oomlens_bin = oomlens_bin
         self.test_uid = test_uid
@@ -130,7 +136,8 @@ class SlurmCluster:
         for sub in ("state", "slurmd-spool", "log", "jobs"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self._start_munged()
-        self._write_epilogs()
+        if self.oomlens_bin is not None:
+            self._write_epilogs()
         self._write_conf()
         logs = self.base / "log"
         self._spawn(
@@ -229,6 +236,12 @@ exit $rc
         ).stdout.splitlines()[0]
         node_line = "NodeName=localhost " + node_line.split(" ", 1)[1]
         base = self.base
+        epilogs = (
+            f"Epilog={base}/epilog-slurmd.sh\nEpilogSlurmctld={base}/epilog-slurmctld.sh\n"
+            f"PrologEpilogTimeout={PROLOG_EPILOG_TIMEOUT}\n"
+            if self.oomlens_bin is not None
+            else ""
+        )
         self.conf.write_text(
             f"""ClusterName=oomtest
 SlurmctldHost=localhost
@@ -260,10 +273,7 @@ SchedulerType=sched/backfill
 ReturnToService=2
 KillWait=5
 MinJobAge=300
-Epilog={base}/epilog-slurmd.sh
-EpilogSlurmctld={base}/epilog-slurmctld.sh
-PrologEpilogTimeout={PROLOG_EPILOG_TIMEOUT}
-{node_line} State=UNKNOWN
+{epilogs}{node_line} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
         )
@@ -298,6 +308,40 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         """``sbatch --parsable ARGS`` as ``user`` (uid); returns the job id."""
         out = self.command("/usr/bin/sbatch", "--parsable", *sbatch_args, user=user)
         return int(out.strip().split(";")[0])
+
+    def run(self, argv: Sequence[str], cwd: Path, extra_env: dict[str, str]) -> str:
+        """Run a client command (``bash -c ...``, ``sbatch ...``) as root; its stdout."""
+        done = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env={**self.env, **extra_env},
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed ({done.returncode}): {done.stderr}")
+        return done.stdout
+
+    def wait_until_gone(self, job_ids: Sequence[str], timeout: float) -> None:
+        """Wait until no job (or array task) of ``job_ids`` is queued or running."""
+        deadline = time.monotonic() + timeout
+        while True:
+            queued = self.command("/usr/bin/squeue", "-h", "-j", ",".join(job_ids)).strip()
+            if not queued:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs still queued: {queued}\n{self.logs()}")
+            time.sleep(0.25)
+
+    def job_states(self, job_id: str) -> list[str]:
+        """``State ExitCode`` of a job (every task of an array) as scontrol reports them."""
+        out = self.command("/usr/bin/scontrol", "-o", "show", "job", job_id)
+        states = []
+        for line in out.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            states.append(f"{fields.get('JobState')} {fields.get('ExitCode')}")
+        return states
 
     def epilog_runs(self, job_id: int) -> dict[str, tuple[int, float]]:
         runs: dict[str, tuple[int, float]] = {}

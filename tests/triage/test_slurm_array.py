@@ -14,7 +14,7 @@ import pytest
 
 from oomlens.triage.engine import TriageOptions, triage
 from oomlens.triage.outputs import read_table
-from tests.triage._slurm import OneNodeSlurm, why_not_available
+from tests.slurm.cluster import SlurmCluster, install_packages, why_not_runnable
 from tests.triage._trees import BASE_TIME, copy_case
 
 pytestmark = pytest.mark.slow
@@ -36,9 +36,12 @@ def _bash_block_after(text: str, marker: str) -> str:
 
 
 def test_the_documented_job_array_triages_like_one_run(tmp_path: Path) -> None:
-    reason = why_not_available()
+    reason = why_not_runnable()
     if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the real-SLURM test: {reason}")
         pytest.skip(reason)
+    install_packages()
     # GIVEN an archive and the docs' array script and submission, scaled to this small node
     archive = tmp_path / "train-runs"
     for n, case in enumerate(CASES):
@@ -63,7 +66,7 @@ def test_the_documented_job_array_triages_like_one_run(tmp_path: Path) -> None:
     # munged runs as the munge user: its directory must be reachable (pytest's tmp is 0700)
     cluster_dir = Path(tempfile.mkdtemp(prefix="oomlens-slurm-"))
     cluster_dir.chmod(0o755)
-    cluster = OneNodeSlurm(cluster_dir)
+    cluster = SlurmCluster(cluster_dir)
     environment = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "PYTHONPATH": str(REPO),
