@@ -8,6 +8,7 @@ the rest is still analyzed.  Only when nothing at all could be read does it rais
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Sequence
@@ -67,6 +68,27 @@ class AnalysisOptions:
     prefer_deepspeed: bool = True
     """Validate configs with DeepSpeed's own models when it is installed; False keeps DeepSpeed
     (and torch with it: seconds and gigabytes) out of the process, oomlens' own checks stand in."""
+
+
+_WARM_MODULES = (
+    "oomlens.session",
+    "oomlens.render.json",
+    "oomlens.render.html",
+    # Optional accelerators the readers import lazily.
+    "ahocorasick_rs",
+    "zstandard",
+    "hjson",
+)
+
+
+def preload() -> None:
+    """Import now everything an analysis will import, so that processes forked from this one
+    start warm and processes that drop privileges need not read the installation again."""
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
 
 
 def analyze(

@@ -34,13 +34,11 @@ Malformed trace entries (a missing key, a wrong type) raise
 
 from __future__ import annotations
 
-import gc
 import heapq
 import statistics
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +72,7 @@ from oomlens.facts.snapshot import (
     Timeline,
     TimelinePoint,
 )
+from oomlens.ingest.snapshot.unpickler import gc_paused
 
 MiB = 1024**2
 
@@ -208,7 +207,7 @@ def analyze_snapshot(
         segments_by_device.setdefault(segment["device"], []).append(segment)
     annotations = _annotations_by_device(raw.annotations)
     devices = []
-    with _gc_paused():
+    with gc_paused():
         for device in snapshot.devices:
             trace = raw.device_traces[device] if device < len(raw.device_traces) else []
             devices.append(
@@ -231,17 +230,6 @@ def analyze_snapshot(
         allocator_settings=snapshot.allocator_settings,
         devices=tuple(devices),
     )
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _annotations_by_device(annotations: list[Any]) -> dict[int, list[tuple[int, str]]]:

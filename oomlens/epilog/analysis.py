@@ -29,17 +29,6 @@ class EpilogAnalysis:
     notes: tuple[str, ...] = field(default=())
 
 
-_PRELOADED = (
-    "oomlens.session",
-    "oomlens.render.json",
-    "oomlens.render.html",
-    # Optional accelerators the readers import lazily.
-    "ahocorasick_rs",
-    "zstandard",
-    "hjson",
-)
-
-
 def prepare_analysis() -> None:
     """Get the analysis ready in a process that is about to drop to the job's user.
 
@@ -47,11 +36,9 @@ def prepare_analysis() -> None:
     user).  DeepSpeed stays out (``prefer_deepspeed=False`` below): importing it, and torch
     with it, to validate a config costs seconds and gigabytes the Epilog does not have.
     """
-    for name in _PRELOADED:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
+    from oomlens.session import preload
+
+    preload()
 
 
 def analyze_for_epilog(

@@ -79,10 +79,11 @@ class ConfigValue(Generic[T]):
         where = f" at {self.source.describe()}" if self.source is not None else ""
         how = self.origin.value.replace("_", " ")
         extra = f"; {self.note}" if self.note else ""
-        return f"{self.key_path} = {_show(self.value)} ({how}{where}{extra})"
+        return f"{self.key_path} = {show_value(self.value)} ({how}{where}{extra})"
 
 
-def _show(value: object) -> str:
+def show_value(value: object) -> str:
+    """A config value as evidence shows it: ``true``/``null``, large ints with ``_`` groups."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from oomlens.analysis.zero_model import Device
 from oomlens.facts import SourceRef
-from oomlens.facts.config import ConfigValue
+from oomlens.facts.config import ConfigValue, show_value
 from oomlens.facts.log import MemorySeries, OomEvent, OomKind
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 from oomlens.render.templates import rule_partials
@@ -1340,20 +1340,10 @@ class ConfigView:
     raw_cut: str
 
 
-def _show_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int) and abs(value) >= 10_000:
-        return f"{value:,}".replace(",", "_")
-    return text(value, MAX_SHORT_TEXT)
-
-
 def _config_row(value: ConfigValue[Any]) -> ConfigRow:
     return ConfigRow(
         key=text(value.key_path, 200),
-        value=_show_value(value.value),
+        value=text(show_value(value.value), MAX_SHORT_TEXT),
         origin=value.origin.value.replace("_", " "),
         where=_where(value.source),
         note=text(value.note, 300),

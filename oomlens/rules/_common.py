@@ -11,6 +11,7 @@ from typing import Any
 from oomlens.analysis.zero_model import CapacityVerdict
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
+from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import LogFacts, OomEvent, OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
@@ -349,3 +350,15 @@ def model_patch_fixes(facts: RunFacts, limit: int = 2) -> list[Fix]:
             )
         )
     return fixes
+
+
+def kernel_kill_evidence(kill: KernelOomKill, note: str) -> Evidence:
+    """The kernel's ``Killed process`` line as evidence (shmem-rss is where pinned pages show)."""
+    scope = "Memory cgroup out of memory" if kill.cgroup else "Out of memory"
+    return Evidence(
+        EvidenceKind.KERNEL,
+        f"{scope}: Killed process {kill.pid} ({kill.process_name}) anon-rss "
+        f"{size(kill.anon_rss)}, shmem-rss {size(kill.shmem_rss)}",
+        kill.source,
+        note,
+    )

@@ -13,7 +13,7 @@ from typing import ClassVar
 from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import CAPTURE_KERNEL, oom_evidence, size
+from oomlens.rules._common import CAPTURE_KERNEL, kernel_kill_evidence, oom_evidence
 from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
 from oomlens.rules.thresholds import Thresholds
 
@@ -35,15 +35,8 @@ class HostOomRule:
         evidence: list[Evidence] = []
         confidence = 0.0
         for kill in facts.kernel_oom_kills()[:3]:
-            scope = "Memory cgroup out of memory" if kill.cgroup else "Out of memory"
             evidence.append(
-                Evidence(
-                    EvidenceKind.KERNEL,
-                    f"{scope}: Killed process {kill.pid} ({kill.process_name}) anon-rss "
-                    f"{size(kill.anon_rss)} shmem-rss {size(kill.shmem_rss)}",
-                    kill.source,
-                    "the kernel's OOM killer chose this process",
-                )
+                kernel_kill_evidence(kill, "the kernel's OOM killer chose this process")
             )
             # General host OOM: specific rules (pinned offload, checkpoint gather) rank above.
             confidence = 0.75

@@ -25,6 +25,7 @@ from oomlens.rules._common import (
     category_share,
     config_evidence,
     effective_config,
+    kernel_kill_evidence,
     live_bytes,
     oom_evidence,
     phase_evidence,
@@ -49,6 +50,16 @@ GIB = 1024**3
 
 def _leaf_key(value: ConfigValue[Any]) -> str:
     return value.key_path.rsplit(".", 1)[-1]
+
+
+def _restore_defaults(raised: list[tuple[ConfigValue[int], int]], saving: int | None = None) -> Fix:
+    """Put the raised working-set knobs back to DeepSpeed's defaults (the config's spelling)."""
+    return Fix(
+        "Restore DeepSpeed's defaults for the raised working-set settings.",
+        config_patch={"zero_optimization": {_leaf_key(v): default for v, default in raised}},
+        predicted_saving_bytes=saving,
+        cost="less overlap of gathers with compute: a few percent slower steps",
+    )
 
 
 def _raised_working_set(
@@ -126,7 +137,6 @@ class PrefetchOvershootRule:
                         "the gathered working set, not activations or states, fills the card",
                     )
                 )
-        patch: dict[str, object] = {_leaf_key(v): default for v, default in raised}
         yield Diagnosis(
             id=self.id,
             title=self.title,
@@ -139,12 +149,7 @@ class PrefetchOvershootRule:
             ),
             evidence=tuple(evidence),
             fixes=(
-                Fix(
-                    "Restore DeepSpeed's defaults for the raised working-set settings.",
-                    config_patch={"zero_optimization": patch},
-                    predicted_saving_bytes=saving,
-                    cost="less overlap of gathers with compute: a few percent slower steps",
-                ),
+                _restore_defaults(raised, saving),
                 Fix(
                     "If memory is still short, disable prefetch and caching entirely.",
                     config_patch={
@@ -184,13 +189,7 @@ class PrefetchOvershootRule:
         )
         evidence += [config_evidence(v, "raised above DeepSpeed's default") for v, _ in raised]
         fixes = (
-            (
-                Fix(
-                    "Restore DeepSpeed's defaults for the raised working-set settings.",
-                    config_patch={"zero_optimization": {_leaf_key(v): d for v, d in raised}},
-                    cost="less overlap of gathers with compute",
-                ),
-            )
+            (_restore_defaults(raised),)
             if raised
             else (
                 Fix(
@@ -234,15 +233,7 @@ def _host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | N
     kills = facts.kernel_oom_kills()
     for kill in kills[:2]:
         evidence.append(
-            Evidence(
-                EvidenceKind.KERNEL,
-                f"{'Memory cgroup out of memory' if kill.cgroup else 'Out of memory'}: Killed "
-                f"process "
-                f"{kill.pid} ({kill.process_name}) anon-rss {size(kill.anon_rss)}, shmem-rss "
-                f"{size(kill.shmem_rss)}",
-                kill.source,
-                "page-locked (pinned) host buffers are counted as shmem-rss",
-            )
+            kernel_kill_evidence(kill, "page-locked (pinned) host buffers are counted as shmem-rss")
         )
         if kill.shmem_rss:
             shmem = max(shmem or 0, kill.shmem_rss)

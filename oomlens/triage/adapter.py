@@ -44,26 +44,13 @@ def analyze_run(
     return report_to_dict(report), html
 
 
-_PRELOADED = (
-    "oomlens.session",
-    "oomlens.render.json",
-    "oomlens.render.html",
-    # Optional accelerators the readers import lazily.
-    "ahocorasick_rs",
-    "zstandard",
-    "hjson",
-)
-
-
 def preload(*, deepspeed: bool) -> None:
     """Import, once in this process, what analyses need, so that worker processes forked
     from it start warm.  With ``deepspeed``, DeepSpeed's config models too (they import
     torch: seconds per process)."""
-    for name in _PRELOADED:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
+    from oomlens.session import preload as preload_analysis
+
+    preload_analysis()
     if deepspeed:
         from oomlens.analysis.ds_validation import deepspeed_available
 

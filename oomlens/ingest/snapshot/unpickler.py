@@ -383,7 +383,7 @@ class _GuardedReader:
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Cyclic GC off while millions of containers are built; they hold no cycles."""
     was_enabled = gc.isenabled()
     gc.disable()
@@ -502,7 +502,7 @@ def _load_open_file(
     else:
         unpickler = _RestrictedUnpickler(reader)
     try:
-        with _gc_paused():
+        with gc_paused():
             data = unpickler.load()
             reader.check_memory()
             if freeze_gc:
