@@ -79,6 +79,16 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             Verdict.HOST_OOM,
             f"the scheduler reported an OOM kill ({slurm_kills[0].source.describe()})",
         )
+    captured = facts.captured_kills()
+    if captured:
+        killed = captured[0]
+        gone = killed.gone
+        assert gone is not None
+        who = f"rank {killed.rank}" if killed.rank is not None else "a process"
+        return Verdict.HOST_OOM, (
+            f"{who} (pid {killed.pid}) disappeared without a word while its cgroup counted "
+            f"{gone.oom_kills} OOM kill(s) (memory.events, {gone.source.describe()})"
+        )
     if host_events:
         return Verdict.HOST_OOM, f"a host allocation failed ({host_events[0].source.describe()})"
     sigkilled = facts.sigkilled_at()

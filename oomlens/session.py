@@ -28,6 +28,7 @@ from oomlens.analysis.zero_model import (
 )
 from oomlens.errors import InputError, NoUsableInputError
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.log import LogFacts, Phase
 from oomlens.facts.run import (
@@ -39,6 +40,7 @@ from oomlens.facts.run import (
     WorldSizeFact,
 )
 from oomlens.facts.snapshot import SnapshotAnalysis
+from oomlens.ingest.capture import read_captures
 from oomlens.ingest.detect import DiscoveredFile, InputKind, discover_run
 from oomlens.ingest.ds_config import read_ds_config, reconcile_with_dump
 from oomlens.ingest.run import inputs_of, read_run
@@ -148,6 +150,17 @@ def gather_facts(
             InputReport(kernel.path, InputKind.KERNEL_LOG.value, f"{kernel.lines} lines")
         )
 
+    captured = read_captures((f.path, None) for f in files if f.kind is InputKind.CAPTURE)
+    reports.extend(
+        InputReport(path, InputKind.CAPTURE.value, detail, rank=rank)
+        for path, detail, rank in captured.files
+    )
+    reports.extend(
+        InputReport(p.path, InputKind.CAPTURE.value, p.problem, problem=p.message)
+        for p in captured.problems
+    )
+    captures = captured.ranks
+
     snapshots: list[SnapshotAnalysis] = []
     config_files: list[DiscoveredFile] = []
     for file in files:
@@ -159,19 +172,27 @@ def gather_facts(
         elif file.kind is InputKind.DS_CONFIG:
             config_files.append(file)
 
-    ranks = rank_picture(run_logs.logs, run_logs.error_files, run_logs.kernel_logs)
-    world = _world_size(run_logs.logs, options)
-    config_source = _config(
-        config_files, run_logs.logs, world, reports, prefer_deepspeed=options.prefer_deepspeed
+    ranks = rank_picture(
+        run_logs.logs, run_logs.error_files, run_logs.kernel_logs, captures=captures
     )
-    params = _params(run_logs.logs, options)
-    host_memory, host_origin = _host_memory(run_logs.logs, options)
+    world = _world_size(run_logs.logs, options) or _captured_world_size(captures)
+    config_source = _config(
+        config_files,
+        run_logs.logs,
+        world,
+        reports,
+        prefer_deepspeed=options.prefer_deepspeed,
+        captures=captures,
+    )
+    params = _params(run_logs.logs, options, captures)
+    host_memory, host_origin = _host_memory(run_logs.logs, options, captures)
     if (
         not run_logs.logs
         and not snapshots
         and not run_logs.error_files
         and not run_logs.kernel_logs
         and config_source is None
+        and not captures
     ):
         problems = "; ".join(r.problem for r in reports if r.problem) or "no inputs"
         raise NoUsableInputError(f"nothing could be analyzed: {problems}")
@@ -185,28 +206,61 @@ def gather_facts(
         ranks=ranks,
         world_size=world,
         params=params,
-        gpu_memory=options.gpu_memory,
+        gpu_memory=options.gpu_memory or _captured_gpu_memory(captures),
         host_memory=host_memory,
         host_memory_origin=host_origin,
+        captures=captures,
     )
     return replace(facts, memory_model=memory_model(facts))
 
 
-def _params(logs: Sequence[LogFacts], options: AnalysisOptions) -> ModelParams | None:
+def _params(
+    logs: Sequence[LogFacts], options: AnalysisOptions, captures: Sequence[RankCapture] = ()
+) -> ModelParams | None:
     if options.params is not None:
         return ModelParams(options.params, "command line (--params)")
     for log in logs:
         if log.param_count is not None:
             count = log.param_count
             return ModelParams(count.total, f"log ({count.origin})", count.source)
+    for capture in captures:
+        if capture.params:
+            return ModelParams(capture.params, f"capture ({capture.params_origin})", capture.source)
     return None
 
 
-def _host_memory(logs: Sequence[LogFacts], options: AnalysisOptions) -> tuple[int | None, str]:
-    """One host's RAM: ``--host-memory``, else what DeepSpeed's ``see_memory_usage`` implies
-    (``CPU Virtual Memory: used = U GB, percent = P%`` is node-wide: total = U / P)."""
+def _captured_world_size(captures: Sequence[RankCapture]) -> WorldSizeFact | None:
+    known = [c for c in captures if c.world_size]
+    if not known:
+        return None
+    best = max(known, key=lambda c: c.world_size or 0)
+    return WorldSizeFact(best.world_size or 0, f"capture ({best.world_size_origin})", best.source)
+
+
+def _captured_gpu_memory(captures: Sequence[RankCapture]) -> int | None:
+    """The limit a captured OOM ran against (the allowed maximum, else the card)."""
+    for capture in captures:
+        for oom in capture.ooms:
+            if oom.limit:
+                return oom.limit
+    return None
+
+
+def _host_memory(
+    logs: Sequence[LogFacts], options: AnalysisOptions, captures: Sequence[RankCapture] = ()
+) -> tuple[int | None, str]:
+    """One host's RAM: ``--host-memory``, else the job's cgroup limit or the node's memory a
+    capture read, else what DeepSpeed's ``see_memory_usage`` implies (``CPU Virtual Memory:
+    used = U GB, percent = P%`` is node-wide: total = U / P)."""
     if options.host_memory is not None:
         return options.host_memory, "--host-memory"
+    for capture in captures:
+        if capture.cgroup_limit and (
+            capture.node_memory is None or capture.cgroup_limit < capture.node_memory
+        ):
+            return capture.cgroup_limit, f"the job's cgroup memory limit (capture {capture.path})"
+        if capture.node_memory:
+            return capture.node_memory, f"the node's MemTotal (capture {capture.path})"
     best: tuple[int, str] | None = None
     for log in logs:
         for series in log.memory:
@@ -390,6 +444,7 @@ def _config(
     reports: list[InputReport],
     *,
     prefer_deepspeed: bool = True,
+    captures: Sequence[RankCapture] = (),
 ) -> ConfigSource | None:
     """The run's DeepSpeed config: the file (validated at the run's world size) reconciled with
     the engine's own dump from the log when there is one."""
@@ -416,7 +471,8 @@ def _config(
         )
         for extra in config_files[1:]
     )
-    dump = _log_dump(logs)
+    dump = _log_dump(logs, captures)
+    dump_origin = "log_dump" if _log_dump(logs) is not None else "capture"
     if from_file is not None and dump is not None:
         merged, differences = reconcile_with_dump(from_file.effective, dump.effective)
         notes = from_file.notes + tuple(
@@ -429,19 +485,21 @@ def _config(
             hazards=from_file.hazards,
             notes=notes,
         )
-        return ConfigSource(reading, "file+log_dump", dump)
+        return ConfigSource(reading, f"file+{dump_origin}", dump)
     if from_file is not None:
         return ConfigSource(from_file, "file")
     if dump is not None:
-        return ConfigSource(dump, "log_dump", dump)
+        return ConfigSource(dump, dump_origin, dump)
     return None
 
 
-def _log_dump(logs: Sequence[LogFacts]) -> ConfigReading | None:
-    """The engine's own config dump from the logs (the first one found), as a reading whose
-    ``raw`` is the user's JSON the dump printed."""
-    for log in logs:
-        dumped = log.ds_config_dump
+def _log_dump(
+    logs: Sequence[LogFacts], captures: Sequence[RankCapture] = ()
+) -> ConfigReading | None:
+    """The engine's own config dump from the logs (the first one found), else the one a
+    capture recorded, as a reading whose ``raw`` is the user's JSON the dump printed."""
+    dumps = [log.ds_config_dump for log in logs] + [c.ds_config for c in captures]
+    for dumped in dumps:
         if dumped is not None:
             return ConfigReading(
                 raw=dumped.user_config, effective=dumped.effective, notes=dumped.problems

@@ -24,10 +24,11 @@ the single rank that failed on its own, when exactly one did (``attributed=True`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
     ErrorFileFacts,
@@ -64,6 +65,8 @@ class RankStatus:
     attributed: bool
     """Its evidence carried no rank and was attributed to it: to the single rank that failed
     on its own, or to rank 0 of a run that shows no sign of more than one process."""
+    captured_kill: RankCapture | None = None
+    """Its capture shows it disappeared while the cgroup counted an OOM kill."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class _Builder:
     kills: list[KernelOomKill] = field(default_factory=list)
     peer_evidence: list[tuple[SourceRef, str]] = field(default_factory=list)
     attributed: bool = False
+    captured_kill: RankCapture | None = None
 
 
 def _rank_of_failure(failure: ProcessFailure) -> int | None:
@@ -103,6 +107,7 @@ def rank_picture(
     logs: Sequence[LogFacts],
     error_files: Sequence[ErrorFileFacts] = (),
     kernel_logs: Sequence[KernelLogFacts] = (),
+    captures: Sequence[RankCapture] = (),
 ) -> RankPicture:
     builders: dict[int | None, _Builder] = {}
 
@@ -162,12 +167,15 @@ def rank_picture(
         ):
             # the error file repeats the OOM its rank printed; keep it only when it was not seen
             builder(rank).ooms.append(quoted)
+    for capture in captures:
+        _add_capture(builder(capture.rank), capture, pid_rank)
     for kill in kernel_kills:
         if kill.pid in pid_rank:
             builder(pid_rank[kill.pid]).kills.append(kill)
 
     single_process = (
         set(builders) == {None}
+        and len(captures) <= 1
         and not any(facts.ranks_seen for facts in logs)
         and not any(facts.world_size is not None and facts.world_size.value != 1 for facts in logs)
     )
@@ -209,6 +217,30 @@ def rank_picture(
     return RankPicture(ranks, first, basis, victims, tuple(timed_out), tuple(stragglers), exits)
 
 
+def _add_capture(b: _Builder, capture: RankCapture, pid_rank: dict[int, int | None]) -> None:
+    """What the capture of this rank recorded, unless its log already said it."""
+    if capture.pid is not None:
+        pid_rank.setdefault(capture.pid, capture.rank)
+    for event in capture.oom_events:
+        key = " ".join(event.message.text.split())[:300]
+        same = [i for i, e in enumerate(b.ooms) if " ".join(e.message.text.split())[:300] == key]
+        if not same:
+            b.ooms.append(event)
+        elif b.ooms[same[0]].timestamp is None and event.timestamp is not None:
+            # the log printed it without a time; the capture knows when it happened
+            b.ooms[same[0]] = replace(
+                b.ooms[same[0]], timestamp=event.timestamp, timestamp_exact=True
+            )
+    known = {(e.exception_class, " ".join(e.text.split())[:300]) for e in b.exceptions}
+    b.exceptions.extend(
+        e
+        for e in capture.exceptions
+        if (e.exception_class, " ".join(e.text.split())[:300]) not in known
+    )
+    if capture.killed_for_memory:
+        b.captured_kill = capture
+
+
 def _earliest(
     times: Iterable[tuple[datetime | None, SourceRef]],
 ) -> tuple[datetime | None, SourceRef | None]:
@@ -235,7 +267,7 @@ def _status(b: _Builder) -> RankStatus:
     aborted_by_watchdog = signal == "SIGABRT" and bool(peer_exceptions or b.peer_evidence)
     if b.ooms:
         outcome = "oom"
-    elif b.kills:
+    elif b.kills or b.captured_kill is not None:
         outcome = "host_oom_kill"
     elif own_exceptions:
         outcome = "exception"
@@ -252,6 +284,9 @@ def _status(b: _Builder) -> RankStatus:
         evidence_times += [(e.timestamp, e.source) for e in own_exceptions]
         evidence_times += [(f.timestamp, f.source) for f in bad_failures]
         evidence_times += [(k.timestamp, k.source) for k in b.kills]
+        if b.captured_kill is not None and b.captured_kill.gone is not None:
+            gone = b.captured_kill.gone
+            evidence_times.append((gone.timestamp, gone.source))
     first_time, first_source = _earliest(evidence_times)
     peer_text = None
     if not own_failure:
@@ -280,6 +315,7 @@ def _status(b: _Builder) -> RankStatus:
         failures=tuple(b.failures),
         kernel_kills=tuple(b.kills),
         attributed=b.attributed,
+        captured_kill=b.captured_kill,
     )
 
 

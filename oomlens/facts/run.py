@@ -14,6 +14,7 @@ from oomlens.analysis.config_patch import ConfigPatch
 from oomlens.analysis.ranks import RankPicture
 from oomlens.analysis.zero_model import CapacityVerdict, MemoryBudget
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
@@ -52,7 +53,8 @@ class ConfigSource:
 
     reading: ConfigReading
     origin: str
-    """``file``, ``log_dump`` or ``file+log_dump``."""
+    """``file``, ``log_dump`` or ``file+log_dump``; ``capture`` / ``file+capture`` when the
+    dump is the one an oomlens capture recorded."""
     dump: ConfigReading | None = None
 
 
@@ -113,6 +115,8 @@ class RunFacts:
     """``--host-memory``, or the log's ``CPU Virtual Memory: used = .. GB, percent = ..%``
     (DeepSpeed's node-wide figure: used / percent)."""
     memory_model: MemoryModelFacts | None = None
+    captures: tuple[RankCapture, ...] = ()
+    """What an oomlens capture recorded, per process (``oomlens.facts.capture``)."""
 
     # ----------------------------------------------------------------- questions rules ask
 
@@ -124,6 +128,15 @@ class RunFacts:
             event = error_file.oom_event
             if event is not None and (event.source.path, event.source.line) not in known:
                 events.append(event)
+        # The capture's copy of an OOM a log printed is the same OOM: the log's line is cited.
+        printed = {(e.rank, _message_key(e.message.text)) for e in events}
+        for capture in self.captures:
+            events.extend(
+                e
+                for e in capture.oom_events
+                if (e.rank, _message_key(e.message.text)) not in printed
+                and (None, _message_key(e.message.text)) not in printed
+            )
         return tuple(events)
 
     def gpu_oom_events(self) -> tuple[OomEvent, ...]:
@@ -144,7 +157,20 @@ class RunFacts:
         return events[0]
 
     def exceptions(self) -> tuple[ExceptionEvent, ...]:
-        return tuple(e for log in self.logs for e in log.exceptions)
+        found = [e for log in self.logs for e in log.exceptions]
+        printed = {(e.exception_class, _message_key(e.text)) for e in found}
+        for capture in self.captures:
+            found.extend(
+                e
+                for e in capture.exceptions
+                if (e.exception_class, _message_key(e.text)) not in printed
+            )
+        return tuple(found)
+
+    def captured_kills(self) -> tuple[RankCapture, ...]:
+        """Captured ranks that disappeared without a word while their cgroup counted an OOM
+        kill (``memory.events``): what the kernel's OOM killer leaves."""
+        return tuple(c for c in self.captures if c.killed_for_memory)
 
     def kernel_oom_kills(self) -> tuple[KernelOomKill, ...]:
         kills = [k for log in self.kernel_logs for k in log.oom_kills]
@@ -154,6 +180,9 @@ class RunFacts:
     def memory_series(self) -> Iterator[MemorySeries]:
         for log in self.logs:
             yield from log.memory
+        for capture in self.captures:
+            if capture.memory is not None:
+                yield capture.memory
 
     def snapshot_devices(self) -> Iterator[tuple[SnapshotAnalysis, DeviceAnalysis]]:
         for snapshot in self.snapshots:
@@ -199,7 +228,7 @@ class RunFacts:
 
     def has_failure_evidence(self) -> bool:
         """Anything that says the run did not finish cleanly."""
-        if self.oom_events() or self.kernel_oom_kills():
+        if self.oom_events() or self.kernel_oom_kills() or self.captured_kills():
             return True
         if any(log.batch_assertions or log.config_errors for log in self.logs):
             return True
@@ -207,4 +236,11 @@ class RunFacts:
             return True
         if self.ranks.ranks or any(e.return_code != 0 for e in self.ranks.launcher_exits):
             return True
+        if any(c.exit_code not in (0, None) for c in self.captures):
+            return True
         return any(log.process_failures or log.failure_summaries for log in self.logs)
+
+
+def _message_key(text: str) -> str:
+    """An error message as two reports of it compare: whitespace-normalised, bounded."""
+    return " ".join(text.split())[:300]

@@ -23,6 +23,7 @@ from enum import StrEnum
 import regex
 
 from oomlens.errors import InputError
+from oomlens.ingest.capture import is_capture_head
 from oomlens.ingest.textstream import Compression, open_text, read_head
 
 HEAD_BYTES = 64 * 1024
@@ -37,6 +38,8 @@ class InputKind(StrEnum):
     DS_CONFIG = "ds_config"
     KERNEL_LOG = "kernel_log"
     ELASTIC_ERROR = "elastic_error"
+    CAPTURE = "capture"
+    """A file of an oomlens capture directory (``oomlens.ingest.capture``)."""
     UNKNOWN = "unknown"
 
 
@@ -161,6 +164,8 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
             )
     if _text_ratio(head) < 0.7:
         return Detection(shown, InputKind.UNKNOWN, compression, "binary data, not text")
+    if is_capture_head(head):
+        return Detection(shown, InputKind.CAPTURE, compression, "an oomlens capture file")
     decoded_size = (
         size
         if compression is Compression.NONE

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import ClassVar
 
-from oomlens.facts.log import OomKind
+from oomlens.facts.log import OomEvent, OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
@@ -306,7 +306,10 @@ class OtherProcessRule:
             return
         n = oom_numbers(event)
         others = event.message.other_processes
-        if not others or n.total is None:
+        if not others:
+            yield from self._from_capture(facts, event, thresholds)
+            return
+        if n.total is None:
             return
         if n.process_in_use is None and len(others) == 1 and n.reserved is not None:
             # Containers: NVML reports this process under its host pid.
@@ -364,6 +367,56 @@ class OtherProcessRule:
             rank=event.rank,
             figures={**n.as_figures(), "other_processes_share": round(share, 3)},
         )
+
+    def _from_capture(
+        self, facts: RunFacts, event: OomEvent, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """The OOM message listed no process (NVML unavailable to torch, or a torch that does
+        not print them); the capture asked NVML itself at the OOM."""
+        for capture in facts.captures:
+            if event.rank is not None and capture.rank not in (None, event.rank):
+                continue
+            for oom in capture.ooms:
+                others = [p for p in oom.other_processes if p.bytes]
+                total = oom.nvml_total or oom.total
+                if not others or not total:
+                    continue
+                held = sum(p.bytes or 0 for p in others)
+                share = held / total
+                if share < thresholds.other_process_min_fraction:
+                    continue
+                listing = ", ".join(f"pid {p.pid}: {size(p.bytes)}" for p in others[:5])
+                yield Diagnosis(
+                    id=self.id,
+                    title=self.title,
+                    severity=Severity.HIGH,
+                    confidence=clamp(0.85 if share >= 0.5 else 0.6),
+                    summary=(
+                        f"{len(others)} other process(es) held {size(held)} of the GPU's "
+                        f"{size(total)} when this rank ran out"
+                    ),
+                    evidence=(
+                        oom_evidence(event),
+                        Evidence(
+                            EvidenceKind.CAPTURE,
+                            f"NVML at the OOM, device {oom.device}: {listing}",
+                            oom.source,
+                            f"other processes held {share:.0%} of the card",
+                        ),
+                    ),
+                    fixes=(
+                        Fix(
+                            "Find and stop the other process, or run where the GPU is yours alone.",
+                            command="nvidia-smi --query-compute-apps=pid,process_name,"
+                            "used_memory --format=csv",
+                            predicted_saving_bytes=held,
+                            cost="none",
+                        ),
+                    ),
+                    rank=event.rank,
+                    figures={"other_processes": held, "other_processes_share": round(share, 3)},
+                )
+                return
 
 
 class NonPytorchMemoryRule:

@@ -34,7 +34,7 @@ def insufficient_evidence(
             missing.append(CAPTURE_SNAPSHOT)
         if not any(True for _ in facts.memory_series()):
             missing.append(CAPTURE_MEMORY_SERIES)
-    if verdict is Verdict.HOST_OOM and not facts.kernel_oom_kills():
+    if verdict is Verdict.HOST_OOM and not (facts.kernel_oom_kills() or facts.captured_kills()):
         missing.append(CAPTURE_KERNEL)
     if facts.config is None:
         missing.append(CAPTURE_CONFIG)

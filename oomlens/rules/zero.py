@@ -22,9 +22,12 @@ from oomlens.rules._common import (
     CAPTURE_KERNEL,
     SnapshotOom,
     allocator_oom,
+    captured_kill_evidence,
+    captured_pinned_bytes,
     category_share,
     config_evidence,
     effective_config,
+    host_kill_seen,
     kernel_kill_evidence,
     live_bytes,
     oom_evidence,
@@ -237,7 +240,16 @@ def _host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | N
         )
         if kill.shmem_rss:
             shmem = max(shmem or 0, kill.shmem_rss)
-    if kills:
+    for capture in facts.captured_kills()[:2]:
+        evidence.append(
+            captured_kill_evidence(
+                capture, "page-locked (pinned) host buffers count as shared resident memory"
+            )
+        )
+        pinned = captured_pinned_bytes(capture)
+        if pinned:
+            shmem = max(shmem or 0, pinned)
+    if kills or facts.captured_kills():
         confidence = 0.75
     killed_at = facts.sigkilled_at()
     if killed_at is not None:
@@ -317,7 +329,7 @@ class PinnedMemoryRule:
                     cost="hardware or throughput",
                 ),
             ),
-            missing=() if facts.kernel_oom_kills() else (CAPTURE_KERNEL,),
+            missing=() if host_kill_seen(facts) else (CAPTURE_KERNEL,),
             figures={"pinned_per_killed_rank": shmem, "ranks": ranks},
         )
 
@@ -397,7 +409,7 @@ class CheckpointSaveRule:
             summary="the run died while gathering the model for a checkpoint save",
             evidence=tuple(evidence),
             fixes=tuple(fixes),
-            missing=() if (facts.kernel_oom_kills() or save_events) else (CAPTURE_KERNEL,),
+            missing=() if (host_kill_seen(facts) or save_events) else (CAPTURE_KERNEL,),
         )
 
     @staticmethod
