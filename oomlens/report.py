@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from oomlens import __version__
+from oomlens.facts.capture import CaptureEnd
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.rules.base import Diagnosis
@@ -115,6 +116,17 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
                 f"{failed.first_source.describe()}, with no memory error"
             )
         return Verdict.OTHER_FAILURE, "the run failed with no memory error"
+    vanished = [c for c in facts.captures if c.end in (CaptureEnd.KILLED, CaptureEnd.VANISHED)]
+    if vanished:
+        quiet = vanished[0]
+        last = quiet.last_record
+        return Verdict.UNKNOWN, (
+            f"rank {quiet.rank} ended without an exit record ({quiet.end.value}, last record "
+            f"{last.isoformat(sep=' ', timespec='seconds') if last else '?'}): killed by a "
+            "signal, or still running when the capture was read"
+        )
+    if facts.captures and not facts.logs:
+        return Verdict.NO_FAILURE, "every captured rank exited with status 0"
     readable_logs = [log for log in facts.logs if log.lines]
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):

@@ -168,7 +168,7 @@ def rank_picture(
             # the error file repeats the OOM its rank printed; keep it only when it was not seen
             builder(rank).ooms.append(quoted)
     for capture in captures:
-        _add_capture(builder(capture.rank), capture, pid_rank)
+        _add_capture(builder(capture.rank), capture, pid_rank, builders.get(None))
     for kill in kernel_kills:
         if kill.pid in pid_rank:
             builder(pid_rank[kill.pid]).kills.append(kill)
@@ -217,20 +217,51 @@ def rank_picture(
     return RankPicture(ranks, first, basis, victims, tuple(timed_out), tuple(stragglers), exits)
 
 
-def _add_capture(b: _Builder, capture: RankCapture, pid_rank: dict[int, int | None]) -> None:
-    """What the capture of this rank recorded, unless its log already said it."""
+def _message_key(event: OomEvent) -> str:
+    return " ".join(event.message.text.split())[:300]
+
+
+def _add_capture(
+    b: _Builder,
+    capture: RankCapture,
+    pid_rank: dict[int, int | None],
+    unranked: _Builder | None,
+) -> None:
+    """What the capture of this rank recorded, unless its log already said it.  The log's
+    copy of an OOM stays the cited one; the capture adds its rank and time when the log had
+    none."""
     if capture.pid is not None:
         pid_rank.setdefault(capture.pid, capture.rank)
     for event in capture.oom_events:
-        key = " ".join(event.message.text.split())[:300]
-        same = [i for i, e in enumerate(b.ooms) if " ".join(e.message.text.split())[:300] == key]
-        if not same:
-            b.ooms.append(event)
-        elif b.ooms[same[0]].timestamp is None and event.timestamp is not None:
-            # the log printed it without a time; the capture knows when it happened
-            b.ooms[same[0]] = replace(
-                b.ooms[same[0]], timestamp=event.timestamp, timestamp_exact=True
+        key = _message_key(event)
+        same = [i for i, e in enumerate(b.ooms) if _message_key(e) == key]
+        if same:
+            logged = b.ooms[same[0]]
+            if logged.timestamp is None and event.timestamp is not None:
+                b.ooms[same[0]] = replace(
+                    logged, timestamp=event.timestamp, timestamp_exact=event.timestamp_exact
+                )
+            continue
+        loose = (
+            []
+            if unranked is None
+            else [i for i, e in enumerate(unranked.ooms) if _message_key(e) == key]
+        )
+        if loose and unranked is not None:
+            logged = unranked.ooms.pop(loose[0])
+            b.ooms.append(
+                replace(
+                    logged,
+                    source=replace(logged.source, rank=capture.rank),
+                    timestamp=logged.timestamp or event.timestamp,
+                    timestamp_exact=logged.timestamp_exact
+                    if logged.timestamp
+                    else event.timestamp_exact,
+                )
             )
+            b.attributed = True
+        else:
+            b.ooms.append(event)
     known = {(e.exception_class, " ".join(e.text.split())[:300]) for e in b.exceptions}
     b.exceptions.extend(
         e

@@ -63,6 +63,26 @@ def _events(cgroup: str | None, version: int) -> dict[str, int]:
     return out
 
 
+def parse_kmsg(raw: bytes) -> tuple[int, str] | None:
+    """One ``/dev/kmsg`` record (``prio,seq,usec,flags[,...];message``) as ``(microseconds
+    since boot, first message line)``; None when it is not one."""
+    head, sep, message = raw.decode("utf-8", "replace").partition(";")
+    parts = head.split(",")
+    if not sep or len(parts) < 3:
+        return None
+    try:
+        usec = int(parts[2])
+    except ValueError:
+        return None
+    lines = message.splitlines()
+    return (usec, lines[0]) if lines else None
+
+
+def dmesg_line(usec: int, message: str) -> str:
+    """``[  794.430837] message``, as ``dmesg`` prints a record."""
+    return f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {message}"
+
+
 def kernel_lines(pid: int, since_uptime: float) -> list[str] | None:
     """The kernel log records about ``pid`` since ``since_uptime`` seconds after boot, in
     ``dmesg`` format (``[  794.430837] message``); None when the kernel log is unreadable."""
@@ -83,18 +103,11 @@ def kernel_lines(pid: int, since_uptime: float) -> list[str] | None:
                 continue  # EPIPE: the record was overwritten while reading; go on
             if not raw:
                 break
-            text = raw.decode("utf-8", "replace")
-            head, _, message = text.partition(";")
-            parts = head.split(",")
-            if len(parts) < 3:
+            record = parse_kmsg(raw)
+            if record is None or record[0] / 1e6 < since_uptime:
                 continue
-            try:
-                usec = int(parts[2])
-            except ValueError:
-                continue
-            if usec / 1e6 < since_uptime:
-                continue
-            line = f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {message.splitlines()[0]}"
+            usec, message = record
+            line = dmesg_line(usec, message)
             if "invoked oom-killer" in message:
                 context = [line]
             elif any(w in message for w in wanted):

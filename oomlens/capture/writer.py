@@ -155,10 +155,9 @@ class JsonLines:
             if lines and not lines[-1].endswith("\n"):
                 lines.pop()
             body = lines[1:]
-            older, recent = body[:-KEEP_RECENT_LINES], body[-KEEP_RECENT_LINES:]
+            keep = min(KEEP_RECENT_LINES, len(body) // 4)
+            older, recent = body[: len(body) - keep], body[len(body) - keep :]
             kept = [self._header, *older[::2], *recent]
-            if len(older) < 2:
-                kept = [self._header, *body[len(body) // 2 :]]
             with self._opener(tmp, "w") as out:
                 out.writelines(kept)
             os.replace(tmp, self.path)

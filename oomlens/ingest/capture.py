@@ -297,7 +297,7 @@ def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) 
         elif kind == "distributed":
             if _int(record.get("world_size")) is not None:
                 world = _int(record.get("world_size"))
-                world_origin = "torch.distributed (captured)"
+                world_origin = "torch.distributed"
         elif kind == "policy":
             policies.append(
                 PolicyChange(
@@ -317,9 +317,12 @@ def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) 
                 params = _int(record.get("params"))
                 params_origin = _str(record.get("origin"), 200)
         elif kind == "deepspeed_config":
-            parsed = _ds_config(ev, number, record)
+            parsed, dumped_world = _ds_config(ev, number, record)
             if parsed is not None:
                 ds_config = parsed
+            if world is None and dumped_world is not None:
+                world = dumped_world
+                world_origin = "DeepSpeed's resolved config"
             if _str(record.get("deepspeed")):
                 versions["deepspeed"] = _str(record.get("deepspeed")) or ""
         elif kind == "oom":
@@ -329,9 +332,11 @@ def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) 
             gpu_total = oom.total or gpu_total
             gpu_allowed = oom.allowed or gpu_allowed
         elif kind == "exception":
-            excepted = True
-            ended = when
+            found = len(oom_events) + len(exceptions)
             _exception(ev, ref, when, record, oom_events, exceptions)
+            if len(oom_events) + len(exceptions) > found:
+                excepted = True
+                ended = when
         elif kind == "exit":
             exited = True
             ended = ended or when
@@ -401,23 +406,27 @@ def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) 
     )
 
 
-def _ds_config(ev: _Events, number: int, record: dict[str, Any]) -> DumpedConfig | None:
+def _ds_config(
+    ev: _Events, number: int, record: dict[str, Any]
+) -> tuple[DumpedConfig | None, int | None]:
+    """The dump DeepSpeed's ``DeepSpeedConfig.print`` would log, and its ``world_size``."""
     lines = record.get("lines")
     if not isinstance(lines, list) or not lines:
-        return None
+        return None, None
     texts = [line[:MAX_TEXT] for line in lines[:5000] if isinstance(line, str)]
     ref = ev.ref(number)
     try:
         dump = parse_config_dump([(ref, text) for text in texts])
     except ValueError:
-        return None
+        return None, None
+    world = dump.value_of("world_size")
     return DumpedConfig(
         source=dump.header,
         effective=dump.effective(),
         user_config=dict(dump.user_config.data) if dump.user_config is not None else {},
         complete=dump.complete,
         problems=dump.problems,
-    )
+    ), world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
 
 
 def _oom(ref: SourceRef, when: datetime | None, record: dict[str, Any]) -> CapturedOom:
@@ -485,7 +494,9 @@ def _exception(
     for index, item in enumerate(chain[:4]):
         if not isinstance(item, dict):
             continue
-        cls = _str(item.get("class"), 200) or "Exception"
+        cls = _str(item.get("class"), 200)
+        if not cls:
+            continue
         message = _str(item.get("message"), MAX_TEXT) or ""
         frames = _frames(item.get("frames"))
         traceback = Traceback(
