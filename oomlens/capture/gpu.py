@@ -65,6 +65,8 @@ class GpuRecorder:
         self._last_dump = 0.0
         self.oom_count = 0
         self.nvml = Nvml()
+        self.nvml_tried = False
+        self.paused = False
 
     # ---------------------------------------------------------------- setup
 
@@ -202,7 +204,7 @@ class GpuRecorder:
         """A training step ended (main thread): sample the counters, at most once per
         ``step_interval`` seconds, and decide about stacks."""
         self.step = step
-        if not self.cuda_ready:
+        if not self.cuda_ready or self.paused:
             return
         now = time.monotonic()
         if now - self._last_step_sample < self._step_interval:
@@ -269,7 +271,7 @@ class GpuRecorder:
         try:
             import os
 
-            if os.getpid() != self.pid:
+            if os.getpid() != self.pid or self.paused:
                 return
             self.oom_count += 1
             started = time.monotonic()

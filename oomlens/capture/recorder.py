@@ -130,6 +130,7 @@ class Recorder:
         self._previous_excepthook = sys.excepthook
         self._dist_recorded = False
         self._exceptions_seen: set[int] = set()
+        self._paused = False
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, f"{self.prefix}.{name}")
@@ -276,6 +277,37 @@ class Recorder:
     def _step(self) -> int | None:
         return self.gpu.step if self.gpu is not None else None
 
+    # ---------------------------------------------------------------- control
+
+    def pause(self) -> None:
+        """Stop recording (allocator history off and cleared, no samples) until ``resume``:
+        for a section whose cost must not be counted, or a benchmark's baseline."""
+        self._paused = True
+        gpu = self.gpu
+        if gpu is not None:
+            gpu.paused = True
+            if gpu.history:
+                try:
+                    gpu.torch.cuda.memory._record_memory_history(enabled=None)
+                except Exception:  # noqa: BLE001
+                    pass
+                gpu.history = False
+        self.emit("policy", history=None, stacks=None, reason="paused", step=self._step())
+
+    def resume(self, *, stacks: bool | None = None) -> None:
+        """Record again; ``stacks`` True/False forces Python stacks on/off (None: as before)."""
+        self._paused = False
+        gpu = self.gpu
+        if gpu is None:
+            return
+        gpu.paused = False
+        if gpu.cuda_ready and self.settings.history:
+            want = gpu.stacks if stacks is None else stacks
+            try:
+                gpu._set_history(stacks=want, reason="resumed")
+            except Exception as exc:  # noqa: BLE001
+                self.emit("note", text=f"history not resumed: {exc}"[:300])
+
     # ---------------------------------------------------------------- hooks
 
     def _on_torch(self, torch: ModuleType) -> None:
@@ -337,8 +369,10 @@ class Recorder:
             if not self._running():
                 break
             try:
-                self._sample_now("timer")
+                if not self._paused:
+                    self._sample_now("timer")
                 self._check_distributed()
+                self._start_nvml()
                 self.flush()
             except Exception:  # noqa: BLE001
                 continue
@@ -368,6 +402,15 @@ class Recorder:
         if "mem_available" in node:
             record["mem_available"] = node["mem_available"]
         self.sample(record)
+
+    def _start_nvml(self) -> None:
+        """NVML is set up ahead of an OOM (its first call takes a while), off the training's
+        threads, once CUDA is up and only where nvidia-ml-py is installed."""
+        gpu = self.gpu
+        if gpu is None or not gpu.cuda_ready or gpu.nvml_tried:
+            return
+        gpu.nvml_tried = True
+        gpu.nvml.start()
 
     def _check_distributed(self) -> None:
         if self._dist_recorded:
