@@ -58,6 +58,8 @@ _NOT_INPUT_SUFFIXES = (
 _TORCHRUN_RANK_DIR = regex.compile(r"attempt_\d{1,6}")
 _TORCHRUN_FILES = frozenset({"stdout.log", "stderr.log", "error.json"})
 _DEEPSPEED_RANK_LOG = regex.compile(r"\d{14}_rank\d{1,6}\.log")
+_CAPTURE_EVENTS = ".events.jsonl"
+"""The per-rank events file of an oomlens capture (``oomlens-capture/<run>/rank<R>...``)."""
 _SLURM_OUTPUT = regex.compile(
     r"(?P<stem>.{0,200}?)(?P<sep>[._-])(?P<job>\d{1,12}(?:_\d{1,9})?)\.(?:out|err)"
 )
@@ -289,6 +291,13 @@ def _runs_in_tree(
             roots.add(parent)
         else:
             roots.add(log_dir)
+    for path, listing in sorted(tree.items()):
+        # An oomlens capture directory with no log around it is a run of its own.
+        if path not in layout_inside and any(
+            f.path.endswith(_CAPTURE_EVENTS) for f in listing.files
+        ):
+            if not any(a in roots for a in _ancestors(path, top, self=True)):
+                roots.add(path)
     holds_runs = {a for root in roots for a in _ancestors(root, top, self=False)}
     """Directories with a run directory somewhere below them."""
 
