@@ -967,11 +967,15 @@ def _series_chart(report: Report, cuts: list[str]) -> LineChart | None:
     if notes:
         cuts.extend(f"memory chart: {n}" for n in notes)
     rank = shown[0].rank if len(shown) == 1 else None
+    origins = {s.origin for s in shown}
+    source = "oomlens capture" if origins == {"capture"} else "DeepSpeed see_memory_usage"
+    if len(origins) > 1:
+        source = "see_memory_usage and oomlens capture"
     return _line_chart(
         "chart-memory",
-        "Memory over time (DeepSpeed see_memory_usage)",
-        "Allocated (MA, solid) and reserved (CA, dashed) GPU memory per rank, as DeepSpeed "
-        "printed it; the red line is the limit the OOM message reported.",
+        f"Memory over time ({source})",
+        f"Allocated (MA, solid) and reserved (CA, dashed) GPU memory per rank, as {source} "
+        "recorded it; the red line is the limit the OOM message reported.",
         lines,
         x_label,
         x_format,
