@@ -139,3 +139,71 @@ def test_an_oversized_snapshot_keeps_its_newest_trace_entries(tmp_path: Path) ->
     path = tmp_path / "rank0.snapshot.pickle"
     path.write_bytes(data)
     assert load_snapshot(path).segment_count == 11  # oomlens reads what the capture wrote
+
+
+def test_the_oom_observer_records_the_oom_and_writes_a_snapshot_oomlens_reads(
+    tmp_path: Path,
+) -> None:
+    """The observer path end to end, with torch's CUDA calls answered from the real torch
+    2.11 snapshot the lab's observer dumped (``snapshot_t211_dumped_in_oom_observer``)."""
+    real = _NoGlobals(io.BytesIO(Path(variants.REAL["observer"]).read_bytes())).load()
+    observers: list[Any] = []
+    history: list[dict[str, Any]] = []
+    stats = {
+        "allocated_bytes": {"all": {"current": 7 * GIB, "peak": 7 * GIB}},
+        "reserved_bytes": {"all": {"current": 8 * GIB, "peak": 8 * GIB}},
+        "num_alloc_retries": 1,
+        "num_ooms": 1,
+    }
+    torch = SimpleNamespace(
+        cuda=SimpleNamespace(
+            memory=SimpleNamespace(
+                _record_memory_history=lambda **kw: history.append(kw),
+                _snapshot=lambda: real,
+            ),
+            get_device_properties=lambda device: SimpleNamespace(total_memory=80 * GIB, uuid="x"),
+            is_initialized=lambda: True,
+            _lazy_call=lambda callback: callback(),
+        ),
+        _C=SimpleNamespace(
+            _cuda_attach_out_of_memory_observer=observers.append,
+            _cuda_getAllocatorBackend=lambda: "native",
+            _cuda_memoryStats=lambda device: stats,
+            _cuda_getMemoryFraction=lambda device: 0.1,
+        ),
+    )
+    events: list[tuple[str, dict[str, Any]]] = []
+    samples: list[dict[str, Any]] = []
+    written: list[bytes] = []
+
+    def write(data: bytes) -> str:
+        written.append(data)
+        (tmp_path / "rank0.snapshot.pickle").write_bytes(data)
+        return "rank0.snapshot.pickle"
+
+    recorder = GpuRecorder(
+        torch,
+        CaptureSettings(),
+        lambda kind, urgent=False, **fields: events.append((kind, fields)),
+        samples.append,
+        write,
+        lambda: None,
+        pid=__import__("os").getpid(),
+    )
+    recorder.attach()
+    assert recorder.cuda_ready and history[0]["context"] is None and len(observers) == 1
+    observers[0](0, 44040192, 8 * GIB, 12 * GIB)  # what the allocator passes
+    kind, oom = events[-1]
+    assert kind == "oom"
+    assert (oom["device"], oom["requested"], oom["limit"], oom["device_free"]) == (
+        0,
+        44040192,
+        8 * GIB,
+        12 * GIB,
+    )
+    assert oom["allowed"] == 8 * GIB and oom["snapshot"] == "rank0.snapshot.pickle"
+    assert oom["counters"]["reserved"] == 8 * GIB and samples[-1]["src"] == "oom"
+    snapshot = load_snapshot(tmp_path / "rank0.snapshot.pickle")
+    assert snapshot.segment_count == 11
+    observers[0](0, 44040192, 8 * GIB, 12 * GIB)  # a second OOM soon after: no second dump
+    assert len(written) == 1 and "snapshot" not in events[-1][1]
