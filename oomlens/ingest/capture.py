@@ -50,7 +50,9 @@ from oomlens.ingest.log.traceback import classify_phase
 HEADER_KEY = "oomlens_capture"
 HEAD_PREFIX = b'{"' + HEADER_KEY.encode() + b'":'
 SUPPORTED_VERSIONS = frozenset({1})
-MAX_LINE_BYTES = 4 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+MAX_FILE_BYTES = 256 * 1024 * 1024
+"""Read no further into one capture file (the capture writes a few MB per rank by default)."""
 MAX_EVENTS = 10_000
 MAX_SERIES_LINES = 5_000_000
 MAX_LABELS = 8
@@ -103,17 +105,24 @@ def _time(value: Any) -> datetime | None:
         return None
 
 
-def _lines(path: str, limit: int) -> Iterator[tuple[int, dict[str, Any] | None, bool]]:
+def _lines(
+    path: str, limit: int, max_bytes: int = MAX_FILE_BYTES
+) -> Iterator[tuple[int, dict[str, Any] | None, bool]]:
     """``(line number, record or None, cut)`` for each line; ``cut`` marks a last line without
-    its newline (a writer killed mid-line)."""
+    its newline (a writer killed mid-line).  Stops after ``limit`` lines or ``max_bytes``."""
+    read = 0
     with open(path, "rb") as handle:
         for number in range(1, limit + 1):
+            if read > max_bytes:
+                return
             raw = handle.readline(MAX_LINE_BYTES + 1)
+            read += len(raw)
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES:
-                while raw and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n") and read <= max_bytes:
                     raw = handle.readline(MAX_LINE_BYTES + 1)
+                    read += len(raw)
                 yield number, None, False
                 continue
             cut = not raw.endswith(b"\n")
