@@ -168,7 +168,9 @@ class Recorder:
 
     def begin(self) -> None:
         settings = self.settings
+        # Processes this one starts and that capture too join this run's directory.
         os.environ.update(environment_of(settings))
+        os.environ["OOMLENS_CAPTURE_DIR"] = os.path.dirname(self.directory)
         os.environ["OOMLENS_CAPTURE_RUN"] = self.run
         self.emit(
             "start",
