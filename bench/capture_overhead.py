@@ -244,7 +244,7 @@ def print_table(result: dict[str, object]) -> None:
     for oom in result["oom"]:  # type: ignore[union-attr]
         print(
             f"  snapshot at OOM (stacks {'on' if oom['stacks'] else 'off'}): "
-            f"{oom['dump_seconds']} s, {oom['snapshot_bytes']:,} bytes"
+            f"{oom['dump_seconds']} s, {oom['snapshot_bytes'] or 0:,} bytes"
         )
     print(f"  disk per rank: {result['disk_bytes_per_rank']:,} bytes")
 
