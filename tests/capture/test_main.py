@@ -249,3 +249,22 @@ def test_the_deepspeed_config_is_recorded_as_deepspeed_resolved_it(tmp_path: Pat
     assert zero.stage.value == 3
     assert zero.prefetch_bucket_size.value == 10_000_000_000
     assert facts.config.reading.effective.precision.param_bytes == 2  # bf16
+
+
+def test_a_module_runs_as_python_dash_m_runs_it(tmp_path: Path) -> None:
+    package = tmp_path / "pkgx"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import sys\nprint(sys.argv[1:])\nraise SystemExit(4)\n")
+    result = run(
+        [sys.executable, "-m", "oomlens.capture", "-m", "pkgx.train", "--a", "1"],
+        clean_env(OOMLENS_CAPTURE_DIR="cap", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.getcwd()}"),
+        tmp_path,
+    )
+    assert (result.returncode, result.stdout) == (4, "['--a', '1']\n"), result.stderr
+    exit_record = next(
+        r
+        for r in records(_only_run_dir(tmp_path / "cap") / "rank0.events.jsonl")
+        if r.get("kind") == "exit"
+    )
+    assert exit_record["code"] == 4
