@@ -3,8 +3,10 @@ again under ``oomlens capture`` on the GPU machine.  From the capture directory 
 the whole case folder, oomlens must name the cause at confidence >= 0.8 and ask for nothing the
 capture could have recorded.
 
-They are produced by ``fixtures/crash_logs/_scenarios/run_capture.py`` (one GPU call) and
-assembled by ``collect_captured.py``; until then these tests skip, saying so.
+They are produced by ``fixtures/crash_logs/_scenarios/run_capture.py`` (one GPU call, on a
+2-GPU machine or, with one rank per job and budgets calibrated in the call, on a 1-GPU one) and
+assembled by ``collect_captured.py``; until then these tests skip, saying so.  The expectations
+are the same on either machine; each manifest says which machine and how many ranks it had.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _case(name: str) -> Path:
     if not (path / "case.json").exists():
         pytest.skip(
             f"{name} not produced yet: run fixtures/crash_logs/_scenarios/run_capture.py on a "
-            "2-GPU machine and collect_captured.py here (see run_capture.py's docstring)"
+            "1- or 2-GPU machine and collect_captured.py here (see run_capture.py's docstring)"
         )
     return path
 
@@ -95,6 +97,15 @@ def test_the_capture_stayed_within_its_budget(name: str) -> None:
         assert all(size <= 3 * 2**20 + 64 * 1024 for size in ranks.values()), ranks
 
 
-def test_captured_cases_declare_themselves() -> None:
+def test_captured_cases_declare_themselves_and_the_machine_they_ran_on() -> None:
     for path in sorted(CORPUS_DIR.glob("*_captured")):
-        assert manifest(path.name).get("captured") is True, path.name
+        m = manifest(path.name)
+        assert m.get("captured") is True, path.name
+        machine = m["machine"]
+        assert machine["gpus"] in (1, 2) and 1 <= machine["ranks"] <= machine["gpus"]
+        assert f"{machine['gpus']}x" in m["generated_by"]
+        ranks = {r["rank"] for r in m["measured"]["capture"]["ranks"]} - {None}  # None: python
+        assert ranks <= set(range(machine["ranks"])), (path.name, ranks)
+        if machine["gpus"] == 1 and m["launcher"] == "deepspeed":
+            # one rank: the budget or the host cap was calibrated in the same call
+            assert "--num_gpus 1 " in m["command"] and m["measured"]["calibration"]
