@@ -351,32 +351,49 @@ def test_where_cgroups_do_not_enforce_the_host_case_is_skipped_and_the_rest_runs
     assert "skipped, memory cgroups do not enforce" in (drv.rc.OUT / "progress.log").read_text()
 
 
-def test_main_picks_the_one_gpu_plan_and_leaves_the_files_the_call_returns(
-    drv: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def _fake_main(
+    drv: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gpus: int
+) -> tuple[FakeRuns, Path]:
     fake = FakeRuns(drv.rc)
     monkeypatch.setattr(drv.rc, "run_case", fake)
     monkeypatch.setattr(drv.rc, "install_deepspeed", lambda wheels: "/venv/bin/deepspeed")
-    monkeypatch.setattr(drv.rc, "collect_env", lambda ds: {"gpus": ["NVIDIA H200"]})
-    monkeypatch.setattr(drv, "count_gpus", lambda: 1)
+    monkeypatch.setattr(drv.rc, "collect_env", lambda ds: {"gpus": ["NVIDIA H200"] * gpus})
+    monkeypatch.setattr(drv, "count_gpus", lambda: gpus)
     monkeypatch.setattr(drv, "cgroup_enforced", lambda: (True, "probe"))
     monkeypatch.setattr(drv, "bench", lambda ds, mode, out_dir: {"mode": mode})
-
-    class Build:
-        def poll(self) -> int:
-            return 0
-
-        def wait(self, timeout: float | None = None) -> int:
-            return 0
-
-        def kill(self) -> None:
-            pass
-
-    monkeypatch.setattr(drv, "start_cpu_adam_build", lambda out, jobs: Build())
+    monkeypatch.setattr(drv, "start_cpu_adam_build", lambda out, jobs: None)
     monkeypatch.setattr(drv.rc, "T0", time.time())
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["run_capture.py", "--wheels", ".wheels", "--out", str(out)])
     drv.main()
+    return fake, out
+
+
+def test_on_two_gpus_main_runs_the_cases_as_the_corpus_did(
+    drv: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake, out = _fake_main(drv, monkeypatch, tmp_path, gpus=2)
+    runs = fake.by_name()
+    assert set(runs) == {
+        "fragmentation",
+        "memory_leak",
+        "prefetch_overshoot",
+        "pinned_memory_exhaustion",
+    }
+    assert drv.rc.DEADLINE == pytest.approx(drv.rc.T0 + 6.3 * 60) and drv.rc.OVERRUN_S == 75
+    for name, budget in (("memory_leak", "8"), ("prefetch_overshoot", "6.75")):
+        assert "--num_gpus 2 " in runs[name]["command"]
+        assert "--module oomlens.capture" in runs[name]["command"]
+        assert runs[name]["env"]["EMULATE_GPU_MEMORY_GIB"] == budget
+    assert "--model 1.3b" in runs["prefetch_overshoot"]["command"]
+    assert runs["pinned_memory_exhaustion"]["cgroup_max"] == drv.PINNED_CAP_BYTES
+    assert "gpus: 2 (two-GPU plan)" in (out / "progress.log").read_text()
+
+
+def test_main_picks_the_one_gpu_plan_and_leaves_the_files_the_call_returns(
+    drv: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake, out = _fake_main(drv, monkeypatch, tmp_path, gpus=1)
     assert drv.MACHINE == {"gpus": 1, "ranks_per_job": 1}
     assert drv.rc.DEADLINE == pytest.approx(drv.rc.T0 + 7.2 * 60)
     assert drv.rc.OVERRUN_S == 100
