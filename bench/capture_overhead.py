@@ -19,11 +19,12 @@ the time to take and write the snapshot and its size, and the disk the rank's ca
 Usage (on a GPU machine; ``run_capture.py`` runs both)::
 
     python bench/capture_overhead.py --mode torch --out DIR
-    deepspeed --num_gpus 2 bench/capture_overhead.py --mode zero3 --out DIR
+    deepspeed --num_gpus 2 bench/capture_overhead.py --mode zero3 --out DIR   # or 1 GPU, 1 rank
 
 ``--mode torch``: a 350M-parameter GPT (``fixtures/crash_logs/_scenarios/model.py``), bf16,
 AdamW, micro batch 8 x 1024 tokens, one GPU.  ``--mode zero3``: the 1.3B GPT under DeepSpeed
-ZeRO-3 (bf16, torch's AdamW), micro batch 8 x 1024 tokens per rank.  Writes
+ZeRO-3 (bf16, torch's AdamW), micro batch 8 x 1024 tokens per rank (``run_capture.py`` passes
+``--micro-batch 4``), on as many ranks as the launcher starts (``world_size`` in the JSON).  Writes
 ``DIR/overhead_<mode>.json`` (rank 0) and prints a table.  The figures quoted in the README
 come from this script's JSON.
 """
