@@ -125,6 +125,16 @@ def test_close_peaks_cap_the_host_below_the_pinned_peak_and_say_the_unpinned_was
     assert cap == 18_000_000_000 and "90%" in how and "19400000000" in how
 
 
+def test_when_only_memory_peak_tells_them_apart_the_cap_goes_between_those(
+    drv: ModuleType,
+) -> None:
+    cap, how = drv.pinned_cap(
+        {"peak_unreclaimable_sampled": 12 * 10**9, "peak_bytes": 24 * 10**9},
+        {"peak_unreclaimable_sampled": 17 * 10**9, "peak_bytes": 20 * 10**9},
+    )
+    assert cap == 22 * 10**9 and "memory.peak" in how
+
+
 def test_without_samples_the_cap_uses_memory_peak_and_without_a_pinned_peak_none(
     drv: ModuleType,
 ) -> None:
