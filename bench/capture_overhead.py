@@ -229,7 +229,11 @@ def measure_ooms(
     torch: Any, recorder: Any, loop: TorchLoop, allocs_per_step: int, dump_dir: Path
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """A real OOM under the capture (without, then with stacks) and under torch's defaults."""
-    from oomlens.ingest.snapshot.unpickler import restricted_load
+    try:  # oomlens' own restricted loader (its analysis dependencies may be missing here)
+        from oomlens.ingest.snapshot.unpickler import restricted_load
+    except ImportError as exc:
+        restricted_load = None
+        unreadable = f"not read back: {exc}"
 
     failures: list[float] = []
 
@@ -315,7 +319,9 @@ def measure_ooms(
                     trace_kept=record.get("snapshot_trace_kept"),
                     nvml=("nvml" in record) or record.get("nvml_error"),
                 )
-                if record.get("snapshot"):
+                if record.get("snapshot") and restricted_load is None:
+                    row["trace"] = unreadable
+                elif record.get("snapshot"):
                     on_disk = Path(recorder.directory) / record["snapshot"]
                     data = restricted_load(on_disk, freeze_gc=False).data
                     row["trace"] = trace_profile(data)
