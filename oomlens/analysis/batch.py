@@ -133,8 +133,7 @@ def derive_batch(
         )
         return BatchTriple(train, new_micro, gas), steps, lossy
     if micro is not None and gas is not None:
-        new_train = micro * gas
-        new_train *= world_size
+        new_train = _product(micro, gas, world_size)
         steps.append(f"train_batch_size = {micro} * {gas} * {world_size} = {new_train}")
         return BatchTriple(new_train, micro, gas), steps, lossy
     if train is not None:
@@ -144,13 +143,29 @@ def derive_batch(
         steps.append(f"train_micro_batch_size_per_gpu = {train} // {world_size} = {new_micro}")
         return BatchTriple(train, new_micro, 1), steps, lossy
     if micro is not None:
-        new_train = micro * world_size
+        new_train = _product(micro, world_size)
         steps.append(f"train_batch_size = {micro} * {world_size} = {new_train}")
         steps.append("gradient_accumulation_steps = 1 (not given)")
         return BatchTriple(new_train, micro, 1), steps, lossy
     raise AssertionError(
         "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
     )
+
+
+def _product(*factors: Any) -> Any:
+    """``a * b * ...`` as DeepSpeed computes it, except that a text value is not repeated.
+
+    DeepSpeed multiplies whatever the config holds: ``"A" * 2_000_000_000`` builds a 2 GB string
+    (and ``"A" * 2**63`` raises OverflowError) before its ``train_batch > 0`` assertion fails
+    with a TypeError.  That TypeError is raised here at once.
+    """
+    texts = [factor for factor in factors if isinstance(factor, str)]
+    if len(texts) == 1 and all(isinstance(f, int) for f in factors if not isinstance(f, str)):
+        raise TypeError("'>' not supported between instances of 'str' and 'int'")
+    result = factors[0]
+    for factor in factors[1:]:
+        result = result * factor
+    return result
 
 
 def assert_batch(triple: BatchTriple, world_size: Any) -> None:

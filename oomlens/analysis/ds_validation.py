@@ -544,6 +544,11 @@ def validate_with_deepspeed(
                 )
 
         def run(train: Any, micro: Any, gas: Any, ws: Any) -> None:
+            if any(isinstance(value, str) for value in (train, micro, gas)):
+                # DeepSpeed multiplies text too ("A" * 2e9 is a 2 GB string) before it fails;
+                # oomlens' restatement fails with the same TypeError without building it.
+                assert_batch(derive_batch(train, micro, gas, ws)[0], ws)
+                return
             state = SimpleNamespace(
                 train_batch_size=train,
                 train_micro_batch_size_per_gpu=micro,

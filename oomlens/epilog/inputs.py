@@ -156,7 +156,7 @@ def plan_inputs(
             continue
         found = find_output_file(expansions, max_entries=settings.workdir_max_entries)
         if not isinstance(found, FoundFile):
-            notes.append(f"{role}: not found ({found.reason})")
+            notes.append(f"{role}: {found.describe()}")
             continue
         identity = _identity(found.path)
         if identity is None or identity in seen:

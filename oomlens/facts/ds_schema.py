@@ -49,6 +49,10 @@ _INT_STRING = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
 _PY_WHITESPACE = " \t\n\r\x0b\x0c"
 
 
+_MAX_INT_DIGITS = 4300
+"""Python's (and pydantic-core's) limit on the digits of an integer read from text."""
+
+
 def lax_int(value: object) -> int:
     """pydantic v2 lax ``int`` (what DeepSpeed's integer fields accept)."""
     if isinstance(value, bool):
@@ -76,7 +80,13 @@ def lax_int(value: object) -> int:
                 "int_parsing",
                 "Input should be a valid integer, unable to parse string as an integer",
             )
-        return int(text.split(".")[0].replace("_", ""))
+        digits = text.split(".")[0].replace("_", "")
+        if len(digits.lstrip("+-")) > _MAX_INT_DIGITS:
+            raise CoercionError(
+                "int_parsing_size",
+                "Unable to parse input string as an integer, exceeded maximum size",
+            )
+        return int(digits)
     raise CoercionError("int_type", "Input should be a valid integer")
 
 

@@ -16,6 +16,7 @@ from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent
 from oomlens.report import SCHEMA_VERSION, Report
 from oomlens.rules.base import Diagnosis, Evidence, Fix
+from oomlens.untrusted import strip_controls
 
 MAX_OOM_EVENTS = 64
 """Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""
@@ -123,42 +124,57 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     last_step = max(
         (log.steps.max_step for log in facts.logs if log.steps.max_step is not None), default=None
     )
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "oomlens_version": report.oomlens_version,
-        "verdict": report.verdict.value,
-        "verdict_reason": report.verdict_reason,
-        "diagnoses": [diagnosis_to_dict(d) for d in report.diagnoses],
-        "oom_events": [oom_event_to_dict(e) for e in events[:MAX_OOM_EVENTS]],
-        "oom_events_total": len(events),
-        "ranks": {
-            "first_failed": picture.first_failed.rank if picture.first_failed else None,
-            "basis": picture.basis,
-            "peer_victims": list(picture.peer_victims),
-            "timed_out": list(picture.timed_out_ranks),
-            "suspected_stragglers": list(picture.suspected_stragglers),
-            "ranks": [_rank(s) for s in picture.ranks],
-        },
-        "run": {
-            "world_size": facts.world_size.value if facts.world_size else None,
-            "world_size_origin": facts.world_size.origin if facts.world_size else None,
-            "last_step": last_step,
-            "config_origin": facts.config.origin if facts.config else None,
-            "snapshots": len(facts.snapshots),
-        },
-        "missing_evidence": list(report.missing),
-        "inputs": [
-            {
-                "path": i.path,
-                "kind": i.kind,
-                "detail": i.detail,
-                "problem": i.problem,
-                "notes": list(i.notes),
-                "rank": i.rank,
-            }
-            for i in facts.inputs
-        ],
-    }
+    stripped: dict[str, Any] = _stripped(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "oomlens_version": report.oomlens_version,
+            "verdict": report.verdict.value,
+            "verdict_reason": report.verdict_reason,
+            "diagnoses": [diagnosis_to_dict(d) for d in report.diagnoses],
+            "oom_events": [oom_event_to_dict(e) for e in events[:MAX_OOM_EVENTS]],
+            "oom_events_total": len(events),
+            "ranks": {
+                "first_failed": picture.first_failed.rank if picture.first_failed else None,
+                "basis": picture.basis,
+                "peer_victims": list(picture.peer_victims),
+                "timed_out": list(picture.timed_out_ranks),
+                "suspected_stragglers": list(picture.suspected_stragglers),
+                "ranks": [_rank(s) for s in picture.ranks],
+            },
+            "run": {
+                "world_size": facts.world_size.value if facts.world_size else None,
+                "world_size_origin": facts.world_size.origin if facts.world_size else None,
+                "last_step": last_step,
+                "config_origin": facts.config.origin if facts.config else None,
+                "snapshots": len(facts.snapshots),
+            },
+            "missing_evidence": list(report.missing),
+            "inputs": [
+                {
+                    "path": i.path,
+                    "kind": i.kind,
+                    "detail": i.detail,
+                    "problem": i.problem,
+                    "notes": list(i.notes),
+                    "rank": i.rank,
+                }
+                for i in facts.inputs
+            ],
+        }
+    )
+    return stripped
+
+
+def _stripped(value: Any) -> Any:
+    """``value`` with every string cleaned of control and bidi characters (log text ends up in
+    terminals and pages that read this JSON); keys included."""
+    if isinstance(value, str):
+        return strip_controls(value)
+    if isinstance(value, dict):
+        return {strip_controls(str(k)): _stripped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stripped(item) for item in value]
+    return value
 
 
 def render_json(report: Report) -> str:

@@ -8,15 +8,14 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
 from oomlens.report import Report, Verdict
 from oomlens.rules.base import Diagnosis, Fix
 from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _VERDICT_COLOUR = {
     Verdict.GPU_OOM: "red",
     Verdict.HOST_OOM: "red",
@@ -31,7 +30,7 @@ SHOWN_EVIDENCE = 4
 
 def clean(text: str) -> str:
     """Untrusted text made safe for a terminal: control and bidi characters removed."""
-    return _CONTROL.sub("", text)
+    return strip_controls(text)
 
 
 def _fix_lines(fix: Fix) -> list[str]:

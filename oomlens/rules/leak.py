@@ -136,6 +136,7 @@ class MemoryLeakRule:
                     )
                 )
                 figures["snapshot_bytes_per_iteration"] = leak.bytes_per_iteration
+                figures["growth_site"] = where
             allocated = device.state.allocated_bytes
             for site in device.live_by_site:
                 piled = site.common_size * site.common_size_blocks
