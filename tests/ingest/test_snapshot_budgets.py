@@ -17,7 +17,9 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +71,108 @@ def _load_in_fresh_process(path: Path) -> tuple[str, float]:
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return result["outcome"], result["grown_mib"]
+
+
+# ---- walks bounded by what they visit (issue 12 item 4) -----------------------------------
+
+
+@pytest.fixture
+def real() -> dict[str, Any]:
+    data = variants.load_real("stacks_all")
+    assert isinstance(data, dict)
+    return data
+
+
+def _thousand_block_segment(real: dict[str, Any]) -> dict[str, Any]:
+    segment = dict(real["segments"][0])
+    block = segment["blocks"][0]
+    segment["blocks"] = [dict(block, address=block["address"] + i * 512) for i in range(1000)]
+    return segment
+
+
+def test_one_segment_memoized_100000_times_is_refused_at_once(
+    real: dict[str, Any], tmp_path: Path
+) -> None:
+    # GIVEN a ~300 KB pickle whose segment list names one 1,000-block segment 100,000 times
+    real["segments"] = [_thousand_block_segment(real)] * 100_000
+    path = _dump(tmp_path, real)
+    assert path.stat().st_size < 400_000
+
+    # WHEN
+    start = time.monotonic()
+    with pytest.raises(InputError) as caught:
+        load_snapshot(path)
+
+    # THEN refused before walking 10^8 blocks
+    assert time.monotonic() - start < 5.0
+    text = _one_line(caught.value, path)
+    assert "segments[1] is the very same object as segments[0] (99,999 such repeats)" in text
+    assert "crafted or corrupt" in text
+
+
+def test_segments_sharing_one_blocks_list_are_refused(real: dict[str, Any], tmp_path: Path) -> None:
+    shared = _thousand_block_segment(real)
+    real["segments"] = [dict(shared, address=i << 30) for i in range(5_000)]
+    path = _dump(tmp_path, real)
+
+    with pytest.raises(InputError) as caught:
+        load_snapshot(path)
+
+    text = _one_line(caught.value, path)
+    assert "the blocks list of segment 1 is the very same object as the blocks list of" in text
+
+
+def test_one_trace_memoized_for_many_devices_is_refused(
+    real: dict[str, Any], tmp_path: Path
+) -> None:
+    real["device_traces"] = [real["device_traces"][0]] * 10_000
+    path = _dump(tmp_path, real)
+
+    with pytest.raises(InputError) as caught:
+        load_snapshot(path)
+
+    assert "device_traces[1] is the very same object as device_traces[0]" in _one_line(
+        caught.value, path
+    )
+
+
+def test_a_history_list_shared_by_every_block_is_checked_once(
+    real: dict[str, Any], tmp_path: Path
+) -> None:
+    # GIVEN the torch 2.0 layout, every block pointing at one 100,000-record history list
+    legacy = variants.to_torch20(real)
+    history = [legacy["segments"][0]["blocks"][0]["history"][0]] * 100_000
+    segment = legacy["segments"][0]
+    block = dict(segment["blocks"][0], history=history)
+    segment["blocks"] = [dict(block) for _ in range(10_000)]
+    segment["total_size"] = block["size"] * len(segment["blocks"])
+    path = _dump(tmp_path, legacy)
+
+    # WHEN
+    start = time.monotonic()
+    snapshot = load_snapshot(path)
+
+    # THEN plain (if odd) data: it loads, without checking 10^9 history records
+    assert time.monotonic() - start < 5.0
+    assert snapshot.block_count == sum(len(s["blocks"]) for s in legacy["segments"])
+
+
+@pytest.mark.parametrize(
+    ("limits", "problem"),
+    [
+        (SnapshotLimits(max_blocks=25), "holds 26 blocks, over the limit of 25"),
+        (SnapshotLimits(max_trace_entries=180), "holds 181 trace entries, over the limit of 180"),
+    ],
+)
+def test_walk_budget_counts_blocks_and_trace_entries(limits: SnapshotLimits, problem: str) -> None:
+    path = variants.REAL["stacks_all"]
+
+    with pytest.raises(ResourceLimitError) as caught:
+        load_snapshot(path, limits=limits)
+
+    text = _one_line(caught.value, path)
+    assert problem in text
+    assert "raise SnapshotLimits.max_" in text
 
 
 # ---- what the unpickler may build (issue 12 item 5) --------------------------------------
@@ -193,3 +297,30 @@ def test_a_device_is_refused(tmp_path: Path) -> None:
         load_snapshot("/dev/zero")
 
     assert "/dev/zero: is a character device, not a snapshot file" in str(caught.value)
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+
+def test_cli_gives_one_line_and_the_documented_exit_code(
+    real: dict[str, Any], tmp_path: Path
+) -> None:
+    real["segments"] = [_thousand_block_segment(real)] * 100_000
+    repeated = _dump(tmp_path, real, "repeated.pickle")
+    sets = tmp_path / "sets.pickle"
+    sets.write_bytes(b"\x80\x04(" + b"\x8f" * 3_000_000 + b"l.")
+
+    for path in (repeated, sets):
+        done = subprocess.run(
+            [sys.executable, "-m", "oomlens", "analyze", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
+
+        assert done.returncode == 3  # README: nothing could be read
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr
+        assert str(path) in lines[0] and "crafted" in lines[0]

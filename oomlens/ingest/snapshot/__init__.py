@@ -48,6 +48,7 @@ def load_snapshot(
 ) -> Snapshot:
     """Load one snapshot file.
 
+    ``path`` must be a regular file (a FIFO, socket or device is refused before it is opened).
     ``rank`` defaults to the number in a ``rank<N>`` part of the file name
     (``snapshot_rank3.pickle``, torchtitan's ``rank3_memory_snapshot.pickle``), else None; it
     and ``host`` go into the snapshot's :class:`~oomlens.facts.SourceRef`.
@@ -59,6 +60,7 @@ def load_snapshot(
     Raises ``InputError`` / ``ResourceLimitError`` as described in the module docstring.
     """
     where = str(path)
+    limits = limits or SnapshotLimits()
     loaded = restricted_load(path, limits=limits, freeze_gc=freeze_gc)
     source = SourceRef(
         path=where, rank=rank if rank is not None else rank_from_filename(where), host=host
@@ -70,4 +72,5 @@ def load_snapshot(
         compressed=loaded.compressed,
         file_bytes=loaded.file_bytes,
         pickle_bytes=loaded.pickle_bytes,
+        limits=limits,
     )

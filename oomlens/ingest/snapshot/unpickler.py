@@ -128,6 +128,8 @@ class SnapshotLimits:
     * ``max_memory_ratio``: memory growth per byte of pickle read, after the first
       ``memory_allowance_bytes`` (real snapshots: 4x to 6x).
 
+    The walk over the loaded data is bounded by what it visits, not by the file: at most
+    ``max_blocks`` blocks (summed over segments) and ``max_trace_entries`` trace entries.
     """
 
     max_input_bytes: int = 64 * GiB
@@ -142,6 +144,8 @@ class SnapshotLimits:
     gunzip_allowance_bytes: int = 4 * MiB
     max_memory_ratio: float | None = 12.0
     memory_allowance_bytes: int = 256 * MiB
+    max_blocks: int | None = 20_000_000
+    max_trace_entries: int | None = 200_000_000
 
     def effective_memory_limit(self) -> int | None:
         """The memory-growth limit now: the smaller of the fixed and the available-based one."""
