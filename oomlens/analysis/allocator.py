@@ -202,12 +202,15 @@ def analyze_snapshot(
     resolver = StackResolver(NO_PYTHON_STACK if python_only else NO_STACK)
     divisions = division_table(snapshot.allocator_settings)
     raw = snapshot.raw
-    segments_by_device: dict[int, list[Any]] = {}
-    for segment in raw.segments:
-        segments_by_device.setdefault(segment["device"], []).append(segment)
-    annotations = _annotations_by_device(raw.annotations)
     devices = []
+    # The collector paused for the whole walk: the tuples and lists made per block and per
+    # event would otherwise trigger collections that walk the snapshot's millions of objects
+    # (measured: 2.2 s of 5.3 s on a 112 MB corpus-shaped snapshot, in the grouping below).
     with gc_paused():
+        segments_by_device: dict[int, list[Any]] = {}
+        for segment in raw.segments:
+            segments_by_device.setdefault(segment["device"], []).append(segment)
+        annotations = _annotations_by_device(raw.annotations)
         for device in snapshot.devices:
             trace = raw.device_traces[device] if device < len(raw.device_traces) else []
             devices.append(
