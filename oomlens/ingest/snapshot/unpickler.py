@@ -786,9 +786,10 @@ def _find_forbidden_opcode(where: str, compressed: bool, consumed: int) -> _Forb
     """
     budget = min(consumed + _SLACK_BYTES, _DIAGNOSE_MAX_BYTES)
     try:
-        with open(where, "rb") as raw:
+        # Opened again by name: refuse whatever is no longer a regular file there.
+        with _open_regular_file(where, where) as raw:
             prefix = (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw).read(budget)
-    except (OSError, EOFError, zlib.error):
+    except (InputError, OSError, EOFError, zlib.error):
         return None
     deadline = time.monotonic() + _DIAGNOSE_MAX_SECONDS
     recent_strings: list[str] = []
