@@ -33,6 +33,7 @@ from oomlens.facts.snapshot import (
     MemoryCategory,
     Pool,
     SnapshotAnalysis,
+    StackDepth,
 )
 from oomlens.ingest.snapshot import load_snapshot
 from oomlens.ingest.snapshot.layout import build_snapshot
@@ -594,3 +595,25 @@ def test_synthetic_snapshot_round_trips_through_the_loader(bench: Any, tmp_path:
     assert len(device.live_by_site) <= 5 and len(device.top_blocks) <= 5
     assert device.timeline is not None and len(device.timeline.samples) <= 257
     assert device.timeline.end.active_bytes == device.state.active_bytes
+
+
+def test_corpus_shaped_bench_snapshot_is_a_valid_deep_stack_recording(
+    bench: Any, tmp_path: Path
+) -> None:
+    # The issue-15 benchmark input: copies of the corpus's real recordings with real native
+    # unwinds in front of their stacks.  It must pass every check of the loader (no object
+    # repeated, every field typed as torch writes it) and read as a stacks='all' recording.
+    data = bench.generate_corpus_snapshot(2 * MiB, stacks="all")
+    path = tmp_path / "corpus_shaped_rank0.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+
+    snapshot = load_snapshot(path)
+    analysis = analyze_snapshot(snapshot)
+
+    assert snapshot.stacks is StackDepth.PYTHON_AND_NATIVE
+    assert snapshot.devices == (0,)
+    assert 1 * MiB < snapshot.pickle_bytes < 4 * MiB
+    assert snapshot.trace_entry_count > 3 * snapshot.block_count > 0
+    device = analysis.devices[0]
+    assert device.oom is not None and device.earlier_ooms == 0  # only the last copy keeps its OOM
+    assert device.timeline is not None and device.timeline.allocs > 1000

@@ -317,3 +317,24 @@ def test_loaded_objects_are_frozen_out_of_the_cyclic_collector() -> None:
         assert snapshot.block_count == 26
     finally:
         gc.unfreeze()
+
+
+def test_unfrozen_objects_go_to_the_oldest_generation_without_a_walk() -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        # WHEN nothing else is frozen: the loaded lists sit in the oldest generation, where
+        # young collections do not walk them, and stay collectable
+        snapshot = load_snapshot(REAL["stacks_all"], freeze_gc=False)
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        assert any(item is snapshot.raw.segments for item in gc.get_objects(generation=2))
+
+        # WHEN a forked worker's parent froze its objects: they stay frozen, untouched
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        again = load_snapshot(REAL["stacks_all"], freeze_gc=False)
+        assert gc.get_freeze_count() == frozen
+        assert again.block_count == snapshot.block_count
+    finally:
+        gc.unfreeze()
