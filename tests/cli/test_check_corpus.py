@@ -9,18 +9,7 @@ import re
 import pytest
 
 from oomlens.cli.check import CheckResult, failed, run_check
-from tests._corpus import CORPUS_DIR, case_dir, case_names, manifest
-
-# The scenario model (fixtures/crash_logs/_scenarios/model.py, GPTConfig.named and num_params):
-# name -> (d_model, n_layer); vocabulary 32000; lm_head and tok_emb are the largest layers.
-SIZES = {
-    "125m": (768, 12),
-    "350m": (1024, 24),
-    "760m": (1536, 24),
-    "1.3b": (2048, 24),
-    "2.7b": (2560, 32),
-}
-VOCAB = 32000
+from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, manifest
 
 #: Diagnoses a config check can and must catch before launch.
 CONFIG_DIAGNOSES = {
@@ -40,31 +29,7 @@ pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
 
 
 def check_case(name: str) -> CheckResult:
-    m = manifest(name)
-    command = m["command"]
-    model = re.search(r"--model (\S+)", command)
-    assert model is not None
-    seq = re.search(r"--seq-len (\d+)", command)
-    seq_len = int(seq.group(1)) if seq else 1024  # train_zero3.py's default
-    gpus = re.search(r"--num_gpus (\d+)", command)
-    assert gpus is not None
-    hidden, layers = SIZES[model.group(1)]
-    params = layers * (12 * hidden**2 + 13 * hidden) + 2 * VOCAB * hidden + seq_len * hidden
-    gpu_gib = m["environment"].get("EMULATE_GPU_MEMORY_GIB")
-    cap = m["measured"].get("cgroup", {}).get("memory.max", "max")
-    return run_check(
-        str(case_dir(name) / "ds_config.json"),
-        params=params,
-        largest_layer=VOCAB * hidden,
-        hidden_size=hidden,
-        gpus=int(gpus.group(1)),
-        gpu_memory=int(float(gpu_gib) * 2**30) if gpu_gib else None,
-        host_memory=None if cap == "max" else int(cap),
-        seq_len=seq_len,
-        layers=layers,
-        vocab_size=VOCAB,
-        validator="oomlens",
-    )
+    return run_check(**check_arguments(name), validator="oomlens")
 
 
 @pytest.mark.parametrize("name", CASES)
