@@ -1,19 +1,44 @@
 """The result of an analysis: the verdict, the ranked diagnoses, and the facts behind them.
 
-Renderers read only a ``Report``.  The verdict is decided from facts alone (what happened:
-a GPU OOM, a host OOM kill, a rejected config, another failure, nothing), the diagnoses say
-why, most likely first.
+Renderers read only a ``Report``, and the report's vocabulary (``Diagnosis``, ``Evidence``,
+``Fix``, ``Severity``, re-exported here from ``oomlens.diagnosis``).  ``assemble(facts,
+thresholds)`` makes one: the verdict is decided from facts alone (what happened: a GPU OOM, a
+host OOM kill, a rejected config, another failure, nothing), the rules' diagnoses say why, most
+likely first; when the inputs show a failure but no rule is reasonably sure why, the report says
+so (``insufficient_evidence``) and what to capture next time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from oomlens import __version__
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.rules.base import Diagnosis
+from oomlens.rules._common import (
+    CAPTURE_CONFIG,
+    CAPTURE_KERNEL,
+    CAPTURE_MEMORY_SERIES,
+    CAPTURE_SNAPSHOT,
+)
+from oomlens.rules.engine import evaluate
+from oomlens.rules.thresholds import Thresholds
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Diagnosis",
+    "Evidence",
+    "EvidenceKind",
+    "Fix",
+    "Report",
+    "Severity",
+    "Verdict",
+    "assemble",
+    "decide_verdict",
+]
 
 SCHEMA_VERSION = "1.0"
 
@@ -48,6 +73,20 @@ class Report:
     @property
     def top(self) -> Diagnosis | None:
         return self.diagnoses[0] if self.diagnoses else None
+
+
+def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
+    """The report of ``facts``: the verdict, every rule's diagnoses (most likely first, after
+    ``insufficient_evidence`` when no cause is sure enough), and what to capture next time."""
+    diagnoses = evaluate(facts, thresholds)
+    verdict, reason = decide_verdict(facts)
+    undetermined = insufficient_evidence(facts, verdict, diagnoses)
+    if undetermined is not None:
+        diagnoses = (undetermined, *diagnoses)
+    missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
+    return Report(
+        verdict=verdict, verdict_reason=reason, diagnoses=diagnoses, facts=facts, missing=missing
+    )
 
 
 def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
@@ -113,3 +152,49 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"
     return Verdict.UNKNOWN, "no readable training log"
+
+
+# -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
+
+SURE_ENOUGH = 0.5
+_NOT_CAUSES = frozenset({"config_hazard", "internal_error", "non_pytorch_memory"})
+
+
+def insufficient_evidence(
+    facts: RunFacts, verdict: Verdict, diagnoses: Sequence[Diagnosis]
+) -> Diagnosis | None:
+    """An ``insufficient_evidence`` diagnosis when ``verdict`` is a failure (or unknown) and no
+    cause reaches ``SURE_ENOUGH``; None otherwise."""
+    if verdict is Verdict.NO_FAILURE:
+        return None
+    if any(d.confidence >= SURE_ENOUGH and d.id not in _NOT_CAUSES for d in diagnoses):
+        return None
+    missing: list[str] = []
+    if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:
+        if not facts.snapshots:
+            missing.append(CAPTURE_SNAPSHOT)
+        if not any(True for _ in facts.memory_series()):
+            missing.append(CAPTURE_MEMORY_SERIES)
+    if verdict is Verdict.HOST_OOM and not facts.kernel_oom_kills():
+        missing.append(CAPTURE_KERNEL)
+    if facts.config is None:
+        missing.append(CAPTURE_CONFIG)
+    if not facts.logs:
+        missing.append("the job's combined stdout/stderr (every rank's)")
+    cut = [log for log in facts.logs if log.ended_in_traceback or log.ended_mid_line]
+    evidence = [
+        Evidence(
+            EvidenceKind.DERIVED,
+            f"verdict {verdict.value}; no cause reaches {SURE_ENOUGH:.0%} confidence",
+        )
+    ]
+    evidence += [Evidence(EvidenceKind.LOG, "the log ends mid-crash (cut)", None) for _ in cut[:1]]
+    return Diagnosis(
+        id="insufficient_evidence",
+        title="Not enough evidence to say why",
+        severity=Severity.INFO,
+        confidence=0.5,
+        summary="the inputs show what failed but not why; capture the items below next time",
+        evidence=tuple(evidence),
+        missing=tuple(missing),
+    )

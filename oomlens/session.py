@@ -16,37 +16,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from oomlens.analysis.allocator import analyze_snapshot
+from oomlens.analysis.ds_resolve import reconcile_with_dump
 from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
-from oomlens.analysis.zero_model import (
-    Capacity,
-    ModelSize,
-    Topology,
-    build_budget,
-    candidate_patches,
-    compare_with_capacity,
-)
+from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
 from oomlens.errors import InputError, NoUsableInputError
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.log import LogFacts, Phase
-from oomlens.facts.run import (
-    ConfigSource,
-    InputReport,
-    MemoryModelFacts,
-    ModelParams,
-    RunFacts,
-    WorldSizeFact,
-)
+from oomlens.facts.memory_model import Capacity, MemoryModelFacts, ModelSize, Topology
+from oomlens.facts.run import ConfigSource, InputReport, ModelParams, RunFacts, WorldSizeFact
 from oomlens.facts.snapshot import SnapshotAnalysis
 from oomlens.ingest.detect import DiscoveredFile, InputKind, discover_run
-from oomlens.ingest.ds_config import read_ds_config, reconcile_with_dump
+from oomlens.ingest.ds_config import read_ds_config
 from oomlens.ingest.run import inputs_of, read_run
 from oomlens.ingest.snapshot import SnapshotLimits, load_snapshot
-from oomlens.report import Report, decide_verdict
-from oomlens.rules.engine import evaluate
+from oomlens.report import Report, assemble
 from oomlens.rules.thresholds import Thresholds
-from oomlens.rules.undetermined import insufficient_evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +86,7 @@ def analyze(
     """Analyze the inputs of one run (files and/or run directories) and return the report."""
     options = options or AnalysisOptions()
     facts = gather_facts(paths, config=config, options=options)
-    diagnoses = evaluate(facts, options.thresholds)
-    verdict, reason = decide_verdict(facts)
-    undetermined = insufficient_evidence(facts, verdict, diagnoses)
-    if undetermined is not None:
-        diagnoses = (undetermined, *diagnoses)
-    missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
-    return Report(
-        verdict=verdict, verdict_reason=reason, diagnoses=diagnoses, facts=facts, missing=missing
-    )
+    return assemble(facts, options.thresholds)
 
 
 def gather_facts(

@@ -72,7 +72,7 @@ from oomlens.facts.snapshot import (
     Timeline,
     TimelinePoint,
 )
-from oomlens.ingest.snapshot.unpickler import gc_paused
+from oomlens.gcpause import gc_paused
 
 MiB = 1024**2
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlens.analysis.config_patch import ConfigChange, ConfigPatch, make_patch
+from oomlens.analysis.config_patch import make_patch
 from oomlens.facts import SourceRef
 from oomlens.facts.config import (
     BatchSettings,
@@ -27,6 +27,7 @@ from oomlens.facts.config import (
     Origin,
     Severity,
 )
+from oomlens.facts.memory_model import ConfigChange, ConfigPatch
 
 TRAIN = "train_batch_size"
 MICRO = "train_micro_batch_size_per_gpu"

@@ -39,7 +39,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.facts.config import (
+    ConfigDocument,
     ConfigHazard,
     ConfigReading,
     EffectiveDsConfig,
@@ -57,7 +59,6 @@ from oomlens.facts.ds_schema import (
     ValidatedModel,
     validate_model,
 )
-from oomlens.ingest.ds_config import ConfigDocument, ResolutionContext, resolve_effective_config
 
 DEEPSPEED = "deepspeed"
 OOMLENS = "oomlens"

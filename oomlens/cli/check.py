@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from oomlens.analysis.batch import BatchCheck, WorldSize, batch_hazards, check_batch
-from oomlens.analysis.config_patch import ConfigPatch
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
     find_config_hazards,
@@ -25,14 +25,6 @@ from oomlens.analysis.ds_validation import (
     validate_with_oomlens,
 )
 from oomlens.analysis.zero_model import (
-    DEFAULT_PROCESS_BASELINE_BYTES,
-    ActivationShape,
-    Capacity,
-    CapacityVerdict,
-    Device,
-    MemoryBudget,
-    ModelSize,
-    Topology,
     build_budget,
     candidate_patches,
     compare_with_capacity,
@@ -41,6 +33,7 @@ from oomlens.analysis.zero_model import (
 from oomlens.cli.params import COUNT, SIZE, SIZE_OR_ZERO
 from oomlens.errors import ExitCode, InputError, OomlensError
 from oomlens.facts.config import (
+    ConfigDocument,
     ConfigHazard,
     ConfigValue,
     EffectiveDsConfig,
@@ -48,12 +41,18 @@ from oomlens.facts.config import (
     Severity,
     ValidationProblem,
 )
-from oomlens.ingest.ds_config import (
-    ConfigDocument,
-    ResolutionContext,
-    read_ds_config,
-    resolve_effective_config,
+from oomlens.facts.memory_model import (
+    DEFAULT_PROCESS_BASELINE_BYTES,
+    ActivationShape,
+    Capacity,
+    CapacityVerdict,
+    ConfigPatch,
+    Device,
+    MemoryBudget,
+    ModelSize,
+    Topology,
 )
+from oomlens.ingest.ds_config import read_ds_config
 from oomlens.units import format_size
 
 
@@ -415,7 +414,7 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     ]
     lines += _component_rows(budget, Device.GPU)
     by_kind = {v.kind: v for v in verdicts}
-    lines.append(f"  {'peak':40} {format_size(budget.gpu_peak()):>11}")
+    lines.append(f"  {'peak':40} {format_size(budget.gpu_peak_bytes):>11}")
     gpu = by_kind.get("gpu")
     if gpu is not None:
         lines.append(
@@ -439,7 +438,7 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
         lines += host_rows
     else:
         lines.append("  (nothing DeepSpeed keeps on the host)")
-    lines.append(f"  {'peak':40} {format_size(budget.host_peak()):>11}")
+    lines.append(f"  {'peak':40} {format_size(budget.host_peak_bytes):>11}")
     pinned_line = f"  {'pinned (page-locked)':40} {format_size(budget.pinned_per_host()):>11}"
     requested = budget.pinned_requested_per_rank() * topo.ranks_per_host
     if requested and requested != budget.pinned_per_host():
@@ -570,8 +569,8 @@ def render_json(result: CheckResult) -> str:
         "budget": None
         if result.budget is None
         else {
-            "gpu_peak_bytes": result.budget.gpu_peak(),
-            "host_peak_bytes": result.budget.host_peak(),
+            "gpu_peak_bytes": result.budget.gpu_peak_bytes,
+            "host_peak_bytes": result.budget.host_peak_bytes,
             "pinned_per_host_bytes": result.budget.pinned_per_host(),
             "components": [
                 {

@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from oomlens.analysis.config_patch import ConfigPatch
-from oomlens.analysis.ranks import RankPicture
-from oomlens.analysis.zero_model import CapacityVerdict, MemoryBudget
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
@@ -24,6 +21,8 @@ from oomlens.facts.log import (
     OomEvent,
     OomKind,
 )
+from oomlens.facts.memory_model import MemoryModelFacts
+from oomlens.facts.ranks import RankPicture
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 
 _SIGKILL_CODES = frozenset({-9, 137, 247})
@@ -70,24 +69,6 @@ class ModelParams:
     total: int
     origin: str
     source: SourceRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryModelFacts:
-    """The ZeRO memory model for this run: what the config implies per GPU and per host for
-    the model's parameter count, compared with the capacity in force, and the config patches
-    it predicts would help (most memory saved first)."""
-
-    budget: MemoryBudget
-    verdicts: tuple[CapacityVerdict, ...]
-    patches: tuple[ConfigPatch, ...]
-    assumptions: tuple[str, ...]
-
-    def verdict(self, kind: str) -> CapacityVerdict | None:
-        for verdict in self.verdicts:
-            if verdict.kind == kind:
-                return verdict
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from oomlens.analysis.ranks import RankStatus
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent
-from oomlens.report import SCHEMA_VERSION, Report
-from oomlens.rules.base import Diagnosis, Evidence, Fix
+from oomlens.facts.ranks import RankStatus
+from oomlens.report import SCHEMA_VERSION, Diagnosis, Evidence, Fix, Report
 
 MAX_OOM_EVENTS = 64
 """Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""

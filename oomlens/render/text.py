@@ -12,8 +12,7 @@ import re
 
 import click
 
-from oomlens.report import Report, Verdict
-from oomlens.rules.base import Diagnosis, Fix
+from oomlens.report import Diagnosis, Fix, Report, Verdict
 from oomlens.units import format_size
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

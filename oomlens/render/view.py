@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from oomlens.analysis.zero_model import Device
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, show_value
 from oomlens.facts.log import MemorySeries, OomEvent, OomKind
+from oomlens.facts.memory_model import Device
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 from oomlens.render.templates import rule_partials
 from oomlens.render.text import clean
-from oomlens.report import SCHEMA_VERSION, Report, Verdict
-from oomlens.rules.base import Diagnosis, Evidence, Fix
+from oomlens.report import SCHEMA_VERSION, Diagnosis, Evidence, Fix, Report, Verdict
 from oomlens.units import format_size
 
 T = TypeVar("T")
@@ -1567,8 +1566,8 @@ def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
         ZeroBudget(
             summary=summary,
             rows=rows,
-            gpu_peak=format_size(budget.gpu_peak()),
-            host_peak=format_size(budget.host_peak()),
+            gpu_peak=format_size(budget.gpu_peak_bytes),
+            host_peak=format_size(budget.host_peak_bytes),
             assumptions=tuple(text(a, 400) for a in (*budget.assumptions, *model.assumptions)[:10]),
             verdicts=verdicts,
             patches=patches,

@@ -8,14 +8,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from oomlens.analysis.zero_model import CapacityVerdict
+from oomlens.diagnosis import Evidence, EvidenceKind, Fix
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import LogFacts, OomEvent, OomKind, Phase
+from oomlens.facts.memory_model import CapacityVerdict
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
-from oomlens.rules.base import Evidence, EvidenceKind, Fix
 from oomlens.units import format_size
 
 MODEL_STATE_CATEGORIES = frozenset(

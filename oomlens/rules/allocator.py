@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
@@ -32,7 +33,7 @@ from oomlens.rules._common import (
     snapshot_oom_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 
 

@@ -9,93 +9,14 @@ explanation and fix wording; the HTML partial ``templates/rules/<id>.html`` rend
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from oomlens.facts import SourceRef
+from oomlens.diagnosis import Diagnosis
 
 if TYPE_CHECKING:
     from oomlens.facts.run import RunFacts
     from oomlens.rules.thresholds import Thresholds
-
-
-class Severity(IntEnum):
-    """How bad the finding is for the run, independent of how sure we are."""
-
-    INFO = 0
-    LOW = 1
-    MEDIUM = 2
-    HIGH = 3
-    CRITICAL = 4
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-class EvidenceKind(StrEnum):
-    LOG = "log"
-    SNAPSHOT = "snapshot"
-    CONFIG = "config"
-    KERNEL = "kernel"
-    ERROR_FILE = "error_file"
-    DERIVED = "derived"
-    """A number oomlens computed from other evidence (the arithmetic is in ``text``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """One cited fact: where it is, what it says (quoted, bounded), and why it matters."""
-
-    kind: EvidenceKind
-    text: str
-    """The quoted line, config key = value, snapshot figure or computed figure."""
-    source: SourceRef | None = None
-    note: str = ""
-    """Why this supports (or weakens) the diagnosis."""
-    supports: bool = True
-    """False for evidence that speaks against the diagnosis (kept to show the weighing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fix:
-    """A change to make, with what it saves and what it costs.
-
-    ``config_patch`` is a JSON merge patch (RFC 7396) for the ds_config; ``environment`` maps
-    variables to values; ``command`` is a command-line change in words or a literal argument.
-    """
-
-    summary: str
-    config_patch: Mapping[str, Any] | None = None
-    environment: Mapping[str, str] = field(default_factory=dict)
-    command: str | None = None
-    predicted_saving_bytes: int | None = None
-    cost: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    """A rule's conclusion about the run."""
-
-    id: str
-    title: str
-    severity: Severity
-    confidence: float
-    summary: str
-    evidence: tuple[Evidence, ...]
-    fixes: tuple[Fix, ...] = ()
-    missing: tuple[str, ...] = ()
-    """Evidence that would settle it, phrased as what to capture next time."""
-    rank: int | None = None
-    """The rank the diagnosis is about, when it is about one."""
-    figures: Mapping[str, int | float | str | None] = field(default_factory=dict)
-    """Named numbers behind the summary (bytes, counts), for reports and JSON."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.confidence <= 1.0:
-            raise ValueError(f"confidence {self.confidence} outside 0..1 for {self.id}")
 
 
 class Rule(Protocol):

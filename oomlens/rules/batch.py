@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import BatchAssertion, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import allocator_oom, oom_evidence, size
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 
 

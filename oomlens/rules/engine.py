@@ -7,9 +7,10 @@ engine records it as an ``internal_error`` diagnosis instead of losing the whole
 
 from __future__ import annotations
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Severity
 from oomlens.facts.run import RunFacts
 from oomlens.rules.allocator import FragmentationRule, NonPytorchMemoryRule, OtherProcessRule
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Rule, Severity
+from oomlens.rules.base import Rule
 from oomlens.rules.batch import AccumulationMismatchRule
 from oomlens.rules.failure import ConfigInvalidRule, NotOomRule
 from oomlens.rules.hazards import ConfigHazardRule

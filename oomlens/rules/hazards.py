@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Severity
 from oomlens.facts.config import Severity as ConfigSeverity
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import size
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Severity
 from oomlens.rules.thresholds import Thresholds
 
 _SEVERITY = {

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import CAPTURE_KERNEL, kernel_kill_evidence, oom_evidence
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import MemorySeries, SeriesStats
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -24,7 +25,7 @@ from oomlens.rules._common import (
     snapshot_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomEvent, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
@@ -38,7 +39,7 @@ from oomlens.rules._common import (
     snapshot_ooms,
     steps_completed_before,
 )
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 
 _GATHER_FRAMES = frozenset(

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.log import OomKind, Phase
@@ -35,7 +36,7 @@ from oomlens.rules._common import (
     snapshot_oom_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import Diagnosis, Evidence, EvidenceKind, Fix, Severity, clamp
+from oomlens.rules.base import clamp
 from oomlens.rules.thresholds import Thresholds
 from oomlens.rules.workload import _in_zero3_gather
 

@@ -18,9 +18,10 @@ from oomlens.analysis.batch import (
     derive_batch,
     with_derived_batch,
 )
+from oomlens.analysis.ds_resolve import resolve_effective_config
 from oomlens.analysis.ds_validation import validate_with_oomlens
 from oomlens.facts.config import Origin, Severity
-from oomlens.ingest.ds_config import document_from_mapping, resolve_effective_config
+from oomlens.ingest.ds_config import document_from_mapping
 
 
 def _effective(train: Any = None, micro: Any = None, gas: Any = None, **extra: Any):

@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 
 from oomlens.analysis.batch import WorldSize, check_batch, with_derived_batch
+from oomlens.analysis.ds_resolve import resolve_effective_config
 from oomlens.analysis.ds_validation import validate
-from oomlens.ingest.ds_config import (
-    read_ds_config,
-    resolve_effective_config,
-    scan_log_for_config_dumps,
-)
+from oomlens.ingest.ds_config import read_ds_config, scan_log_for_config_dumps
 
 CORPUS = Path(__file__).parents[2] / "fixtures" / "crash_logs"
 CASES = sorted(p.parent for p in CORPUS.glob("*/ds_config.json")) if CORPUS.is_dir() else []

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     find_config_hazards,
     validate,
     validate_with_deepspeed,
     validate_with_oomlens,
 )
-from oomlens.facts.config import Severity
+from oomlens.facts.config import ConfigDocument, Severity
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
@@ -29,13 +30,7 @@ from oomlens.facts.ds_schema import (
     ZERO,
     ModelSpec,
 )
-from oomlens.ingest.ds_config import (
-    ConfigDocument,
-    ResolutionContext,
-    document_from_mapping,
-    read_ds_config,
-    resolve_effective_config,
-)
+from oomlens.ingest.ds_config import document_from_mapping, read_ds_config
 
 ASSETS = Path(__file__).parents[1] / "assets" / "ds_configs"
 REAL = {p.name: read_ds_config(p) for p in sorted(ASSETS.glob("*.json"))}

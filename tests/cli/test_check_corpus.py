@@ -136,7 +136,7 @@ def test_pinned_host_memory_matches_the_kernels_shmem_rss() -> None:
 
 
 def test_capacity_from_the_real_oom_message() -> None:
-    from oomlens.analysis.zero_model import Capacity
+    from oomlens.facts.memory_model import Capacity
 
     oom = manifest("prefetch_overshoot")["measured"]["oom_messages_by_rank"]["0"]
     keys = ("total_capacity", "free", "allocated_by_pytorch", "reserved_unallocated", "allowed")

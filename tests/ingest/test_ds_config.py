@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts import SourceRef
 from oomlens.facts.config import Origin, Precision
@@ -18,12 +19,10 @@ from oomlens.ingest._jsonpos import JsonSyntaxError, parse_json_with_positions
 from oomlens.ingest._pyrepr import parse_model_repr, parse_scalar
 from oomlens.ingest.ds_config import (
     ConfigDumpScanner,
-    ResolutionContext,
     document_from_mapping,
     parse_config_dump,
     parse_ds_config_text,
     read_ds_config,
-    resolve_effective_config,
     scan_log_for_config_dumps,
 )
 
@@ -571,7 +570,7 @@ def test_repr_parser_and_scanner_never_raise_on_garbage(text: str) -> None:
 
 
 def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integration() -> None:
-    from oomlens.ingest.ds_config import reconcile_with_dump
+    from oomlens.analysis.ds_resolve import reconcile_with_dump
 
     # GIVEN HF's zero3 config (with "auto") and the dump of the run that used it
     file_eff = resolve_effective_config(
@@ -595,7 +594,7 @@ def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integrati
 
 
 def test_reconcile_lists_values_changed_after_the_run() -> None:
-    from oomlens.ingest.ds_config import reconcile_with_dump
+    from oomlens.analysis.ds_resolve import reconcile_with_dump
 
     data = read_ds_config(ASSETS / "dse_megatron_zero2.json").data
     edited = {**data, "zero_optimization": {"stage": 2, "reduce_bucket_size": 1e8}}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+from oomlens.diagnosis import Evidence, EvidenceKind
 from oomlens.facts import SourceRef
 from oomlens.facts.log import MemorySample
 from oomlens.render.html import MAX_REPORT_BYTES, render_html
@@ -21,7 +22,6 @@ from oomlens.render.markdown import RULE_TEXT_BLOCKS, render_markdown, rule_text
 from oomlens.render.templates import template_dir
 from oomlens.render.view import MAX_EVIDENCE, MAX_POINTS, build_view, downsample
 from oomlens.report import Report
-from oomlens.rules.base import Evidence, EvidenceKind
 from oomlens.rules.engine import RULES
 from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import case_dir, case_names, manifest

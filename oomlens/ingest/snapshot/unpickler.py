@@ -41,13 +41,13 @@ import resource
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from oomlens.errors import InputError, ResourceLimitError
+from oomlens.gcpause import gc_paused
 from oomlens.units import format_size
 
 MiB = 1024**2
@@ -380,18 +380,6 @@ class _GuardedReader:
     def peek(self, size: int = 0, /) -> bytes:
         self._check_time()
         return self._inner.peek(size)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Cyclic GC off while millions of containers are built; they hold no cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # --------------------------------------------------------------------------------------------
