@@ -8,16 +8,20 @@ Each output is what ``oomlens analyze`` or ``oomlens check`` prints, as a user r
 * ``check/<case>.<ext>``: ``oomlens check <case>/ds_config.json`` with the model, GPU count and
   memory from the case's manifest, text and JSON, with the exit code.
 
-Normalised: the corpus' absolute path becomes ``<corpus>``, the package version ``<version>``,
-and the HTML page's inline stylesheet and script (templates, the same for every case) their
-SHA-256, so that each file shows what differs from case to case.
+Inputs are named relative to the repository (``fixtures/crash_logs/<case>``, the command run
+from the repository's root), so that reports do not depend on where the checkout is: long
+paths are cut in places.  Normalised: the package version becomes ``<version>``, and the HTML
+page's inline stylesheet and script (templates, the same for every case) their SHA-256, so that
+each file shows what differs from case to case.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -25,9 +29,10 @@ from click.testing import CliRunner
 from oomlens import __version__
 from oomlens.cli import cli
 from oomlens.errors import OomlensError
-from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, manifest
+from tests._corpus import case_dir, case_names, check_arguments, manifest
 
 GOLDEN_DIR = Path(__file__).resolve().parent
+ROOT = GOLDEN_DIR.parents[1]
 FORMATS = {"text": "txt", "json": "json", "markdown": "md", "html": "html"}
 CHECK_FORMATS = {"text": "txt", "json": "json"}
 
@@ -35,10 +40,6 @@ _INLINE = re.compile(r"(<(style|script)\b[^>]*>)(.*?)(</\2>)", re.DOTALL)
 
 
 def normalise(text: str) -> str:
-    corpus = str(CORPUS_DIR)
-    # Markdown shows the path with its underscores escaped
-    for shown in (corpus, corpus.replace("_", "\\_")):
-        text = text.replace(shown, "<corpus>")
     text = text.replace(f'"oomlens_version": "{__version__}"', '"oomlens_version": "<version>"')
     text = text.replace(f"oomlens {__version__}", "oomlens <version>")
 
@@ -49,8 +50,23 @@ def normalise(text: str) -> str:
     return _INLINE.sub(digest, text)
 
 
+@contextmanager
+def _in_root() -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _relative(path: Path | str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
 def _run(args: list[str]) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, args, catch_exceptions=True)
+    with _in_root():
+        result = CliRunner().invoke(cli, args, catch_exceptions=True)
     code = result.exit_code
     stderr = ""
     if isinstance(result.exception, OomlensError):
@@ -70,7 +86,7 @@ def log_inputs(name: str) -> list[Path]:
 
 def _check_args(name: str, fmt: str) -> list[str]:
     kwargs = check_arguments(name)
-    args = ["check", kwargs.pop("config_path"), "--format", fmt]
+    args = ["check", _relative(kwargs.pop("config_path")), "--format", fmt]
     for key, value in kwargs.items():
         if value is not None:
             args += [f"--{key.replace('_', '-')}", str(value)]
@@ -83,7 +99,7 @@ def golden_outputs(case: str) -> Iterator[tuple[str, Callable[[], str]]]:
         for fmt, ext in FORMATS.items():
 
             def produce(paths: list[Path] = paths, fmt: str = fmt) -> str:
-                code, out = _run(["analyze", *map(str, paths), "--format", fmt])
+                code, out = _run(["analyze", *map(_relative, paths), "--format", fmt])
                 return normalise(out if code == 0 else f"exit code {code}\n{out}")
 
             yield f"analyze/{case}/{inputs}.{ext}", produce
