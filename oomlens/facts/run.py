@@ -1,14 +1,15 @@
 """Everything known about one run: the facts of every input plus the facts derived from them.
 
-``RunFacts`` is what rules read.  It is built once by ``oomlens.session`` and never changed.
+``RunFacts`` is what rules read.  It is derived once by ``oomlens.analysis.run`` and never
+changed.
 Helper methods answer the questions several rules ask (the OOM events of every input, the
 memory limit in force, the world size...), so that no rule re-derives them differently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
@@ -94,6 +95,10 @@ class RunFacts:
     """``--host-memory``, or the log's ``CPU Virtual Memory: used = .. GB, percent = ..%``
     (DeepSpeed's node-wide figure: used / percent)."""
     memory_model: MemoryModelFacts | None = None
+    last_step: int | None = None
+    """The highest training step any log printed."""
+    other_inputs: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+    """Facts of input kinds whose slot has no field of its own, by slot name."""
 
     # ----------------------------------------------------------------- questions rules ask
 

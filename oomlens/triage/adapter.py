@@ -17,8 +17,6 @@ from typing import Any
 
 import oomlens
 
-_TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
-
 
 def analyze_run(
     inputs: Sequence[str], *, config: str | None, want_html: bool, deepspeed: bool
@@ -63,22 +61,14 @@ def html_available() -> bool:
 
 
 def is_training_log(path: str) -> bool:
-    """Whether ``path`` is a training log by its content, the way run discovery decides it.
+    """Whether ``path`` is a training log by its content, the way run discovery decides it
+    (``oomlens.ingest.detect.accept``: a text file without any marker still counts when its
+    name says it is a log).  Raises ``InputError`` when the file cannot be opened."""
+    from oomlens.ingest.detect import accept, detect_kind
+    from oomlens.ingest.kinds import kind
 
-    A text file without any training-log marker still counts when its name says it is a log
-    (a quiet healthy run prints nothing a marker would catch).  Raises ``InputError`` when the
-    file cannot be opened.
-    """
-    from oomlens.ingest.detect import InputKind, detect_kind
-
-    detection = detect_kind(path)
-    if detection.kind is InputKind.TRAINING_LOG:
-        return True
-    return (
-        detection.kind is InputKind.UNKNOWN
-        and detection.reason.startswith("text without")
-        and _strip_compression(os.path.basename(path).lower()).endswith(_TEXT_LOG_SUFFIXES)
-    )
+    accepted = accept(detect_kind(path), name=os.path.basename(path))
+    return accepted is not None and accepted[0] is kind("training_log")
 
 
 def analyzer_id() -> str:
@@ -96,10 +86,3 @@ def analyzer_id() -> str:
         digest.update(relative.encode() + b"\0")
         digest.update(source.read_bytes() + b"\0")
     return f"oomlens {oomlens.__version__} {digest.hexdigest()[:16]}"
-
-
-def _strip_compression(name: str) -> str:
-    for suffix in (".gz", ".bz2", ".xz", ".zst"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
