@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from oomlens import __version__
+from oomlens.analysis.run import step_before
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.log import OomKind
+from oomlens.facts import SourceRef
+from oomlens.facts.kernel import KernelOomKill
+from oomlens.facts.log import OomEvent, OomKind, StepSample
+from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     CAPTURE_CONFIG,
@@ -32,6 +37,7 @@ __all__ = [
     "Diagnosis",
     "Evidence",
     "EvidenceKind",
+    "FailurePoint",
     "Fix",
     "Report",
     "Severity",
@@ -59,6 +65,48 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class FailurePoint:
+    """What died first, as the verdict sees it: a GPU OOM (``event``), a kernel OOM kill
+    (``kill``) or the rank that failed first (``status``), where and when, and the last
+    training step printed before it."""
+
+    event: OomEvent | None
+    kill: KernelOomKill | None
+    status: RankStatus | None
+    source: SourceRef | None
+    rank: int | None
+    time: datetime | None
+    time_exact: bool
+    step: StepSample | None
+
+
+def failure_point(facts: RunFacts, verdict: Verdict) -> FailurePoint:
+    """The failure the report leads with (see ``FailurePoint``)."""
+    event = facts.first_gpu_oom() if verdict is Verdict.GPU_OOM else None
+    kills = facts.kernel_oom_kills() if verdict is Verdict.HOST_OOM else ()
+    status = facts.ranks.first_failed
+    source: SourceRef | None = None
+    rank: int | None = None
+    time: datetime | None = None
+    exact = True
+    kill: KernelOomKill | None = None
+    if event is not None:
+        source, rank, time, exact = event.source, event.rank, event.timestamp, event.timestamp_exact
+        status = None
+    elif kills:
+        kill = kills[0]
+        source, time = kill.source, kill.timestamp
+        status = None
+    elif status is not None:
+        source, rank, time = status.first_source, status.rank, status.first_time
+    if rank is None and facts.ranks.first_failed is not None:
+        rank = facts.ranks.first_failed.rank
+    return FailurePoint(
+        event, kill, status, source, rank, time, exact, step_before(facts.logs, rank, source)
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     verdict: Verdict
     verdict_reason: str
@@ -68,6 +116,8 @@ class Report:
     facts: RunFacts
     missing: tuple[str, ...]
     """What to capture next time, across all diagnoses (deduplicated)."""
+    failure: FailurePoint | None = None
+    """What died first (None when nothing did)."""
     oomlens_version: str = __version__
 
     @property
@@ -85,7 +135,12 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
         diagnoses = (undetermined, *diagnoses)
     missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
     return Report(
-        verdict=verdict, verdict_reason=reason, diagnoses=diagnoses, facts=facts, missing=missing
+        verdict=verdict,
+        verdict_reason=reason,
+        diagnoses=diagnoses,
+        facts=facts,
+        missing=missing,
+        failure=failure_point(facts, verdict),
     )
 
 

@@ -119,9 +119,6 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     facts = report.facts
     picture = facts.ranks
     events = facts.oom_events()
-    last_step = max(
-        (log.steps.max_step for log in facts.logs if log.steps.max_step is not None), default=None
-    )
     return {
         "schema_version": SCHEMA_VERSION,
         "oomlens_version": report.oomlens_version,
@@ -141,7 +138,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "run": {
             "world_size": facts.world_size.value if facts.world_size else None,
             "world_size_origin": facts.world_size.origin if facts.world_size else None,
-            "last_step": last_step,
+            "last_step": facts.last_step,
             "config_origin": facts.config.origin if facts.config else None,
             "snapshots": len(facts.snapshots),
         },

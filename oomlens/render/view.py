@@ -22,12 +22,11 @@ import json
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, show_value
-from oomlens.facts.log import MemorySeries, OomEvent, OomKind
+from oomlens.facts.log import MemorySeries, OomEvent, OomKind, StepSample
 from oomlens.facts.memory_model import Device
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 from oomlens.render.templates import rule_partials
@@ -162,25 +161,12 @@ def _first_sentence(message: str, limit: int = 240) -> str:
     return text(head, limit)
 
 
-def _step_before(report: Report, rank: int | None, ref: SourceRef | None) -> str | None:
+def _step(sample: StepSample | None) -> str | None:
     """The last training step printed before the failure, and where."""
-    best = None
-    for log in report.facts.logs:
-        candidates = [
-            s for s in log.steps.last_by_rank if rank is not None and s.source.rank == rank
-        ]
-        sample = candidates[0] if candidates else log.steps.last
-        if sample is None or sample.step is None:
-            continue
-        if ref is not None and sample.source.path == ref.path and ref.line is not None:
-            if sample.source.line is not None and sample.source.line > ref.line:
-                continue
-        if best is None or sample.step > (best.step or 0):
-            best = sample
-    if best is None:
+    if sample is None or sample.step is None:
         return None
-    total = f" of {best.total}" if best.total else ""
-    return f"step {best.step}{total} (last progress line, {_where(best.source)})"
+    total = f" of {sample.total}" if sample.total else ""
+    return f"step {sample.step}{total} (last progress line, {_where(sample.source)})"
 
 
 def _oom_what(event: OomEvent) -> str:
@@ -206,25 +192,19 @@ def _oom_what(event: OomEvent) -> str:
 
 
 def _banner(report: Report) -> Banner:
-    facts = report.facts
-    picture = facts.ranks
+    picture = report.facts.ranks
     rows: list[Fact] = []
-    failed_ref: SourceRef | None = None
-    failed_rank: int | None = None
-    when: datetime | None = None
-    exact = True
     phase: str | None = None
-    first = facts.first_gpu_oom() if report.verdict is Verdict.GPU_OOM else None
-    if first is not None:
+    failure = report.failure
+    if failure is not None and failure.event is not None:
+        first = failure.event
         m = first.message
         rows.append(Fact("What died", _oom_what(first)))
-        failed_ref, failed_rank = first.source, first.rank
-        when, exact = first.timestamp, first.timestamp_exact
         phase = first.phase.value.replace("_", " ")
         if m.device is not None:
             rows.append(Fact("Device", f"{m.backend or 'GPU'} {m.device}"))
-    elif report.verdict is Verdict.HOST_OOM and facts.kernel_oom_kills():
-        kill = facts.kernel_oom_kills()[0]
+    elif failure is not None and failure.kill is not None:
+        kill = failure.kill
         scope = "memory cgroup limit" if kill.cgroup else "machine's memory"
         rows.append(
             Fact(
@@ -232,10 +212,8 @@ def _banner(report: Report) -> Banner:
                 text(f"{kill.process_name} (pid {kill.pid}), killed by the kernel for the {scope}"),
             )
         )
-        failed_ref, when = kill.source, kill.timestamp
-    elif picture.first_failed is not None:
-        status = picture.first_failed
-        failed_ref, failed_rank, when = status.first_source, status.rank, status.first_time
+    elif failure is not None and failure.status is not None:
+        status = failure.status
         detail = status.outcome.replace("_", " ")
         if status.exceptions:
             exc = status.exceptions[0]
@@ -244,15 +222,14 @@ def _banner(report: Report) -> Banner:
         elif status.signal:
             detail = f"{detail} ({status.signal})"
         rows.append(Fact("What died", text(detail, 400)))
-    if failed_ref is not None:
-        rows.append(Fact("Where", _where(failed_ref)))
-    if failed_rank is None and picture.first_failed is not None:
-        failed_rank = picture.first_failed.rank
-    if failed_rank is not None:
-        rows.append(Fact("Rank", str(failed_rank)))
-    if when is not None:
-        rows.append(Fact("When", when.isoformat(sep=" ") + ("" if exact else " (or just after)")))
-    step = _step_before(report, failed_rank, failed_ref)
+    if failure is not None and failure.source is not None:
+        rows.append(Fact("Where", _where(failure.source)))
+    if failure is not None and failure.rank is not None:
+        rows.append(Fact("Rank", str(failure.rank)))
+    if failure is not None and failure.time is not None:
+        when = failure.time.isoformat(sep=" ")
+        rows.append(Fact("When", when + ("" if failure.time_exact else " (or just after)")))
+    step = _step(failure.step) if failure is not None else None
     if step is not None:
         rows.append(Fact("Step", step))
     if phase and phase != "unknown":
