@@ -70,6 +70,56 @@ class Fix:
     cost: str | None = None
 
 
+class Unit(StrEnum):
+    """What a figure counts, so that every renderer shows it the same way."""
+
+    BYTES = "bytes"
+    COUNT = "count"
+    """Whole things: steps, ranks, segments, elements (a config's element counts)."""
+    FRACTION = "fraction"
+    """A share, 0..1."""
+    TEXT = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One named number behind a diagnosis, with its unit (None: not known)."""
+
+    value: int | float | str | None
+    unit: Unit
+
+
+def in_bytes(value: int | float | None) -> Figure:
+    return Figure(value, Unit.BYTES)
+
+
+def a_count(value: int | float | None) -> Figure:
+    return Figure(value, Unit.COUNT)
+
+
+def a_fraction(value: float | None) -> Figure:
+    return Figure(value, Unit.FRACTION)
+
+
+def a_text(value: str | None) -> Figure:
+    return Figure(value, Unit.TEXT)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDoc:
+    """What a diagnosis id means, for the reader of a report: declared once with the rule
+    (``oomlens.rules.base.RuleSpec``) and shown the same way by every renderer.  Plain text."""
+
+    id: str
+    title: str
+    explanation: str
+    """What the diagnosis means and why it happens."""
+    verify: str
+    """How to tell the fix worked."""
+    reading: str = ""
+    """How to read the evidence, when it needs saying."""
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """A rule's conclusion about the run."""
@@ -85,8 +135,8 @@ class Diagnosis:
     """Evidence that would settle it, phrased as what to capture next time."""
     rank: int | None = None
     """The rank the diagnosis is about, when it is about one."""
-    figures: Mapping[str, int | float | str | None] = field(default_factory=dict)
-    """Named numbers behind the summary (bytes, counts), for reports and JSON."""
+    figures: Mapping[str, Figure] = field(default_factory=dict)
+    """Named numbers behind the summary, each with its unit, for reports and JSON."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence <= 1.0:

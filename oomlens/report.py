@@ -10,14 +10,23 @@ so (``insufficient_evidence``) and what to capture next time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from oomlens import __version__
 from oomlens.analysis.run import step_before
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.diagnosis import (
+    Diagnosis,
+    Evidence,
+    EvidenceKind,
+    Figure,
+    Fix,
+    RuleDoc,
+    Severity,
+    Unit,
+)
 from oomlens.facts import SourceRef
 from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
@@ -29,7 +38,8 @@ from oomlens.rules._common import (
     CAPTURE_MEMORY_SERIES,
     CAPTURE_SNAPSHOT,
 )
-from oomlens.rules.engine import evaluate
+from oomlens.rules.base import RuleSpec
+from oomlens.rules.engine import docs, evaluate
 from oomlens.rules.thresholds import Thresholds
 
 __all__ = [
@@ -38,9 +48,12 @@ __all__ = [
     "Evidence",
     "EvidenceKind",
     "FailurePoint",
+    "Figure",
     "Fix",
     "Report",
+    "RuleDoc",
     "Severity",
+    "Unit",
     "Verdict",
     "assemble",
     "decide_verdict",
@@ -118,6 +131,8 @@ class Report:
     """What to capture next time, across all diagnoses (deduplicated)."""
     failure: FailurePoint | None = None
     """What died first (None when nothing did)."""
+    docs: Mapping[str, RuleDoc] = field(default_factory=dict)
+    """What each diagnosis id of the report means (declared with its rule)."""
     oomlens_version: str = __version__
 
     @property
@@ -134,6 +149,7 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
     if undetermined is not None:
         diagnoses = (undetermined, *diagnoses)
     missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
+    known = docs() | {INSUFFICIENT_EVIDENCE.id: INSUFFICIENT_EVIDENCE.doc}
     return Report(
         verdict=verdict,
         verdict_reason=reason,
@@ -141,6 +157,7 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
         facts=facts,
         missing=missing,
         failure=failure_point(facts, verdict),
+        docs={d.id: known[d.id] for d in diagnoses if d.id in known},
     )
 
 
@@ -212,7 +229,20 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
 # -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
 
 SURE_ENOUGH = 0.5
+"""A cause at this confidence or above is worth naming; below, the report says what is missing."""
 _NOT_CAUSES = frozenset({"config_hazard", "internal_error", "non_pytorch_memory"})
+INSUFFICIENT_EVIDENCE = RuleSpec(
+    id="insufficient_evidence",
+    title="Not enough evidence to say why",
+    severity=Severity.INFO,
+    explanation="oomlens reports a cause only when the evidence supports it. Here the inputs "
+    "show what failed but not why: no rule reached the confidence needed to name a cause. "
+    "Guessing would send the reader after the wrong knob, so the report says what to capture "
+    "instead.",
+    verify="capture the items listed below on the next run (or reproduce the failure with them "
+    "enabled) and run oomlens again on the run directory.",
+)
+"""Not a rule: what the report says when no rule is sure enough."""
 
 
 def insufficient_evidence(
@@ -244,11 +274,8 @@ def insufficient_evidence(
         )
     ]
     evidence += [Evidence(EvidenceKind.LOG, "the log ends mid-crash (cut)", None) for _ in cut[:1]]
-    return Diagnosis(
-        id="insufficient_evidence",
-        title="Not enough evidence to say why",
-        severity=Severity.INFO,
-        confidence=0.5,
+    return INSUFFICIENT_EVIDENCE.diagnose(
+        confidence=SURE_ENOUGH,
         summary="the inputs show what failed but not why; capture the items below next time",
         evidence=tuple(evidence),
         missing=tuple(missing),

@@ -66,7 +66,7 @@ def diagnosis_to_dict(d: Diagnosis) -> dict[str, Any]:
         "evidence": [_evidence(e) for e in d.evidence],
         "fix": [_fix(f) for f in d.fixes],
         "missing": list(d.missing),
-        "figures": _plain(dict(d.figures)),
+        "figures": {name: _plain(figure.value) for name, figure in d.figures.items()},
     }
 
 

@@ -31,7 +31,17 @@ from oomlens.facts.memory_model import Device
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 from oomlens.render.templates import rule_partials
 from oomlens.render.text import clean
-from oomlens.report import SCHEMA_VERSION, Diagnosis, Evidence, Fix, Report, Verdict
+from oomlens.report import (
+    SCHEMA_VERSION,
+    Diagnosis,
+    Evidence,
+    Figure,
+    Fix,
+    Report,
+    RuleDoc,
+    Unit,
+    Verdict,
+)
 from oomlens.units import format_size
 
 T = TypeVar("T")
@@ -314,8 +324,12 @@ class DiagnosisView:
     fixes: Capped[FixView]
     missing: Capped[str]
     figures: tuple[Fact, ...]
-    explanation: str | None
-    """The rule's own explanation (``Rule.explanation``); None for ids that are not rules."""
+    explanation: str
+    """What the diagnosis means and why it happens (declared with its rule)."""
+    reading: str
+    """How to read the evidence ('' when it needs no saying)."""
+    verify: str
+    """How to tell the fix worked."""
     partial: str
     """The template that renders it: ``rules/<id>.html`` (``rules/_rule.html`` when missing)."""
 
@@ -367,33 +381,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _figure_value(name: str, value: object) -> str:
+def _figure_value(figure: Figure) -> str:
+    value = figure.value
     if value is None:
         return "unknown"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int | float) and (name.endswith("bytes") or name in _BYTE_FIGURES):
+    if figure.unit is Unit.BYTES and isinstance(value, int | float):
         return f"{format_size(value)} ({int(value):,} B)"
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, int):
         return f"{value:,}"
     return text(value, MAX_SHORT_TEXT)
-
-
-_BYTE_FIGURES = frozenset(
-    {
-        "tried_to_allocate",
-        "allocated_by_pytorch",
-        "reserved_unallocated",
-        "free",
-        "total_capacity",
-        "allowed",
-        "process_in_use",
-        "other_processes",
-        "largest_free_block",
-    }
-)
 
 
 def partial_for(rule_id: str) -> str:
@@ -403,14 +403,7 @@ def partial_for(rule_id: str) -> str:
     return "rules/_rule.html"
 
 
-def _explanation(rule_id: str) -> str | None:
-    from oomlens.rules.engine import rule_by_id
-
-    rule = rule_by_id(rule_id)
-    return rule.explanation if rule is not None else None
-
-
-def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
+def _diagnosis(index: int, d: Diagnosis, doc: RuleDoc | None, cuts: list[str]) -> DiagnosisView:
     evidence = cap(d.evidence, MAX_EVIDENCE, _evidence)
     if evidence.more:
         cuts.append(f"{d.id}: {evidence.more} more evidence items not shown (all are in the JSON)")
@@ -429,9 +422,11 @@ def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
         fixes=fixes,
         missing=cap(d.missing, MAX_MISSING, lambda m: text(m, 1000)),
         figures=tuple(
-            Fact(text(k, 80).replace("_", " "), _figure_value(k, v)) for k, v in d.figures.items()
+            Fact(text(k, 80).replace("_", " "), _figure_value(v)) for k, v in d.figures.items()
         )[:24],
-        explanation=_explanation(d.id),
+        explanation=doc.explanation if doc is not None else "",
+        reading=doc.reading if doc is not None else "",
+        verify=doc.verify if doc is not None else "",
         partial=partial_for(d.id),
     )
 
@@ -1667,7 +1662,9 @@ class View:
 def build_view(report: Report, *, redacted: bool = False) -> View:
     """The display model of ``report`` (see the module docstring for its contracts)."""
     cuts: list[str] = []
-    diagnoses = tuple(_diagnosis(i, d, cuts) for i, d in enumerate(report.diagnoses, 1))
+    diagnoses = tuple(
+        _diagnosis(i, d, report.docs.get(d.id), cuts) for i, d in enumerate(report.diagnoses, 1)
+    )
     events = report.facts.oom_events()
     oom_rows = _oom_rows(events)
     if oom_rows.more:

@@ -1,12 +1,4 @@
-"""Rules read off the caching allocator's own numbers: fragmentation, other processes on the
-GPU, and memory this process holds outside PyTorch's allocator.
-
-The OOM message alone separates these from a true capacity problem: "reserved by PyTorch but
-unallocated" is memory the allocator holds but cannot hand out (at OOM time, after it has
-released every whole free segment), "Process N has X memory in use" is somebody else's memory,
-and "this process has X in use" minus what PyTorch reserved is the CUDA context, NCCL and other
-libraries.  A snapshot then shows the stuck blocks themselves.
-"""
+"""Allocator fragmentation: memory PyTorch reserved but could not hand out when the OOM hit."""
 
 from __future__ import annotations
 
@@ -14,26 +6,25 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
-    OomNumbers,
     SnapshotOom,
     allocator_oom,
     first_step_optimizer_oom,
     model_overflow,
     oom_evidence,
-    oom_numbers,
+    oom_figures,
     optimizer_state_init,
     size,
     snapshot_evidence,
     snapshot_oom_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import clamp
+from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -70,10 +61,11 @@ def fragmentation_fixes(stuck: int, expandable_on: bool) -> tuple[Fix, ...]:
     return tuple(fixes)
 
 
-class FragmentationRule:
-    id: ClassVar[str] = "fragmentation"
-    title: ClassVar[str] = "Allocator fragmentation"
-    explanation: ClassVar[str] = (
+SPEC = RuleSpec(
+    id="fragmentation",
+    title="Allocator fragmentation",
+    severity=Severity.HIGH,
+    explanation=(
         "PyTorch's caching allocator keeps freed blocks inside the segments it got from the "
         "driver. A segment can only be returned when every block in it is free, so one live "
         "tensor keeps the whole segment reserved. When many segments each hold a little live "
@@ -81,7 +73,20 @@ class FragmentationRule:
         "and no room for a new segment: the run dies with plenty of memory 'reserved but "
         "unallocated'. Expandable segments map memory in pages inside one growing virtual "
         "range, so free space no longer has to be contiguous in separate segments."
-    )
+    ),
+    verify=(
+        "with the environment line in place, a repeat of this OOM would show little or no memory "
+        "'reserved by PyTorch but unallocated'; "
+        "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] stays small through "
+        "training."
+    ),
+    thresholds=("fragmentation_min_unallocated_bytes", "fragmentation_min_unallocated_fraction"),
+    precedence=10,
+)
+
+
+class FragmentationRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         for snapshot_oom in snapshot_ooms(facts):
@@ -89,8 +94,8 @@ class FragmentationRule:
         event = allocator_oom(facts)
         if event is None or event.message.kind is not OomKind.ALLOCATOR:
             return
-        n = oom_numbers(event)
-        if n.reserved_unallocated is None or n.limit is None or n.request is None:
+        n = event.message
+        if n.reserved_unallocated is None or n.limit is None or n.tried_to_allocate is None:
             return
         stuck = n.reserved_unallocated
         big_enough = stuck >= max(
@@ -103,26 +108,29 @@ class FragmentationRule:
             oom_evidence(
                 event,
                 f"{size(stuck)} reserved but unallocated ({stuck / n.limit:.0%} of the "
-                f"{size(n.limit)} {n.limit_name}) while only {size(n.request)} was requested",
+                f"{size(n.limit)} {n.limit_name}) while only {size(n.tried_to_allocate)} was "
+                "requested",
             )
         ]
         confidence = 0.3
-        could_hold = n.request <= stuck
-        need_fits = n.allocated is not None and n.allocated + n.request <= n.limit
+        could_hold = n.tried_to_allocate <= stuck
+        allocated = n.allocated_by_pytorch
+        need_fits = allocated is not None and allocated + n.tried_to_allocate <= n.limit
         if could_hold and need_fits:
             confidence = 0.65
             evidence.append(
                 Evidence(
                     EvidenceKind.DERIVED,
-                    f"allocated {size(n.allocated)} + requested {size(n.request)} = "
-                    f"{size((n.allocated or 0) + n.request)} <= {n.limit_name} {size(n.limit)}",
+                    f"allocated {size(allocated)} + requested {size(n.tried_to_allocate)} = "
+                    f"{size((allocated or 0) + n.tried_to_allocate)} <= {n.limit_name} "
+                    f"{size(n.limit)}",
                     note=(
                         "the live tensors plus the request fit: the memory was there, not "
                         "contiguous"
                     ),
                 )
             )
-        figures = n.as_figures()
+        figures = oom_figures(n)
         expandable_on = False
         located = facts.snapshot_for(event)
         if located is not None:
@@ -131,9 +139,9 @@ class FragmentationRule:
             settings = snapshot.allocator_settings
             expandable_on = bool(settings is not None and settings.expandable_segments)
             figures.update(
-                unreleasable_free_bytes=state.unreleasable_free_bytes,
-                unreleasable_segments=state.unreleasable_segments,
-                largest_free_block=state.largest_free_block,
+                unreleasable_free_bytes=in_bytes(state.unreleasable_free_bytes),
+                unreleasable_segments=a_count(state.unreleasable_segments),
+                largest_free_block=in_bytes(state.largest_free_block),
             )
             oom = device.oom
             if oom is not None and oom.snapshot_at_oom and not oom.fits_largest_free_block:
@@ -195,14 +203,12 @@ class FragmentationRule:
             )
         fixes = fragmentation_fixes(stuck, expandable_on)
         missing = () if located is not None else (CAPTURE_SNAPSHOT,)
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=clamp(confidence),
+        yield SPEC.diagnose(
+            confidence=confidence,
             summary=(
                 f"{size(stuck)} of GPU memory was reserved by PyTorch but unusable when a "
-                f"{size(n.request)} request failed (allocated {size(n.allocated)} of "
+                f"{size(n.tried_to_allocate)} request failed (allocated "
+                f"{size(n.allocated_by_pytorch)} of "
                 f"{size(n.limit)} {n.limit_name})"
             ),
             evidence=tuple(evidence),
@@ -248,11 +254,8 @@ class FragmentationRule:
             )
         settings = s.snapshot.allocator_settings
         expandable_on = bool(settings is not None and settings.expandable_segments)
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=clamp(confidence),
+        yield SPEC.diagnose(
+            confidence=confidence,
             summary=(
                 f"{size(stuck)} of GPU memory was reserved by PyTorch but unusable when a "
                 f"{size(s.request)} request failed ({size(s.allocated)} allocated)"
@@ -262,158 +265,12 @@ class FragmentationRule:
             missing=("the job's log with the OOM message (card capacity and limit)",),
             rank=s.snapshot.source.rank,
             figures={
-                "tried_to_allocate": s.request,
-                "reserved_unallocated": stuck,
-                "allocated_by_pytorch": s.allocated,
-                "largest_free_block": oom.largest_free_block,
+                "tried_to_allocate": in_bytes(s.request),
+                "reserved_unallocated": in_bytes(stuck),
+                "allocated_by_pytorch": in_bytes(s.allocated),
+                "largest_free_block": in_bytes(oom.largest_free_block),
             },
         )
 
 
-class OtherProcessRule:
-    id: ClassVar[str] = "other_process"
-    title: ClassVar[str] = "Another process holds GPU memory"
-    explanation: ClassVar[str] = (
-        "The OOM message lists every other process NVML sees on the same GPU with the memory "
-        "it holds. Memory held by another process (a leftover job, a notebook, a DataLoader "
-        "worker that touched CUDA, another rank placed on the same GPU) is simply not there "
-        "for this one. Inside containers NVML may show this very process under its host pid; "
-        "oomlens ignores a single listed process whose size matches this process' own."
-    )
-
-    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        for s in snapshot_ooms(facts):
-            if s.device_exhausted:
-                yield Diagnosis(
-                    id=self.id,
-                    title=self.title,
-                    severity=Severity.HIGH,
-                    confidence=0.45,
-                    summary=(
-                        f"the device had only {size(s.device_free)} free while this process "
-                        f"reserved {size(s.reserved)}: unless the card is that small, other "
-                        "processes or memory outside PyTorch held the rest"
-                    ),
-                    evidence=(snapshot_oom_evidence(s, "the device itself was full"),),
-                    missing=(
-                        "the OOM message from the log (it lists every process on the GPU), "
-                        "or nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
-                    ),
-                    rank=s.snapshot.source.rank,
-                    figures={"device_free": s.device_free, "reserved": s.reserved},
-                )
-        event = allocator_oom(facts)
-        if event is None:
-            return
-        n = oom_numbers(event)
-        others = event.message.other_processes
-        if not others or n.total is None:
-            return
-        if n.process_in_use is None and len(others) == 1 and n.reserved is not None:
-            # Containers: NVML reports this process under its host pid.
-            if abs(others[0].bytes - n.reserved) <= 2 * 1024**3:
-                return
-        held = n.others or 0
-        share = held / n.total
-        if share < thresholds.other_process_min_fraction:
-            return
-        confidence = 0.6
-        if share >= 0.5 or (n.process_in_use is not None and held > n.process_in_use):
-            confidence = 0.85
-        if n.free is not None and n.request is not None and n.free < n.request:
-            confidence += 0.05
-        listing = ", ".join(f"pid {p.pid}: {size(p.bytes)}" for p in others[:5])
-        evidence = [
-            oom_evidence(
-                event,
-                f"other processes hold {size(held)} ({share:.0%} of the {size(n.total)} card); "
-                f"this process holds {size(n.process_in_use)}",
-            ),
-            Evidence(
-                EvidenceKind.DERIVED,
-                f"other processes on device {event.message.device}: {listing}",
-                event.source,
-            ),
-        ]
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=clamp(confidence),
-            summary=(
-                f"{len(others)} other process(es) held {size(held)} of the GPU's "
-                f"{size(n.total)}; only {size(n.free)} was free for a {size(n.request)} request"
-            ),
-            evidence=tuple(evidence),
-            fixes=(
-                Fix(
-                    "Find and stop the other process, or run where the GPU is yours alone.",
-                    command=(
-                        "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-                        "--format=csv  # on the node; SLURM: --exclusive or --gres=gpu:N"
-                    ),
-                    predicted_saving_bytes=held,
-                    cost="none",
-                ),
-                Fix(
-                    "If the other process is your own DataLoader worker or a second rank on the "
-                    "same GPU, make sure workers never touch CUDA and each rank calls "
-                    "torch.cuda.set_device(local_rank) before any CUDA work.",
-                    cost="code change",
-                ),
-            ),
-            rank=event.rank,
-            figures={**n.as_figures(), "other_processes_share": round(share, 3)},
-        )
-
-
-class NonPytorchMemoryRule:
-    id: ClassVar[str] = "non_pytorch_memory"
-    title: ClassVar[str] = "Memory outside PyTorch's allocator"
-    explanation: ClassVar[str] = (
-        "This process holds GPU memory that PyTorch's caching allocator does not manage: the "
-        "CUDA context (0.3-0.7 GiB), cuBLAS/cuDNN handles, NCCL communication buffers (hundreds "
-        "of MiB to several GiB per rank), and other libraries' allocations (cupy, JAX, "
-        "TensorRT). None of it shows in memory_allocated() or in snapshots."
-    )
-
-    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        event = allocator_oom(facts)
-        if event is None:
-            return
-        n: OomNumbers = oom_numbers(event)
-        outside = n.non_pytorch_self
-        if outside is None or outside < thresholds.non_pytorch_self_max_bytes:
-            return
-        share = outside / n.total if n.total else 0.0
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.MEDIUM,
-            confidence=clamp(0.35 + share),
-            summary=(
-                f"this process held {size(outside)} of GPU memory outside PyTorch's allocator "
-                f"(in use {size(n.process_in_use)}, PyTorch reserved {size(n.reserved)})"
-            ),
-            evidence=(
-                oom_evidence(
-                    event,
-                    f"{size(n.process_in_use)} in use by this process - {size(n.reserved)} "
-                    f"reserved by PyTorch = {size(outside)} elsewhere",
-                ),
-            ),
-            fixes=(
-                Fix(
-                    "Shrink NCCL's buffers if they are the cause (set NCCL_DEBUG=INFO to see "
-                    "their sizes), and keep other GPU libraries from preallocating.",
-                    environment={
-                        "NCCL_BUFFSIZE": "2097152",
-                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                    },
-                    cost="NCCL: possibly slower collectives",
-                ),
-            ),
-            missing=("NCCL's own report of its buffers: NCCL_DEBUG=INFO",),
-            rank=event.rank,
-            figures={**n.as_figures(), "non_pytorch_bytes": outside},
-        )
+RULE = FragmentationRule()

@@ -1,9 +1,6 @@
-"""Host memory: the kernel's OOM killer, the scheduler's memory enforcement, host allocation
-failures, and /dev/shm exhaustion.
-
-A rank killed by the OOM killer leaves no Python traceback: only the launcher's "exit code -9"
-or "Signal 9 (SIGKILL)", and the kernel's own log lines on the node.
-"""
+"""Host memory ran out: the kernel's OOM killer, the scheduler's memory enforcement, or a host
+allocation failure.  A rank killed by the OOM killer leaves no Python traceback: only the
+launcher's "exit code -9" or "Signal 9 (SIGKILL)", and the kernel's own log lines on the node."""
 
 from __future__ import annotations
 
@@ -11,24 +8,37 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import CAPTURE_KERNEL, kernel_kill_evidence, oom_evidence
-from oomlens.rules.base import clamp
+from oomlens.rules._common import (
+    CAPTURE_KERNEL,
+    kernel_kill_evidence,
+    oom_evidence,
+)
+from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
-
-class HostOomRule:
-    id: ClassVar[str] = "host_oom_killed"
-    title: ClassVar[str] = "Host memory ran out"
-    explanation: ClassVar[str] = (
+SPEC = RuleSpec(
+    id="host_oom_killed",
+    title="Host memory ran out",
+    severity=Severity.CRITICAL,
+    explanation=(
         "When the node (or the job's cgroup) runs out of RAM the kernel kills the process "
         "using the most: a training rank. It dies with SIGKILL, prints nothing, and the "
         "launcher reports exit code -9 (137 from a shell) and kills the other ranks. Common "
         "causes: every rank materializing the full model on the CPU (no zero.Init), ZeRO "
         "offload buffers, DataLoader workers copying the dataset, pinned memory."
-    )
+    ),
+    verify=(
+        "the node's kernel log shows no 'Killed process' line for the job and the job's cgroup "
+        "memory.events no new oom_kill; keep MaxRSS (sacct) well below the limit."
+    ),
+    precedence=120,
+)
+
+
+class HostOomRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         if facts.gpu_oom_events():
@@ -70,11 +80,8 @@ class HostOomRule:
         if not confidence:
             return
         missing = () if facts.kernel_oom_kills() else (CAPTURE_KERNEL,)
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.CRITICAL,
-            confidence=clamp(confidence),
+        yield SPEC.diagnose(
+            confidence=confidence,
             summary=(
                 "the kernel killed a rank for lack of host memory"
                 if facts.kernel_oom_kills()
@@ -98,41 +105,4 @@ class HostOomRule:
         )
 
 
-class SharedMemoryRule:
-    id: ClassVar[str] = "shm_exhausted"
-    title: ClassVar[str] = "Shared memory (/dev/shm) exhausted"
-    explanation: ClassVar[str] = (
-        "DataLoader workers pass batches through shared memory, and NCCL uses it for "
-        "intra-node transport. Containers often mount a small /dev/shm (Docker's default is 64 "
-        "MB); when it fills, the process dies of SIGBUS ('Bus error', exit -7) or DataLoader "
-        "reports insufficient shared memory."
-    )
-
-    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        lines = [
-            line
-            for log in facts.logs
-            for line in log.fatal_signals
-            if line.kind in (FatalSignalKind.SIGBUS, FatalSignalKind.SHM_EXHAUSTED)
-        ]
-        if not lines:
-            return
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=0.8
-            if any(line.kind is FatalSignalKind.SHM_EXHAUSTED for line in lines)
-            else 0.6,
-            summary="a process ran out of shared memory (/dev/shm)",
-            evidence=tuple(
-                Evidence(EvidenceKind.LOG, line.text, line.source) for line in lines[:3]
-            ),
-            fixes=(
-                Fix(
-                    "Give the container a larger /dev/shm, or use fewer DataLoader workers.",
-                    command="docker run --shm-size=16g ... / DataLoader(num_workers=...)",
-                    cost="none",
-                ),
-            ),
-        )
+RULE = HostOomRule()

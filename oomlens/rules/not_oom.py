@@ -1,6 +1,5 @@
-"""When the run failed for something other than memory, say so, with the failure that came
-first, and which ranks only died because a peer did.  And when the config itself is invalid.
-"""
+"""When the run failed for something other than memory: the failure that came first, and which
+ranks only died because a peer did."""
 
 from __future__ import annotations
 
@@ -8,9 +7,11 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.config import Severity as ConfigSeverity
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import quote
+from oomlens.rules._common import (
+    quote,
+)
+from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 _HINTS = (
@@ -34,15 +35,26 @@ _HINTS = (
 )
 
 
-class NotOomRule:
-    id: ClassVar[str] = "not_oom"
-    title: ClassVar[str] = "The run failed, but not for lack of memory"
-    explanation: ClassVar[str] = (
+SPEC = RuleSpec(
+    id="not_oom",
+    title="The run failed, but not for lack of memory",
+    severity=Severity.HIGH,
+    explanation=(
         "No allocator, driver or host out-of-memory error and no OOM kill appear in the "
         "inputs: the failure is something else. oomlens names the first failure it can see "
         "and the ranks that only died because of it (peers torn down by the launcher, "
         "collectives that timed out waiting)."
-    )
+    ),
+    verify=(
+        "this is not a memory problem: fix the first failure named above; the ranks that only "
+        "died because a peer did need no change."
+    ),
+    precedence=140,
+)
+
+
+class NotOomRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
@@ -124,10 +136,7 @@ class NotOomRule:
             )
         text = " ".join(e.text for e in evidence)
         fixes = tuple(Fix(hint, cost="debugging") for key, hint in _HINTS if key in text)[:2]
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
+        yield SPEC.diagnose(
             confidence=confidence,
             summary=headline,
             evidence=tuple(evidence),
@@ -136,48 +145,4 @@ class NotOomRule:
         )
 
 
-class ConfigInvalidRule:
-    id: ClassVar[str] = "config_invalid"
-    title: ClassVar[str] = "DeepSpeed rejects this config"
-    explanation: ClassVar[str] = (
-        "DeepSpeed validates its config when the engine starts (pydantic models for the ZeRO, "
-        "offload and precision blocks, and the batch arithmetic): an invalid config stops the "
-        "job before training. oomlens runs the same checks."
-    )
-
-    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        if facts.config is None:
-            return
-        if any(log.batch_assertions for log in facts.logs):
-            return  # the batch rule explains it with the run's own numbers
-        errors = [
-            p
-            for p in facts.config.reading.problems
-            if p.severity is ConfigSeverity.ERROR and p.code != "batch_mismatch"
-        ]
-        if not errors:
-            return
-        failed = facts.has_failure_evidence()
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=0.85 if failed else 0.4,
-            summary=f"{len(errors)} setting(s) DeepSpeed refuses: "
-            + "; ".join(f"{p.key_path}: {p.message}" for p in errors[:3]),
-            evidence=tuple(
-                Evidence(
-                    EvidenceKind.CONFIG,
-                    f"{p.key_path}: {p.message} ({p.code}, checked by {p.validator})",
-                    p.source,
-                )
-                for p in errors[:5]
-            ),
-            fixes=(
-                Fix(
-                    "Fix the listed keys; `oomlens check CONFIG` re-validates before launch.",
-                    command="oomlens check ds_config.json",
-                    cost="none",
-                ),
-            ),
-        )
+RULE = NotOomRule()

@@ -3,8 +3,7 @@
 Evidence comes from memory printed every step (DeepSpeed ``see_memory_usage``: MA/CA per
 step, compared at the same point of each step) and from a snapshot, where a leak shows as
 many blocks of one size from one call site still alive at the OOM, or as live bytes growing
-from one iteration boundary to the next.
-"""
+from one iteration boundary to the next."""
 
 from __future__ import annotations
 
@@ -12,7 +11,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.diagnosis import (
+    Diagnosis,
+    Evidence,
+    EvidenceKind,
+    Figure,
+    Fix,
+    Severity,
+    a_count,
+    a_text,
+    in_bytes,
+)
 from oomlens.facts.log import MemorySeries, SeriesStats
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -20,12 +29,11 @@ from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
     allocator_oom,
     oom_evidence,
-    oom_numbers,
     size,
     snapshot_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import clamp
+from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -49,11 +57,14 @@ def _grows_steadily(stats: SeriesStats, limit: int | None, th: Thresholds) -> bo
     if stats.slope < th.leak_min_growth_bytes_per_sample or growth <= 0:
         return False
     expected = stats.slope * (stats.count - 1)
-    if not 0.6 * expected <= growth <= 1.4 * expected:
+    tolerance = th.leak_linearity_tolerance
+    if not (1 - tolerance) * expected <= growth <= (1 + tolerance) * expected:
         return False
-    if stats.last < 0.97 * stats.maximum or stats.first > stats.minimum * 1.03 + 1:
+    end = th.leak_end_tolerance
+    # +1: a series that starts at 0 bytes still starts at its minimum
+    if stats.last < (1 - end) * stats.maximum or stats.first > stats.minimum * (1 + end) + 1:
         return False
-    floor = th.leak_min_total_growth_fraction * limit if limit else 512 * 1024**2
+    floor = th.leak_min_total_growth_fraction * limit if limit else th.leak_min_total_growth_bytes
     return growth >= floor
 
 
@@ -73,24 +84,44 @@ def _best_growth(facts: RunFacts, limit: int | None, th: Thresholds) -> _Growth 
     return best
 
 
-class MemoryLeakRule:
-    id: ClassVar[str] = "memory_leak"
-    title: ClassVar[str] = "Memory grows every step (leak)"
-    explanation: ClassVar[str] = (
+SPEC = RuleSpec(
+    id="memory_leak",
+    title="Memory grows every step (leak)",
+    severity=Severity.HIGH,
+    explanation=(
         "Memory that rises by about the same amount every step, measured at the same point of "
         "each step, is held by something that outlives the step: a list of losses or outputs "
         "kept as tensors (with their autograd graph), metrics accumulated on the GPU, caches "
         "keyed by ever-new shapes. The run fails wherever it happens to be when the growth "
         "reaches the limit, so the failing line is usually innocent."
-    )
+    ),
+    verify=(
+        "memory allocated after each step (see_memory_usage, or torch.cuda.memory_allocated() "
+        "logged every step) stays flat from step to step instead of climbing."
+    ),
+    thresholds=(
+        "leak_end_tolerance",
+        "leak_linearity_tolerance",
+        "leak_min_growth_bytes_per_sample",
+        "leak_min_piled_fraction",
+        "leak_min_samples",
+        "leak_min_total_growth_bytes",
+        "leak_min_total_growth_fraction",
+    ),
+    precedence=70,
+)
+
+
+class MemoryLeakRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         event = allocator_oom(facts)
-        numbers = oom_numbers(event) if event is not None else None
+        numbers = event.message if event is not None else None
         limit = numbers.limit if numbers is not None else None
         growth = _best_growth(facts, limit, thresholds)
         evidence: list[Evidence] = []
-        figures: dict[str, int | float | str | None] = {}
+        figures: dict[str, Figure] = {}
         confidence = 0.0
         per_step: float | None = None
         if growth is not None:
@@ -111,10 +142,10 @@ class MemoryLeakRule:
                 )
             )
             figures.update(
-                samples=stats.count,
-                first_allocated=int(stats.first),
-                last_allocated=int(stats.last),
-                growth_per_sample=int(stats.slope or 0),
+                samples=a_count(stats.count),
+                first_allocated=in_bytes(int(stats.first)),
+                last_allocated=in_bytes(int(stats.last)),
+                growth_per_sample=in_bytes(int(stats.slope or 0)),
             )
         located = facts.snapshot_for(event) if event is not None else None
         if located is None and event is None:
@@ -136,7 +167,7 @@ class MemoryLeakRule:
                         "the allocation history shows the growth and who holds it",
                     )
                 )
-                figures["snapshot_bytes_per_iteration"] = leak.bytes_per_iteration
+                figures["snapshot_bytes_per_iteration"] = in_bytes(leak.bytes_per_iteration)
             allocated = device.state.allocated_bytes
             for site in device.live_by_site:
                 piled = site.common_size * site.common_size_blocks
@@ -147,7 +178,7 @@ class MemoryLeakRule:
                     (confidence or event is None)
                     and site.common_size_blocks >= thresholds.leak_min_samples
                     and allocated
-                    and piled >= 0.1 * allocated
+                    and piled >= thresholds.leak_min_piled_fraction * allocated
                 ):
                     where = site.site.describe() if site.site else "an unknown site"
                     confidence = confidence + 0.15 if confidence else 0.3
@@ -160,8 +191,8 @@ class MemoryLeakRule:
                             "tensors of one shape from one line piling up: the kept objects",
                         )
                     )
-                    figures["piled_site"] = where
-                    figures["piled_bytes"] = piled
+                    figures["piled_site"] = a_text(where)
+                    figures["piled_bytes"] = in_bytes(piled)
                     break
         if not confidence:
             return
@@ -181,11 +212,9 @@ class MemoryLeakRule:
             missing.append(CAPTURE_MEMORY_SERIES)
         if located is None:
             missing.append(CAPTURE_SNAPSHOT)
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
+        yield SPEC.diagnose(
             severity=Severity.HIGH if failed else Severity.MEDIUM,
-            confidence=clamp(confidence if failed else confidence * 0.8),
+            confidence=confidence if failed else confidence * 0.8,
             summary=summary,
             evidence=tuple(evidence),
             fixes=(
@@ -206,3 +235,6 @@ class MemoryLeakRule:
             rank=event.rank if event is not None else growth.series.rank if growth else None,
             figures=figures,
         )
+
+
+RULE = MemoryLeakRule()

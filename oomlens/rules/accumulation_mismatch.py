@@ -4,19 +4,22 @@ world_size``.
 Two ways it kills a run: DeepSpeed's assertion rejects a triple that does not multiply out,
 or - silently - DeepSpeed *derives* the micro batch from a ``train_batch_size`` written for
 more GPUs, so each GPU gets a multiple of the micro batch the author tested, and the forward
-pass runs out of memory.
-"""
+pass runs out of memory."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count
 from oomlens.facts.log import BatchAssertion, Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import allocator_oom, oom_evidence, size
-from oomlens.rules.base import clamp
+from oomlens.rules._common import (
+    allocator_oom,
+    oom_evidence,
+    size,
+)
+from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -65,16 +68,27 @@ def corrected_triples(a: BatchAssertion) -> list[tuple[str, dict[str, int]]]:
     return options
 
 
-class AccumulationMismatchRule:
-    id: ClassVar[str] = "accumulation_mismatch"
-    title: ClassVar[str] = "Batch size and gradient accumulation do not match the GPU count"
-    explanation: ClassVar[str] = (
+SPEC = RuleSpec(
+    id="accumulation_mismatch",
+    title="Batch size and gradient accumulation do not match the GPU count",
+    severity=Severity.HIGH,
+    explanation=(
         "DeepSpeed requires train_batch_size = micro batch per GPU x gradient accumulation "
         "steps x world size. Give all three and they must multiply out at the world size the "
         "job runs with, or DeepSpeed stops at startup. Give only two and DeepSpeed derives the "
         "third with floor divisions: a train_batch_size written for 8 GPUs, run on 2, makes "
         "each GPU's micro batch four times larger - and activations grow with it."
-    )
+    ),
+    verify=(
+        "DeepSpeed's startup dump prints train_batch_size = micro batch x gradient accumulation "
+        "steps x world size at the GPU count the job really runs with."
+    ),
+    precedence=110,
+)
+
+
+class AccumulationMismatchRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         for log in facts.logs:
@@ -94,10 +108,7 @@ class AccumulationMismatchRule:
             )
             for text, patch in corrected_triples(a)
         )
-        return Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
+        return SPEC.diagnose(
             confidence=0.95,
             summary=(
                 f"DeepSpeed rejected the batch settings: train_batch_size {a.train_batch_size} "
@@ -116,10 +127,10 @@ class AccumulationMismatchRule:
             fixes=fixes,
             rank=a.source.rank,
             figures={
-                "train_batch_size": a.train_batch_size,
-                "micro_batch_per_gpu": a.micro_batch_per_gpu,
-                "gradient_accumulation_steps": a.gradient_accumulation_steps,
-                "world_size": a.world_size,
+                "train_batch_size": a_count(a.train_batch_size),
+                "micro_batch_per_gpu": a_count(a.micro_batch_per_gpu),
+                "gradient_accumulation_steps": a_count(a.gradient_accumulation_steps),
+                "world_size": a_count(a.world_size),
             },
         )
 
@@ -162,11 +173,8 @@ class AccumulationMismatchRule:
             ),
         ]
         half = micro // 2
-        yield Diagnosis(
-            id=self.id,
-            title=self.title,
-            severity=Severity.HIGH,
-            confidence=clamp(0.85 if event.phase is Phase.FORWARD else 0.75),
+        yield SPEC.diagnose(
+            confidence=0.85 if event.phase is Phase.FORWARD else 0.75,
             summary=(
                 f"DeepSpeed derived a micro batch of {micro} per GPU from train_batch_size "
                 f"{train} on {world} GPUs, and the {event.phase.value} pass ran out of memory "
@@ -186,9 +194,12 @@ class AccumulationMismatchRule:
             ),
             rank=event.rank,
             figures={
-                "train_batch_size": train,
-                "gradient_accumulation_steps": gas,
-                "world_size": world,
-                "derived_micro_batch": micro,
+                "train_batch_size": a_count(train),
+                "gradient_accumulation_steps": a_count(gas),
+                "world_size": a_count(world),
+                "derived_micro_batch": a_count(micro),
             },
         )
+
+
+RULE = AccumulationMismatchRule()
