@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import ClassVar
 
 from oomlens import __version__
+from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.run import step_before
 from oomlens.diagnosis import (
     Diagnosis,
@@ -43,7 +45,9 @@ from oomlens.rules.engine import docs, evaluate
 from oomlens.rules.thresholds import Thresholds
 
 __all__ = [
+    "CHECK_SCHEMA_VERSION",
     "SCHEMA_VERSION",
+    "CheckReport",
     "Diagnosis",
     "Evidence",
     "EvidenceKind",
@@ -60,6 +64,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = "1.0"
+"""Of the JSON report (README, "JSON schema"): keys are only added within a major version."""
+CHECK_SCHEMA_VERSION = "1.0"
+"""Of ``oomlens check``'s JSON, the same way."""
 
 
 class Verdict(StrEnum):
@@ -120,7 +127,19 @@ def failure_point(facts: RunFacts, verdict: Verdict) -> FailurePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What ``oomlens check`` found about one ds_config (``oomlens.analysis.preflight``)."""
+
+    document: ClassVar[str] = "check"
+    preflight: Preflight
+    oomlens_version: str = __version__
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
+    """What an analysis found: the verdict, the diagnoses, the facts behind them."""
+
+    document: ClassVar[str] = "report"
     verdict: Verdict
     verdict_reason: str
     """One sentence: what decided the verdict."""

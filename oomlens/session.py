@@ -1,7 +1,12 @@
-"""One analysis, end to end: inputs -> facts -> derived facts -> rules -> report.
+"""One analysis, end to end: inputs -> facts -> derived facts -> rules -> report; and one
+pre-flight check of a config.
 
 ``analyze(paths)`` is the whole pipeline; every command (``analyze``, ``triage``, ``epilog``)
-goes through it.  Each step is one call: the inputs are collected and read kind by kind
+goes through it.  ``check_config(path, ...)`` is ``oomlens check``'s: the config read, then
+pre-flighted (``oomlens.analysis.preflight``) into a ``CheckReport``; both reports go to the
+same renderers (``oomlens.render.registry``).
+
+Each step of an analysis is one call: the inputs are collected and read kind by kind
 (``oomlens.ingest.run`` over the registry of input kinds), each input's facts digested as soon
 as it is read (``oomlens.analysis.run.digest``), the run's facts derived once
 (``oomlens.analysis.run.derive_run``), and the report assembled (``oomlens.report.assemble``:
@@ -17,15 +22,18 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from oomlens.analysis.preflight import preflight
 from oomlens.analysis.run import RunHints, derive_run, digest
 from oomlens.errors import InputError, NoUsableInputError
 from oomlens.facts.inputs import InputFacts
 from oomlens.facts.run import InputReport, RunFacts
+from oomlens.ingest.ds_config import read_ds_config
 from oomlens.ingest.kinds import ReadOptions, preload_readers
 from oomlens.ingest.run import collect_inputs, read_inputs
 from oomlens.ingest.snapshot import SnapshotLimits
-from oomlens.report import Report, assemble
+from oomlens.report import CheckReport, Report, assemble
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -52,6 +60,7 @@ class AnalysisOptions:
 
 _WARM_MODULES = (
     "oomlens.session",
+    "oomlens.render.registry",
     "oomlens.render.json",
     "oomlens.render.html",
     # Optional accelerators the readers import lazily.
@@ -115,3 +124,10 @@ def gather_facts(
         prefer_deepspeed=options.prefer_deepspeed,
     )
     return derive_run(inputs, hints)
+
+
+def check_config(config_path: str | os.PathLike[str], **settings: Any) -> CheckReport:
+    """Pre-flight the ds_config at ``config_path``; ``settings`` are ``preflight``'s keywords
+    (the model size, GPUs, memory, validator...).  Raises ``InputError`` for a config that
+    cannot be read."""
+    return CheckReport(preflight(read_ds_config(os.fspath(config_path)), **settings))

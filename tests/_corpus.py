@@ -57,7 +57,7 @@ SCENARIO_VOCAB = 32000
 
 def check_arguments(name: str) -> dict[str, Any]:
     """What ``oomlens check`` is told about a DeepSpeed case, from its manifest: the model's
-    size, the GPU count, the emulated card and the host's cgroup cap (``run_check``'s keywords
+    size, the GPU count, the emulated card and the host's cgroup cap (``check_config``'s keywords
     except ``validator``)."""
     m = manifest(name)
     command = m["command"]

@@ -10,9 +10,12 @@ text the HTML report shows, declared with the rule.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.templates import environment
 from oomlens.render.view import View, build_view
-from oomlens.report import Report
+from oomlens.report import CheckReport, Report
 
 
 def render_view_markdown(view: View) -> str:
@@ -22,3 +25,14 @@ def render_view_markdown(view: View) -> str:
 
 def render_markdown(report: Report, *, redacted: bool = False) -> str:
     return render_view_markdown(build_view(report, redacted=redacted))
+
+
+class MarkdownRenderer(Renderer):
+    format: ClassVar[Format] = Format.MARKDOWN
+
+    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+        assert isinstance(document, Report)  # the registry sends only reports
+        return render_view_markdown(build_view(document, redacted=options.redacted))
+
+
+RENDERER = MarkdownRenderer()

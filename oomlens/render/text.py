@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from typing import ClassVar
 
 import click
 
-from oomlens.report import Diagnosis, Fix, Report, Verdict
+from oomlens.render.check_text import check_text
+from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
 from oomlens.units import format_size
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -105,3 +108,15 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         lines.append("Inputs that could not be used:")
         lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
     return "\n".join(lines).rstrip() + "\n"
+
+
+class TextRenderer(Renderer):
+    format: ClassVar[Format] = Format.TEXT
+
+    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+        if isinstance(document, CheckReport):
+            return check_text(document) + "\n"
+        return render_text(document, colour=options.colour)
+
+
+RENDERER = TextRenderer()

@@ -8,8 +8,6 @@ parent, so they import lazily and return plain data (dicts, strings, booleans).
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,15 +28,13 @@ def analyze_run(
     files are recorded in the report.
     """
     from oomlens.render.json import report_to_dict
+    from oomlens.render.registry import Format, render
     from oomlens.session import AnalysisOptions, analyze
 
     report = analyze(
         list(inputs), config=config, options=AnalysisOptions(prefer_deepspeed=deepspeed)
     )
-    html: str | None = None
-    if want_html and html_available():
-        # Looked up by name: the HTML renderer may be absent from this oomlens.
-        html = str(importlib.import_module("oomlens.render.html").render_html(report))
+    html = render(report, Format.HTML) if want_html and html_available() else None
     return report_to_dict(report), html
 
 
@@ -57,7 +53,9 @@ def preload(*, deepspeed: bool) -> None:
 
 def html_available() -> bool:
     """Whether per-run HTML reports can be rendered by this oomlens."""
-    return importlib.util.find_spec("oomlens.render.html") is not None
+    from oomlens.render.registry import Format, available
+
+    return available(Format.HTML)
 
 
 def is_training_log(path: str) -> bool:

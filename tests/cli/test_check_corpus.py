@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from oomlens.cli.check import CheckResult, failed, run_check
+from oomlens.analysis.preflight import Preflight
+from oomlens.session import check_config
 from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, manifest
 
 #: Diagnoses a config check can and must catch before launch.
@@ -28,8 +29,9 @@ CASES = (
 pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
 
 
-def check_case(name: str) -> CheckResult:
-    return run_check(**check_arguments(name), validator="oomlens")
+def check_case(name: str) -> Preflight:
+    arguments = check_arguments(name)
+    return check_config(arguments.pop("config_path"), **arguments, validator="oomlens").preflight
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -37,10 +39,10 @@ def test_check_fails_exactly_the_configs_that_crashed_for_a_config_reason(name: 
     expected = manifest(name)["expected"]
     should_fail = expected["verdict"] != "no_failure" and expected["diagnosis"] in CONFIG_DIAGNOSES
     result = check_case(name)
-    assert failed(result) == should_fail
+    assert result.failed == should_fail
 
 
-def _gpu(result: CheckResult):  # type: ignore[no-untyped-def]
+def _gpu(result: Preflight):  # type: ignore[no-untyped-def]
     return next(v for v in result.verdicts if v.kind == "gpu")
 
 
