@@ -59,7 +59,7 @@ from oomlens.facts.snapshot import (
     LeakSite,
     MemoryCategory,
     MemoryState,
-    OomEvent,
+    OomEntry,
     Pool,
     PoolUsage,
     PrivatePoolUsage,
@@ -104,7 +104,7 @@ NOTES = {
 
 
 @dataclass(frozen=True, slots=True)
-class AnalysisOptions:
+class AllocatorOptions:
     """Knobs of the analysis; the defaults suit reports.
 
     ``top_n`` bounds every list (sites, blocks, segments, leak sites); ``timeline_points``
@@ -191,13 +191,13 @@ def pool_for(rounded_size: int) -> Pool:
 
 
 def analyze_snapshot(
-    snapshot: Snapshot, options: AnalysisOptions | None = None
+    snapshot: Snapshot, options: AllocatorOptions | None = None
 ) -> SnapshotAnalysis:
     """Analyze every device of ``snapshot``; see the module docstring.
 
     Raises ``InputError`` (naming the snapshot file) when a trace entry is malformed.
     """
-    options = options or AnalysisOptions()
+    options = options or AllocatorOptions()
     python_only = snapshot.stacks is StackDepth.PYTHON
     resolver = StackResolver(NO_PYTHON_STACK if python_only else NO_STACK)
     divisions = division_table(snapshot.allocator_settings)
@@ -252,7 +252,7 @@ def _analyze_device(
     annotations: list[tuple[int, str]],
     resolver: StackResolver,
     divisions: tuple[int, ...],
-    options: AnalysisOptions,
+    options: AllocatorOptions,
 ) -> DeviceAnalysis:
     notes: list[str] = []
     held = _segment_pass(segments, resolver, snapshot.layout, options)
@@ -425,7 +425,7 @@ def _block_frames_and_requested(block: dict[str, Any], legacy: bool) -> tuple[An
 
 
 def _segment_pass(
-    segments: list[Any], resolver: StackResolver, layout: SnapshotLayout, options: AnalysisOptions
+    segments: list[Any], resolver: StackResolver, layout: SnapshotLayout, options: AllocatorOptions
 ) -> _Held:
     legacy = layout is not SnapshotLayout.CURRENT
     tally = _Tally()
@@ -654,7 +654,7 @@ def _oom_event(
     held: _Held,
     resolver: StackResolver,
     at_snapshot: bool,
-) -> OomEvent:
+) -> OomEntry:
     entry = trace[index]
     size = entry.get("size")
     if type(size) is not int or size < 0:
@@ -672,7 +672,7 @@ def _oom_event(
     pool = pool_for(size)
     usable = held.free_space.get((pool, stream, DEFAULT_POOL))
     largest = usable.largest_free_block if usable else 0
-    return OomEvent(
+    return OomEntry(
         trace_index=index,
         time_us=time_us if type(time_us) is int else None,
         request_bytes=size,
@@ -739,7 +739,7 @@ def _analyze_history(
     annotations: list[tuple[int, str]],
     resolver: StackResolver,
     divisions: tuple[int, ...],
-    options: AnalysisOptions,
+    options: AllocatorOptions,
 ) -> _History:
     rounder = _rounder(divisions)
     marker, boundaries = _annotation_boundaries(trace, annotations)
@@ -1170,7 +1170,7 @@ def _iterations(
     boundaries: list[int],
     at_boundaries: list[int],
     base_active: int,
-    options: AnalysisOptions,
+    options: AllocatorOptions,
 ) -> Iterations:
     gaps = [b - a for a, b in zip(boundaries, boundaries[1:], strict=False)]
     times = [_time_of(trace, index) for index in boundaries]
@@ -1217,7 +1217,7 @@ def _growth(
     end: TimelinePoint,
     first_index: int,
     survivors: _Survivors,
-    options: AnalysisOptions,
+    options: AllocatorOptions,
 ) -> Growth:
     tally = _Tally()
     add = tally.add
@@ -1239,7 +1239,7 @@ def _leak(
     boundaries: list[int],
     at_boundaries: list[int],
     survivors: _Survivors,
-    options: AnalysisOptions,
+    options: AllocatorOptions,
 ) -> Leak | None:
     complete = len(boundaries) - 1
     if complete < options.min_leak_iterations:
@@ -1295,7 +1295,7 @@ def _leak(
 
 __all__ = [
     "NOTES",
-    "AnalysisOptions",
+    "AllocatorOptions",
     "allocation_size",
     "analyze_snapshot",
     "division_table",

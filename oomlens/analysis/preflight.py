@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlens.analysis.batch import BatchCheck, WorldSize, batch_hazards, check_batch
+from oomlens.analysis.batch import BatchCheck, batch_hazards, check_batch
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
@@ -28,9 +28,9 @@ from oomlens.errors import ExitCode, OomlensError
 from oomlens.facts.config import (
     ConfigDocument,
     ConfigHazard,
+    ConfigSeverity,
     EffectiveDsConfig,
     Precision,
-    Severity,
     ValidationProblem,
 )
 from oomlens.facts.memory_model import (
@@ -43,6 +43,7 @@ from oomlens.facts.memory_model import (
     ModelSize,
     Topology,
 )
+from oomlens.facts.run import WorldSizeFact
 from oomlens.units import format_size
 
 
@@ -171,7 +172,7 @@ def preflight(
             "arguments; the batch triple is not checked"
         )
     elif gpus is not None:
-        batch = check_batch(effective, WorldSize(gpus, "--gpus"))
+        batch = check_batch(effective, WorldSizeFact(gpus, "--gpus"))
         hazards += batch_hazards(batch)
     else:
         notes.append("no --gpus: the batch triple is only checked for problems at every world size")
@@ -232,7 +233,7 @@ def preflight(
             notes.append("no --gpu-memory / --host-memory: nothing to compare the budget with")
     else:
         notes.append("no --params: memory budget skipped")
-    order = {s: i for i, s in enumerate(Severity)}
+    order = {s: i for i, s in enumerate(ConfigSeverity)}
     hazards.sort(key=lambda h: order[h.severity])
     return Preflight(
         document=document,

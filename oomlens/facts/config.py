@@ -306,7 +306,7 @@ class EffectiveDsConfig:
         return found
 
 
-class Severity(Enum):
+class ConfigSeverity(Enum):
     """How bad a config problem or hazard is."""
 
     ERROR = "error"
@@ -331,7 +331,7 @@ class ValidationProblem:
     key_path: str
     code: str
     message: str
-    severity: Severity
+    severity: ConfigSeverity
     validator: str
     source: SourceRef | None = None
 
@@ -346,7 +346,7 @@ class ConfigHazard:
 
     code: str
     message: str
-    severity: Severity
+    severity: ConfigSeverity
     key_paths: tuple[str, ...] = ()
     sources: tuple[SourceRef, ...] = ()
     bytes_at_stake: int | None = None
@@ -365,7 +365,7 @@ class ConfigReading:
 
     @property
     def is_valid(self) -> bool:
-        return not any(p.severity is Severity.ERROR for p in self.problems)
+        return not any(p.severity is ConfigSeverity.ERROR for p in self.problems)
 
 
 @dataclass(frozen=True, slots=True)

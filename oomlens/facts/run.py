@@ -58,9 +58,12 @@ class ConfigSource:
 
 @dataclass(frozen=True, slots=True)
 class WorldSizeFact:
+    """The data-parallel world size of the run and where it was learnt (``--gpus``, the
+    launcher's world info, the ranks seen in the log...)."""
+
     value: int
     origin: str
-    source: SourceRef | None
+    source: SourceRef | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Severity, a_text, in_bytes
-from oomlens.facts.config import Severity as ConfigSeverity
+from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     size,

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.config import Severity as ConfigSeverity
+from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds

@@ -26,7 +26,7 @@ from oomlens.analysis.zero_model import (
     pinned_allocation,
     sub_group_sizes,
 )
-from oomlens.facts.config import Severity
+from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.memory_model import (
     DEFAULT_PROCESS_BASELINE_BYTES,
     ActivationShape,
@@ -303,7 +303,7 @@ def test_host_and_pinned_verdicts() -> None:
     assert not verdicts["host"].fits and not verdicts["pinned"].fits
     assert verdicts["pinned"].required_bytes == budget.pinned_per_host()
     hazards = {h.code: h for h in memory_hazards(_eff(zero), budget, verdicts.values())}
-    assert hazards["pinned_memory_exhaustion"].severity is Severity.HIGH
+    assert hazards["pinned_memory_exhaustion"].severity is ConfigSeverity.HIGH
     assert "exit code -9" in hazards["host_memory_exhaustion"].message
 
 
@@ -319,11 +319,11 @@ def test_memory_hazards_for_overshoot_and_model_states() -> None:
     budget = build_budget(eff, MODEL, EIGHT)
     verdicts = compare_with_capacity(budget, Capacity(gpu_bytes=12 * 2**30))
     hazards = {h.code: h for h in memory_hazards(eff, budget, verdicts)}
-    assert hazards["prefetch_overshoot"].severity is Severity.HIGH
+    assert hazards["prefetch_overshoot"].severity is ConfigSeverity.HIGH
     assert (
         "zero_optimization.stage3_prefetch_bucket_size" in hazards["prefetch_overshoot"].key_paths
     )
-    assert hazards["gpu_overflow"].severity is Severity.HIGH
+    assert hazards["gpu_overflow"].severity is ConfigSeverity.HIGH
     assert "model_states_too_large" not in hazards
     # without a capacity the knobs far above their defaults are still worth a word
     assert memory_hazards(eff, budget)[0].code == "prefetch_overshoot"
@@ -561,7 +561,7 @@ def test_pinned_hazard_says_whether_unpinned_would_fit() -> None:
     hazard = next(
         h for h in memory_hazards(eff, budget, verdicts) if h.code == "pinned_memory_exhaustion"
     )
-    assert hazard.severity is Severity.HIGH
+    assert hazard.severity is ConfigSeverity.HIGH
     assert (
         "with pin_memory false the host would peak at" in hazard.message
         and "and fit" in hazard.message

@@ -15,6 +15,7 @@ from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_con
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts import SourceRef
 from oomlens.facts.config import Origin, Precision
+from oomlens.facts.run import WorldSizeFact
 from oomlens.ingest._jsonpos import JsonSyntaxError, parse_json_with_positions
 from oomlens.ingest._pyrepr import parse_model_repr, parse_scalar
 from oomlens.ingest.ds_config import (
@@ -421,13 +422,13 @@ def test_dump_of_hf_config_reads_back_the_config_that_ran() -> None:
 def test_file_and_dump_resolve_to_the_same_effective_config(
     dump_name: str, config_name: str, context: dict
 ) -> None:
-    from oomlens.analysis.batch import WorldSize, with_derived_batch
+    from oomlens.analysis.batch import with_derived_batch
 
     dump_eff = _dump(ASSETS / dump_name).effective()
     file_eff = resolve_effective_config(
         read_ds_config(ASSETS / config_name), ResolutionContext(**context)
     )
-    world = WorldSize(int(dump_eff.world_size.value), "config dump")
+    world = WorldSizeFact(int(dump_eff.world_size.value), "config dump")
     file_settings = with_derived_batch(file_eff, world).settings()
     dump_settings = dump_eff.settings()
     if file_eff.batch.train_batch_size.value == "auto":

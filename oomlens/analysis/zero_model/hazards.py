@@ -9,7 +9,7 @@ from typing import Any
 
 from oomlens.analysis.zero_model.budget import build_budget, num
 from oomlens.analysis.zero_model.patches import with_settings
-from oomlens.facts.config import ConfigHazard, EffectiveDsConfig, Severity
+from oomlens.facts.config import ConfigHazard, ConfigSeverity, EffectiveDsConfig
 from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget
 from oomlens.units import format_size
 
@@ -77,7 +77,7 @@ def memory_hazards(
                     f"model states alone need {format_size(states)} per GPU (parameters, "
                     "gradients, master "
                     f"weights, optimizer states, bucket) but the card has {format_size(usable)}",
-                    Severity.HIGH,
+                    ConfigSeverity.HIGH,
                     (
                         z.stage.key_path,
                         z.offload_optimizer.device.key_path,
@@ -100,7 +100,7 @@ def memory_hazards(
                     f"{format_size(gathered.bytes)} per GPU "
                     f"({gathered.formula}); the card has {format_size(usable)}"
                     + (f", {format_size(gpu.overflow_bytes)} short" if not gpu.fits else ""),
-                    Severity.HIGH if not gpu.fits else Severity.MEDIUM,
+                    ConfigSeverity.HIGH if not gpu.fits else ConfigSeverity.MEDIUM,
                     prefetch_keys,
                     tuple(v.source for v in above if v.source is not None),
                     bytes_at_stake=gathered.bytes,
@@ -118,7 +118,7 @@ def memory_hazards(
                     "buckets_exceed_spare",
                     f"communication buckets take {format_size(buckets)} per GPU "
                     f"({100 * buckets / usable:.0f}% of {format_size(usable)})",
-                    Severity.MEDIUM if not gpu.fits else Severity.LOW,
+                    ConfigSeverity.MEDIUM if not gpu.fits else ConfigSeverity.LOW,
                     (
                         z.reduce_bucket_size.key_path,
                         z.overlap_comm.key_path,
@@ -136,7 +136,7 @@ def memory_hazards(
                     f"({gpu.peak_phase}) but has {format_size(usable)}; it overflows at "
                     f"'{comp.name if comp else '?'}' during {gpu.overflow_phase}, "
                     f"{format_size(gpu.overflow_bytes)} short, before any activation memory",
-                    Severity.HIGH,
+                    ConfigSeverity.HIGH,
                     comp.key_paths if comp else (),
                     bytes_at_stake=gpu.overflow_bytes,
                 )
@@ -149,7 +149,7 @@ def memory_hazards(
                 "DeepSpeed's "
                 "defaults: the gathered-parameter working set can reach "
                 f"{format_size(gathered.bytes)} per GPU",
-                Severity.LOW,
+                ConfigSeverity.LOW,
                 prefetch_keys,
                 tuple(v.source for v in above if v.source is not None),
                 bytes_at_stake=gathered.bytes,
@@ -184,7 +184,9 @@ def memory_hazards(
                     f"{format_size(pinned.capacity_bytes)}: pinned pages cannot be swapped or "
                     "reclaimed, and torch rounds each pinned buffer up to a power of two"
                     + unpinned_text,
-                    Severity.HIGH if (not pinned.fits or host_short) else Severity.MEDIUM,
+                    ConfigSeverity.HIGH
+                    if (not pinned.fits or host_short)
+                    else ConfigSeverity.MEDIUM,
                     keys,
                     bytes_at_stake=pinned_bytes,
                 )
@@ -199,7 +201,7 @@ def memory_hazards(
                 f"but {format_size(host.capacity_bytes)} available; overflows at "
                 f"'{comp.name if comp else '?'}' "
                 f"during {host.overflow_phase} (expect the kernel OOM killer: exit code -9)",
-                Severity.HIGH,
+                ConfigSeverity.HIGH,
                 comp.key_paths if comp else (),
                 bytes_at_stake=host.overflow_bytes,
             )
