@@ -17,10 +17,11 @@ from markupsafe import escape
 from oomlens.diagnosis import Evidence, EvidenceKind
 from oomlens.facts import SourceRef
 from oomlens.facts.log import MemorySample
+from oomlens.render.charts import MAX_POINTS, downsample
 from oomlens.render.html import MAX_REPORT_BYTES, render_html
 from oomlens.render.markdown import render_markdown
 from oomlens.render.templates import template_dir
-from oomlens.render.view import MAX_EVIDENCE, MAX_POINTS, build_view, downsample
+from oomlens.render.view import MAX_EVIDENCE, build_view
 from oomlens.report import INSUFFICIENT_EVIDENCE, Report
 from oomlens.rules.base import VERIFY_DEFAULT
 from oomlens.rules.engine import INTERNAL_ERROR, RULES, docs
