@@ -36,7 +36,6 @@ from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
     BatchAssertion,
-    CacheFlushSummary,
     CacheFlushWarning,
     ClosingSignal,
     ConfigErrorLine,
@@ -53,12 +52,12 @@ from oomlens.facts.log import (
     Phase,
     ProcessFailure,
     StepSample,
-    StepSeries,
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
 from oomlens.ingest.log import deepspeed, steps, torch_oom, torchrun
 from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, OOM, SUMMARY, TB, TERMINATE
+from oomlens.ingest.log.collect import log_facts
 from oomlens.ingest.log.matchers import Line, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
@@ -197,7 +196,7 @@ class LogReader:
         self._close_all(at_end=True)
         self._fold_summary_ooms()
         self.oom.items.sort(key=lambda e: e.source.line or 0)
-        return self._facts()
+        return log_facts(self)
 
     def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> int:
         """Process the block's candidate lines (every line while a stream is open); returns
@@ -862,100 +861,6 @@ class LogReader:
             if stream.pending_memory is not None:
                 self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
-
-    def _facts(self) -> LogFacts:
-        stats = self.source.stats
-        notes: list[str] = []
-        if stats.problem:
-            notes.append(stats.problem)
-        if stats.invalid_utf8_lines:
-            notes.append(
-                f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)"
-            )
-        if stats.nul_lines:
-            notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
-        if stats.long_lines:
-            notes.append(
-                f"{stats.long_lines} line(s) longer than "
-                f"{self.source.max_line_bytes} bytes were cut"
-            )
-        if stats.ended_mid_line:
-            notes.append(
-                "the last line has no end of line: the log was cut or its writer died mid-line"
-            )
-        if self.ended_in_traceback:
-            notes.append("the log ends inside a traceback or an exception message")
-        if self.cut_tracebacks:
-            notes.append(f"{self.cut_tracebacks} traceback(s) stopped before their exception line")
-        lists = (
-            self.oom,
-            self.exceptions,
-            self.batch,
-            self.config_errors,
-            self.launcher_exits,
-            self.killed,
-            self.closing,
-            self.failures,
-            self.summaries,
-            self.peers,
-            self.kills,
-            self.invocations,
-            self.slurm,
-            self.fatal,
-        )
-        dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
-        return LogFacts(
-            path=self.path,
-            compression=str(self.source.compression),
-            bytes_read=stats.bytes_read,
-            lines=stats.lines,
-            long_lines=stats.long_lines,
-            invalid_utf8_lines=stats.invalid_utf8_lines,
-            ended_mid_line=stats.ended_mid_line,
-            ended_in_traceback=self.ended_in_traceback,
-            layout_rank=self.layout_rank,
-            oom_events=tuple(self.oom.items),
-            exceptions=tuple(self.exceptions.items),
-            memory=tuple(k.freeze() for k in self.memory.values()),
-            cache_flushes=CacheFlushSummary(
-                self.flushes.count,
-                self.flush_total,
-                self.flush_max,
-                self.flush_first,
-                self.flush_last,
-                self.flushes.items(),
-            ),
-            steps=StepSeries(
-                self.step_samples.count,
-                self.step_samples.items(),
-                self.last_step_sample,
-                self.max_step,
-                self.loss.freeze() if self.loss.count else None,
-                tuple(self.last_by_rank.values()),
-            ),
-            config_dump=self.config_dump,
-            config_dumps_seen=self.config_dumps_seen,
-            ds_config_dump=self.parsed_config_dump,
-            batch_assertions=tuple(self.batch.items),
-            config_errors=tuple(self.config_errors.items),
-            world_size=self.world,
-            param_count=self.param_count,
-            launcher_exits=tuple(self.launcher_exits.items),
-            killed_subprocesses=tuple(self.killed.items),
-            closing_signals=tuple(self.closing.items),
-            process_failures=tuple(self.failures.items),
-            failure_summaries=tuple(self.summaries.items),
-            peer_failures=tuple(self.peers.items),
-            kernel_oom_kills=tuple(self.kills.items),
-            oom_invocations=tuple(self.invocations.items),
-            slurm_oom_kills=tuple(self.slurm.items),
-            fatal_signals=tuple(self.fatal.items),
-            ranks_seen=tuple(sorted(self.ranks_seen)),
-            hosts_seen=tuple(sorted(self.hosts_seen)),
-            dropped=dropped,
-            notes=tuple(notes),
-            tail=self.tail,
-        )
 
 
 def _complete_on_its_line(text: str) -> bool:
