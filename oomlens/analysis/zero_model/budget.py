@@ -12,7 +12,13 @@ from dataclasses import dataclass, field, replace
 
 from oomlens.analysis.zero_model.estimators import estimator_for
 from oomlens.analysis.zero_model.timeline import gpu_peak, host_peak
-from oomlens.facts.config import EffectiveDsConfig
+from oomlens.facts.config import (
+    EffectiveDsConfig,
+    OffloadOptimizerSettings,
+    OffloadParamSettings,
+    PrecisionSettings,
+    ZeroSettings,
+)
 from oomlens.facts.memory_model import (
     DEFAULT_PROCESS_BASELINE_BYTES,
     ActivationShape,
@@ -164,62 +170,147 @@ def _precision_keys(eff: EffectiveDsConfig) -> tuple[str, ...]:
     return (eff.precision.bf16_enabled.key_path, eff.precision.fp16_enabled.key_path)
 
 
+@dataclass(frozen=True, slots=True)
+class _Stage3:
+    """What every ZeRO-3 component is computed from: the config's settings and the sizes per
+    rank they imply (elements, and bytes per element)."""
+
+    eff: EffectiveDsConfig
+    model: ModelSize
+    topo: Topology
+    z: ZeroSettings
+    prec: PrecisionSettings
+    n: int
+    """Ranks in the partition group."""
+    e: int
+    """Bytes of a parameter element (16-bit, or fp32)."""
+    e_g: int
+    """Bytes of a gradient-accumulation element."""
+    e_c: int
+    """Bytes of a communication element."""
+    p_all: int
+    """Parameter elements per rank."""
+    p_tr: int
+    """Trainable parameter elements per rank."""
+    largest: int | None
+    master_bytes: int
+    state_elems: int
+    state_guess: str | None
+    """The assumption made about the optimizer's states, when it had to be guessed."""
+    state_bytes: int
+    oo: OffloadOptimizerSettings
+    op: OffloadParamSettings
+    oo_on: bool
+    oo_nvme: bool
+    op_on: bool
+    ratio: float
+    host_share: float
+    gpu_share: float
+    stage_key: str
+    pkeys: tuple[str, ...]
+    grad_part: int
+    """Gradient-partition bytes per rank."""
+    states: int
+    """Optimizer-state bytes per rank on the GPU."""
+    sgs: int
+    """``sub_group_size``."""
+    largest_part: int
+    s_max: int
+    """The largest optimizer sub-group a rank processes at once."""
+
+    @classmethod
+    def of(cls, eff: EffectiveDsConfig, model: ModelSize, topo: Topology) -> _Stage3:
+        z = eff.zero
+        prec = eff.precision
+        n = topo.world_size
+        e_g = prec.grad_accum_bytes
+        p_tr = ceil_div(model.trainable, n)
+        largest = model.largest_layer_params
+        state_elems, state_guess = optimizer_state_elements(eff)
+        state_bytes = 2 if prec.bf16_optimizer_states.value else 4
+        oo = z.offload_optimizer
+        oo_on = oo.enabled
+        ratio = float(oo.ratio.value) if oo_on else 0.0
+        host_share = ratio if oo_on else 0.0
+        gpu_share = 1.0 - host_share
+        sgs = int(z.sub_group_size.value)
+        largest_part = ceil_div(largest, n) if largest else 0
+        half_master = (
+            prec.bf16_master_weights_and_grads.value or prec.fp16_master_weights_and_grads.value
+        )
+        return cls(
+            eff=eff,
+            model=model,
+            topo=topo,
+            z=z,
+            prec=prec,
+            n=n,
+            e=prec.param_bytes,
+            e_g=e_g,
+            e_c=prec.comm_bytes,
+            p_all=ceil_div(model.total_params, n),
+            p_tr=p_tr,
+            largest=largest,
+            master_bytes=2 if half_master else 4,
+            state_elems=state_elems,
+            state_guess=state_guess,
+            state_bytes=state_bytes,
+            oo=oo,
+            op=z.offload_param,
+            oo_on=oo_on,
+            oo_nvme=oo.device.value == "nvme",
+            op_on=z.offload_param.enabled,
+            ratio=ratio,
+            host_share=host_share,
+            gpu_share=gpu_share,
+            stage_key=z.stage.key_path,
+            pkeys=_precision_keys(eff),
+            grad_part=e_g * p_tr,
+            states=int(state_elems * state_bytes * p_tr * gpu_share),
+            sgs=sgs,
+            largest_part=largest_part,
+            s_max=min(p_tr, max(sgs, 1) + largest_part) if sgs < p_tr else p_tr,
+        )
+
+
 def _stage3(
     eff: EffectiveDsConfig, model: ModelSize, topo: Topology
 ) -> tuple[list[MemoryComponent], list[str]]:
     ctx = _Ctx(eff, model, topo)
-    z = eff.zero
-    prec = eff.precision
-    n = topo.world_size
-    e = prec.param_bytes
-    e_g = prec.grad_accum_bytes
-    e_c = prec.comm_bytes
-    p_all = ceil_div(model.total_params, n)
-    p_tr = ceil_div(model.trainable, n)
-    largest = model.largest_layer_params
-    master_bytes = (
-        2
-        if (prec.bf16_master_weights_and_grads.value or prec.fp16_master_weights_and_grads.value)
-        else 4
-    )
-    state_elems, state_guess = optimizer_state_elements(eff)
-    if state_guess:
-        ctx.assumptions.append(state_guess)
-    state_bytes = 2 if prec.bf16_optimizer_states.value else 4
-    oo = z.offload_optimizer
-    op = z.offload_param
-    oo_on = oo.enabled
-    oo_nvme = oo.device.value == "nvme"
-    op_on = op.enabled
-    ratio = float(oo.ratio.value) if oo_on else 0.0
-    host_share = ratio if oo_on else 0.0
-    gpu_share = 1.0 - host_share
-    stage_key = z.stage.key_path
-    pkeys = _precision_keys(eff)
+    s = _Stage3.of(eff, model, topo)
+    if s.state_guess:
+        ctx.assumptions.append(s.state_guess)
     ctx.assumptions.append(
         "zero.Init builds the model partitioned (HF does when the DeepSpeed config is created "
         "before from_pretrained)"
     )
     if model.trainable_params is None:
         ctx.assumptions.append("every parameter is trainable")
+    _stage3_gpu(ctx, s)
+    _stage3_host(ctx, s)
+    return ctx.comps, ctx.assumptions
 
+
+def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
+    """Per GPU: partitions, master weights, gradients, buckets, optimizer states, the step's
+    transients, the gathered working set, overlap and hpZ buffers."""
     # 16-bit parameter partitions.
-    if not op_on:
+    if not s.op_on:
         ctx.add(
             MemoryComponent(
                 "param_partition",
                 "parameter partition",
                 Device.GPU,
                 BudgetPhase.PERSISTENT,
-                e * p_all,
-                f"{e} B x {num(model.total_params)} params / {n} ranks",
-                (stage_key, op.device.key_path, *pkeys),
+                s.e * s.p_all,
+                f"{s.e} B x {num(s.model.total_params)} params / {s.n} ranks",
+                (s.stage_key, s.op.device.key_path, *s.pkeys),
             )
         )
     # fp32 master weights.  In pure fp32 the partitions are the master weights (no copy).
-    fp32_alias = e == 4 and master_bytes == 4 and not oo_on
+    fp32_alias = s.e == 4 and s.master_bytes == 4 and not s.oo_on
     if not fp32_alias:
-        gpu_master = int(master_bytes * p_tr * gpu_share)
+        gpu_master = int(s.master_bytes * s.p_tr * s.gpu_share)
         if gpu_master:
             ctx.add(
                 MemoryComponent(
@@ -228,64 +319,60 @@ def _stage3(
                     Device.GPU,
                     BudgetPhase.PERSISTENT,
                     gpu_master,
-                    f"{master_bytes} B x {num(model.trainable)} trainable / {n}"
-                    + (f" x {gpu_share:g} (1 - offload ratio)" if oo_on else ""),
-                    (stage_key, oo.device.key_path) + ((oo.ratio.key_path,) if oo_on else ()),
+                    f"{s.master_bytes} B x {num(s.model.trainable)} trainable / {s.n}"
+                    + (f" x {s.gpu_share:g} (1 - offload ratio)" if s.oo_on else ""),
+                    (s.stage_key, s.oo.device.key_path)
+                    + ((s.oo.ratio.key_path,) if s.oo_on else ()),
                 )
             )
     # Gradient partitions: on self.device (the CPU when the optimizer is offloaded).
-    grad_part = e_g * p_tr
-    if not oo_on:
+    if not s.oo_on:
         ctx.add(
             MemoryComponent(
                 "grad_partition",
                 "gradient partitions",
                 Device.GPU,
                 BudgetPhase.PERSISTENT,
-                grad_part,
-                f"{e_g} B x {num(model.trainable)} trainable / {n}",
-                (stage_key, prec.grad_accum_dtype.key_path, *pkeys),
+                s.grad_part,
+                f"{s.e_g} B x {num(s.model.trainable)} trainable / {s.n}",
+                (s.stage_key, s.prec.grad_accum_dtype.key_path, *s.pkeys),
             )
         )
     # IPG bucket.
-    rbs = int(z.reduce_bucket_size.value)
-    if z.contiguous_gradients.value:
+    rbs = int(s.z.reduce_bucket_size.value)
+    if s.z.contiguous_gradients.value:
         ctx.add(
             MemoryComponent(
                 "ipg_bucket",
                 "gradient reduce bucket",
                 Device.GPU,
                 BudgetPhase.PERSISTENT,
-                e_c * rbs,
-                f"{e_c} B x reduce_bucket_size {num(rbs)}",
-                (z.reduce_bucket_size.key_path, z.contiguous_gradients.key_path),
+                s.e_c * rbs,
+                f"{s.e_c} B x reduce_bucket_size {num(rbs)}",
+                (s.z.reduce_bucket_size.key_path, s.z.contiguous_gradients.key_path),
             )
         )
     # Optimizer states (created at the first step; Adagrad at init).
-    states = int(state_elems * state_bytes * p_tr * gpu_share)
-    if states:
+    if s.states:
         ctx.add(
             MemoryComponent(
                 "optimizer_states",
                 "optimizer states",
                 Device.GPU,
                 BudgetPhase.PERSISTENT,
-                states,
-                f"{state_elems} x {state_bytes} B x {num(model.trainable)} trainable / {n}"
-                + (f" x {gpu_share:g}" if oo_on else ""),
-                (oo.device.key_path, "optimizer.type"),
-                basis=Basis.CODE if state_guess is None else Basis.ESTIMATE,
+                s.states,
+                f"{s.state_elems} x {s.state_bytes} B x {num(s.model.trainable)} trainable / {s.n}"
+                + (f" x {s.gpu_share:g}" if s.oo_on else ""),
+                (s.oo.device.key_path, "optimizer.type"),
+                basis=Basis.CODE if s.state_guess is None else Basis.ESTIMATE,
                 note="allocated at the first optimizer step",
             )
         )
 
     # Sub-group size: the largest optimizer sub-group a rank processes at once.
-    sgs = int(z.sub_group_size.value)
-    largest_part = ceil_div(largest, n) if largest else 0
-    s_max = min(p_tr, max(sgs, 1) + largest_part) if sgs < p_tr else p_tr
     # Step transient without (or for the GPU share of) optimizer offload.
-    if gpu_share > 0:
-        step_bytes = e_g * s_max + (master_bytes * s_max if e_g != master_bytes else 0)
+    if s.gpu_share > 0:
+        step_bytes = s.e_g * s.s_max + (s.master_bytes * s.s_max if s.e_g != s.master_bytes else 0)
         ctx.add(
             MemoryComponent(
                 "step_fp32_grads",
@@ -293,11 +380,11 @@ def _stage3(
                 Device.GPU,
                 BudgetPhase.OPTIMIZER_STEP,
                 step_bytes,
-                f"({e_g} B flattened + {master_bytes} B converted) x min(sub_group_size "
-                f"{num(sgs)}, partition {num(p_tr)})"
-                if e_g != master_bytes
-                else f"{e_g} B x min(sub_group_size {num(sgs)}, partition {num(p_tr)})",
-                (z.sub_group_size.key_path, oo.device.key_path),
+                f"({s.e_g} B flattened + {s.master_bytes} B converted) x min(sub_group_size "
+                f"{num(s.sgs)}, partition {num(s.p_tr)})"
+                if s.e_g != s.master_bytes
+                else f"{s.e_g} B x min(sub_group_size {num(s.sgs)}, partition {num(s.p_tr)})",
+                (s.z.sub_group_size.key_path, s.oo.device.key_path),
             )
         )
         ctx.add(
@@ -306,24 +393,24 @@ def _stage3(
                 "fp32 gradient buffer at optimizer init",
                 Device.GPU,
                 BudgetPhase.INIT,
-                master_bytes * s_max,
-                f"{master_bytes} B x largest sub-group {num(s_max)}",
-                (z.sub_group_size.key_path,),
+                s.master_bytes * s.s_max,
+                f"{s.master_bytes} B x largest sub-group {num(s.s_max)}",
+                (s.z.sub_group_size.key_path,),
             )
         )
 
     # Gathered parameters (forward/backward working set).
-    prefetch = int(z.prefetch_bucket_size.value)
-    if z.allgather_sequential.value:
+    prefetch = int(s.z.prefetch_bucket_size.value)
+    if s.z.allgather_sequential.value:
         prefetch = 1  # the engine forces prefetch_bucket_size = 1
-    max_live = int(z.max_live_parameters.value)
-    reuse = int(z.max_reuse_distance.value)
-    total = model.total_params
+    max_live = int(s.z.max_live_parameters.value)
+    reuse = int(s.z.max_reuse_distance.value)
+    total = s.model.total_params
     retained = min(total, reuse // 2)
     prefetched = min(prefetch, max(0, max_live - retained)) if prefetch > 0 else 0
-    current = largest or 0
+    current = s.largest or 0
     working = min(total, retained + prefetched + current)
-    if largest is None:
+    if s.largest is None:
         ctx.assumptions.append(
             "largest layer unknown: the module being gathered is not counted in the working set"
         )
@@ -333,16 +420,16 @@ def _stage3(
             "gathered parameters (prefetch / live / reuse)",
             Device.GPU,
             BudgetPhase.FORWARD_BACKWARD,
-            e * working,
-            f"{e} B x min(model {num(total)}, reuse-retained min(model, max_reuse_distance/2 = "
+            s.e * working,
+            f"{s.e} B x min(model {num(total)}, reuse-retained min(model, max_reuse_distance/2 = "
             f"{num(reuse // 2)}) "
             f"+ prefetch min(prefetch_bucket_size {num(prefetch)}, max_live {num(max_live)} - "
             "retained) "
             f"+ current module {num(current)})",
             (
-                z.prefetch_bucket_size.key_path,
-                z.max_live_parameters.key_path,
-                z.max_reuse_distance.key_path,
+                s.z.prefetch_bucket_size.key_path,
+                s.z.max_live_parameters.key_path,
+                s.z.max_reuse_distance.key_path,
             ),
             basis=Basis.BOUND,
             note="steady state (complete trace); the first step gathers one module at a time",
@@ -355,8 +442,8 @@ def _stage3(
                 "full gradients of the current module",
                 Device.GPU,
                 BudgetPhase.FORWARD_BACKWARD,
-                e * current,
-                f"{e} B x largest layer {num(current)}",
+                s.e * current,
+                f"{s.e} B x largest layer {num(current)}",
                 (),
                 basis=Basis.BOUND,
             )
@@ -367,25 +454,25 @@ def _stage3(
             "reduce-scatter flat buffer",
             Device.GPU,
             BudgetPhase.FORWARD_BACKWARD,
-            e_c * min(rbs, total),
-            f"{e_c} B x reduce_bucket_size {num(rbs)}",
-            (z.reduce_bucket_size.key_path,),
+            s.e_c * min(rbs, total),
+            f"{s.e_c} B x reduce_bucket_size {num(rbs)}",
+            (s.z.reduce_bucket_size.key_path,),
         )
     )
-    if z.overlap_comm.value:
+    if s.z.overlap_comm.value:
         ctx.add(
             MemoryComponent(
                 "reduce_in_flight",
                 "gradients waiting for in-flight reduces (overlap_comm)",
                 Device.GPU,
                 BudgetPhase.FORWARD_BACKWARD,
-                e * min(rbs, total) * (MAX_PARAM_REDUCE_EVENTS - 1),
-                f"{e} B x reduce_bucket_size {num(rbs)} x {MAX_PARAM_REDUCE_EVENTS - 1}",
-                (z.overlap_comm.key_path, z.reduce_bucket_size.key_path),
+                s.e * min(rbs, total) * (MAX_PARAM_REDUCE_EVENTS - 1),
+                f"{s.e} B x reduce_bucket_size {num(rbs)} x {MAX_PARAM_REDUCE_EVENTS - 1}",
+                (s.z.overlap_comm.key_path, s.z.reduce_bucket_size.key_path),
                 basis=Basis.BOUND,
             )
         )
-    hpz = int(z.zero_hpz_partition_size.value)
+    hpz = int(s.z.zero_hpz_partition_size.value)
     if hpz > 1:
         ctx.add(
             MemoryComponent(
@@ -393,24 +480,28 @@ def _stage3(
                 "hpZ secondary partition",
                 Device.GPU,
                 BudgetPhase.FORWARD_BACKWARD,
-                e * ceil_div(total, hpz),
-                f"{e} B x {num(total)} / zero_hpz_partition_size {hpz}",
-                (z.zero_hpz_partition_size.key_path,),
+                s.e * ceil_div(total, hpz),
+                f"{s.e} B x {num(total)} / zero_hpz_partition_size {hpz}",
+                (s.z.zero_hpz_partition_size.key_path,),
                 basis=Basis.BOUND,
             )
         )
 
+
+def _stage3_host(ctx: _Ctx, s: _Stage3) -> None:
+    """Per rank (or per host) in host memory: offloaded optimizer and parameters, their pinned
+    buffers, NVMe swap buffers, the 16-bit checkpoint gather."""
     # ---- host, per rank ----
-    if oo_on and not oo_nvme:
+    if s.oo_on and not s.oo_nvme:
         ctx.add(
             MemoryComponent(
                 "host_fp32_master",
                 "fp32 master weights (CPU)",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                int(master_bytes * p_tr * host_share),
-                f"{master_bytes} B x {num(model.trainable)} / {n} x ratio {host_share:g}",
-                (oo.device.key_path, oo.ratio.key_path),
+                int(s.master_bytes * s.p_tr * s.host_share),
+                f"{s.master_bytes} B x {num(s.model.trainable)} / {s.n} x ratio {s.host_share:g}",
+                (s.oo.device.key_path, s.oo.ratio.key_path),
             )
         )
         ctx.add(
@@ -419,19 +510,20 @@ def _stage3(
                 "optimizer states (CPU)",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                int(state_elems * state_bytes * p_tr * host_share),
-                f"{state_elems} x {state_bytes} B x {num(model.trainable)} / {n} x ratio "
-                f"{host_share:g}",
-                (oo.device.key_path, "optimizer.type"),
-                basis=Basis.CODE if state_guess is None else Basis.ESTIMATE,
+                int(s.state_elems * s.state_bytes * s.p_tr * s.host_share),
+                f"{s.state_elems} x {s.state_bytes} B x {num(s.model.trainable)} / {s.n} x ratio "
+                f"{s.host_share:g}",
+                (s.oo.device.key_path, "optimizer.type"),
+                basis=Basis.CODE if s.state_guess is None else Basis.ESTIMATE,
                 note="allocated at the first optimizer step",
             )
         )
-        host_elems = int(p_tr * host_share)
-        groups = sub_group_sizes(host_elems, sgs)
-        pin_grads = bool(oo.pin_memory.value)
+        host_elems = int(s.p_tr * s.host_share)
+        groups = sub_group_sizes(host_elems, s.sgs)
+        pin_grads = bool(s.oo.pin_memory.value)
         grads_bytes = sum(
-            pinned_allocation(master_bytes * g) if pin_grads else master_bytes * g for g in groups
+            pinned_allocation(s.master_bytes * g) if pin_grads else s.master_bytes * g
+            for g in groups
         )
         ctx.add(
             MemoryComponent(
@@ -441,56 +533,56 @@ def _stage3(
                 BudgetPhase.PERSISTENT,
                 grads_bytes,
                 (f"{len(groups)} x pow2(" if pin_grads else f"{len(groups)} x (")
-                + f"{master_bytes} B x sub-group of {num(groups[0]) if groups else 0})"
-                + f"; {num(model.trainable)} / {n} x ratio {host_share:g}",
-                (oo.device.key_path, oo.pin_memory.key_path, z.sub_group_size.key_path),
+                + f"{s.master_bytes} B x sub-group of {num(groups[0]) if groups else 0})"
+                + f"; {num(s.model.trainable)} / {s.n} x ratio {s.host_share:g}",
+                (s.oo.device.key_path, s.oo.pin_memory.key_path, s.z.sub_group_size.key_path),
                 pinned=pin_grads,
                 basis=Basis.CODE if len(groups) <= 1 else Basis.ESTIMATE,
                 note=_PINNED_NOTE if pin_grads else "",
-                requested_bytes=master_bytes * sum(groups) if pin_grads else None,
+                requested_bytes=s.master_bytes * sum(groups) if pin_grads else None,
             )
         )
-    if oo_on:
-        pin_part = bool(oo.pin_memory.value)
+    if s.oo_on:
+        pin_part = bool(s.oo.pin_memory.value)
         ctx.add(
             MemoryComponent(
                 "host_grad_partition",
                 "gradient partitions (CPU)",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                pinned_allocation(grad_part) if pin_part else grad_part,
+                pinned_allocation(s.grad_part) if pin_part else s.grad_part,
                 ("pow2(" if pin_part else "")
-                + f"{e_g} B x {num(model.trainable)} / {n}"
+                + f"{s.e_g} B x {num(s.model.trainable)} / {s.n}"
                 + (")" if pin_part else ""),
-                (oo.device.key_path, oo.pin_memory.key_path),
+                (s.oo.device.key_path, s.oo.pin_memory.key_path),
                 pinned=pin_part,
                 note=_PINNED_NOTE if pin_part else "",
-                requested_bytes=grad_part if pin_part else None,
+                requested_bytes=s.grad_part if pin_part else None,
             )
         )
-        if not oo_nvme:
+        if not s.oo_nvme:
             ctx.add(
                 MemoryComponent(
                     "host_init_grad_buffer",
                     "fp32 gradient buffer at optimizer init (CPU)",
                     Device.HOST,
                     BudgetPhase.INIT,
-                    master_bytes * s_max,
-                    f"{master_bytes} B x largest sub-group {num(s_max)}",
-                    (z.sub_group_size.key_path,),
+                    s.master_bytes * s.s_max,
+                    f"{s.master_bytes} B x largest sub-group {num(s.s_max)}",
+                    (s.z.sub_group_size.key_path,),
                 )
             )
-    if oo_nvme:
-        count = int(oo.buffer_count.value)
+    if s.oo_nvme:
+        count = int(s.oo.buffer_count.value)
         ctx.add(
             MemoryComponent(
                 "nvme_optimizer_swap_buffers",
                 "NVMe optimizer swap buffers",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                count * s_max * master_bytes,
-                f"buffer_count {count} x largest sub-group {num(s_max)} x {master_bytes} B",
-                (oo.buffer_count.key_path, z.sub_group_size.key_path),
+                count * s.s_max * s.master_bytes,
+                f"buffer_count {count} x largest sub-group {num(s.s_max)} x {s.master_bytes} B",
+                (s.oo.buffer_count.key_path, s.z.sub_group_size.key_path),
                 pinned=True,
             )
         )
@@ -500,31 +592,31 @@ def _stage3(
                 "fp32 gradient buffer of the largest sub-group (CPU)",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                master_bytes * s_max,
-                f"{master_bytes} B x largest sub-group {num(s_max)}",
-                (z.sub_group_size.key_path,),
+                s.master_bytes * s.s_max,
+                f"{s.master_bytes} B x largest sub-group {num(s.s_max)}",
+                (s.z.sub_group_size.key_path,),
             )
         )
-    if op_on:
-        op_nvme = op.device.value == "nvme"
-        in_cpu = min(p_tr, int(op.max_in_cpu.value)) if op_nvme else p_tr
+    if s.op_on:
+        op_nvme = s.op.device.value == "nvme"
+        in_cpu = min(s.p_tr, int(s.op.max_in_cpu.value)) if op_nvme else s.p_tr
         ctx.add(
             MemoryComponent(
                 "host_param_flat",
                 "parameter partitions, flat CPU buffer (always pinned)",
                 Device.HOST,
                 BudgetPhase.PERSISTENT,
-                pinned_allocation(e * in_cpu),
-                f"pow2({e} B x "
+                pinned_allocation(s.e * in_cpu),
+                f"pow2({s.e} B x "
                 + (
-                    f"min(max_in_cpu {num(int(op.max_in_cpu.value))}, {num(p_tr)})"
+                    f"min(max_in_cpu {num(int(s.op.max_in_cpu.value))}, {num(s.p_tr)})"
                     if op_nvme
-                    else f"{num(model.trainable)} trainable / {n}"
+                    else f"{num(s.model.trainable)} trainable / {s.n}"
                 )
                 + ")",
-                (op.device.key_path,) + ((op.max_in_cpu.key_path,) if op_nvme else ()),
+                (s.op.device.key_path,) + ((s.op.max_in_cpu.key_path,) if op_nvme else ()),
                 pinned=True,
-                requested_bytes=e * in_cpu,
+                requested_bytes=s.e * in_cpu,
                 note=(
                     "pinned whatever offload_param.pin_memory says (stage3.py "
                     "_create_param_groups_fp16_flat_cpu_memory); one trainable parameter group "
@@ -532,7 +624,7 @@ def _stage3(
                 ),
             )
         )
-        frozen = p_all - p_tr
+        frozen = s.p_all - s.p_tr
         if frozen > 0 and not op_nvme:
             ctx.add(
                 MemoryComponent(
@@ -540,14 +632,14 @@ def _stage3(
                     "frozen parameter partitions (CPU)",
                     Device.HOST,
                     BudgetPhase.PERSISTENT,
-                    e * frozen,
-                    f"{e} B x {num(model.total_params - model.trainable)} frozen / {n}",
-                    (op.device.key_path, op.pin_memory.key_path),
-                    pinned=bool(op.pin_memory.value),
+                    s.e * frozen,
+                    f"{s.e} B x {num(s.model.total_params - s.model.trainable)} frozen / {s.n}",
+                    (s.op.device.key_path, s.op.pin_memory.key_path),
+                    pinned=bool(s.op.pin_memory.value),
                 )
             )
         if not op_nvme:
-            pin_init = bool(op.pin_memory.value)
+            pin_init = bool(s.op.pin_memory.value)
             ctx.add(
                 MemoryComponent(
                     "host_param_init_copy",
@@ -555,15 +647,15 @@ def _stage3(
                     + (" (pinned, kept in torch's pinned cache)" if pin_init else ""),
                     Device.HOST,
                     BudgetPhase.PERSISTENT if pin_init else BudgetPhase.INIT,
-                    int(e * p_tr * POW2_ROUNDING_FACTOR) if pin_init else e * p_tr,
-                    f"{e} B x {num(model.trainable)} / {n}"
+                    int(s.e * s.p_tr * POW2_ROUNDING_FACTOR) if pin_init else s.e * s.p_tr,
+                    f"{s.e} B x {num(s.model.trainable)} / {s.n}"
                     + (
                         f" x {POW2_ROUNDING_FACTOR:.2f} (power-of-two rounding)" if pin_init else ""
                     ),
-                    (op.pin_memory.key_path,),
+                    (s.op.pin_memory.key_path,),
                     pinned=pin_init,
                     basis=Basis.ESTIMATE if pin_init else Basis.CODE,
-                    requested_bytes=e * p_tr if pin_init else None,
+                    requested_bytes=s.e * s.p_tr if pin_init else None,
                     note=(
                         "each parameter's partition is pinned separately by zero.Init and rounded "
                         "up to a power of two (1x to 2x; 1/ln 2 = 1.44x on average), and stays in "
@@ -574,17 +666,17 @@ def _stage3(
                 )
             )
         if op_nvme:
-            count = int(op.buffer_count.value)
-            size = int(op.buffer_size.value)
+            count = int(s.op.buffer_count.value)
+            size = int(s.op.buffer_size.value)
             ctx.add(
                 MemoryComponent(
                     "nvme_param_swap_buffers",
                     "NVMe parameter swap buffers",
                     Device.HOST,
                     BudgetPhase.PERSISTENT,
-                    count * size * e,
-                    f"buffer_count {count} x buffer_size {num(size)} x {e} B",
-                    (op.buffer_count.key_path, op.buffer_size.key_path),
+                    count * size * s.e,
+                    f"buffer_count {count} x buffer_size {num(size)} x {s.e} B",
+                    (s.op.buffer_count.key_path, s.op.buffer_size.key_path),
                     pinned=True,
                 )
             )
@@ -595,26 +687,25 @@ def _stage3(
                 "parameter partitions copied through the CPU (defragment)",
                 Device.HOST,
                 BudgetPhase.INIT,
-                e * p_tr,
-                f"{e} B x {num(model.trainable)} / {n}",
-                (stage_key,),
+                s.e * s.p_tr,
+                f"{s.e} B x {num(s.model.trainable)} / {s.n}",
+                (s.stage_key,),
             )
         )
-    if z.gather_16bit_weights_on_model_save.value:
+    if s.z.gather_16bit_weights_on_model_save.value:
         ctx.add(
             MemoryComponent(
                 "save_16bit_state_dict",
                 "16-bit state dict gathered on rank 0 (save_16bit_model)",
                 Device.HOST,
                 BudgetPhase.CHECKPOINT_SAVE,
-                e * model.total_params,
-                f"{e} B x {num(model.total_params)}",
-                (z.gather_16bit_weights_on_model_save.key_path,),
+                s.e * s.model.total_params,
+                f"{s.e} B x {num(s.model.total_params)}",
+                (s.z.gather_16bit_weights_on_model_save.key_path,),
                 per_host=True,
                 note="rank 0's host only",
             )
         )
-    return ctx.comps, ctx.assumptions
 
 
 def _activation_components(shape: ActivationShape, e: int) -> list[MemoryComponent]:
