@@ -17,30 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlens.analysis.config_patch import ConfigChange, ConfigPatch, make_patch
-from oomlens.facts import SourceRef
+from oomlens.analysis.config_patch import make_patch
 from oomlens.facts.config import (
     BatchSettings,
     ConfigHazard,
+    ConfigSeverity,
     ConfigValue,
     EffectiveDsConfig,
     Origin,
-    Severity,
 )
+from oomlens.facts.memory_model import ConfigChange, ConfigPatch
+from oomlens.facts.run import WorldSizeFact
 
 TRAIN = "train_batch_size"
 MICRO = "train_micro_batch_size_per_gpu"
 GAS = "gradient_accumulation_steps"
-
-
-@dataclass(frozen=True, slots=True)
-class WorldSize:
-    """The data-parallel world size and where it was learnt (``how``: ``"launcher world info"``,
-    ``"ranks seen in the log"``, ``"--gpus"``, ``"config dump"``...)."""
-
-    value: int
-    how: str
-    source: SourceRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +76,7 @@ class BatchCheck:
     """
 
     given: BatchSettings
-    world_size: WorldSize
+    world_size: WorldSizeFact
     derived: BatchTriple | None
     derivations: tuple[str, ...]
     error: str | None
@@ -183,7 +174,7 @@ def assert_batch(triple: BatchTriple, world_size: Any) -> None:
     )
 
 
-def check_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> BatchCheck:
+def check_batch(effective: EffectiveDsConfig, world_size: WorldSizeFact) -> BatchCheck:
     """Run DeepSpeed's batch logic on ``effective.batch`` at ``world_size``; never raises.
 
     On failure (or a floor-division derivation), ``corrections`` holds the triples that pass:
@@ -351,14 +342,16 @@ def batch_hazards(check: BatchCheck) -> list[ConfigHazard]:
             f"train_micro_batch_size_per_gpu is not set: DeepSpeed derives {micro} per GPU at {ws} "
             f"GPUs ({'; '.join(check.derivations)}); the micro batch, and activation memory, grow "
             "as the GPU count shrinks",
-            Severity.MEDIUM if micro > 1 else Severity.INFO,
+            ConfigSeverity.MEDIUM if micro > 1 else ConfigSeverity.INFO,
             (TRAIN, MICRO, GAS),
             (source,) if source is not None else (),
         )
     ]
 
 
-def with_derived_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> EffectiveDsConfig:
+def with_derived_batch(
+    effective: EffectiveDsConfig, world_size: WorldSizeFact
+) -> EffectiveDsConfig:
     """``effective`` with the batch triple DeepSpeed derives at ``world_size`` (values it
     derived get ``Origin.DERIVED``).  Unchanged when DeepSpeed would raise."""
     check = check_batch(effective, world_size)

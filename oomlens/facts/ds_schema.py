@@ -769,3 +769,37 @@ KNOWN_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
         "zero_optimization",
     }
 )
+
+
+_CANONICAL_DTYPES = {
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "int8": "int8",
+    "torch.int8": "int8",
+}
+
+
+def canonical_dtype(value: object) -> str | None:
+    """``"BF16"``, ``"bfloat16"``, ``"torch.bfloat16"`` -> ``"bf16"``; None stays None; anything
+    else comes back lower-cased (DeepSpeed fails on it later, the validator says so)."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    return _CANONICAL_DTYPES.get(text, text)
+
+
+def given_key(fspec: FieldSpec, given: Mapping[str, object]) -> tuple[str | None, object]:
+    """The key (alias first, as pydantic does) under which ``fspec`` is present, and its value."""
+    for key in (fspec.alias, fspec.name):
+        if key is not None and key in given:
+            return key, given[key]
+    return None, None

@@ -8,11 +8,13 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import click
 
-from oomlens.report import Report, Verdict
-from oomlens.rules.base import Diagnosis, Fix
+from oomlens.render.check_text import check_text
+from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
 from oomlens.units import format_size
 from oomlens.untrusted import strip_controls
 
@@ -105,3 +107,15 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         lines.append("Inputs that could not be used:")
         lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
     return "\n".join(lines).rstrip() + "\n"
+
+
+class TextRenderer(Renderer):
+    format: ClassVar[Format] = Format.TEXT
+
+    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+        if isinstance(document, CheckReport):
+            return check_text(document) + "\n"
+        return render_text(document, colour=options.colour)
+
+
+RENDERER = TextRenderer()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oomlens.analysis.allocator import (
-    AnalysisOptions,
+    AllocatorOptions,
     allocation_size,
     analyze_snapshot,
     division_table,
@@ -51,7 +51,7 @@ EXPANDABLE_DEVICE_FREE = 149014315008
 
 
 def _analyze(
-    data: Any, path: str = "snapshot.pickle", options: AnalysisOptions | None = None
+    data: Any, path: str = "snapshot.pickle", options: AllocatorOptions | None = None
 ) -> SnapshotAnalysis:
     snapshot = build_snapshot(
         data, source=SourceRef(path), protocol=4, compressed=False, file_bytes=0, pickle_bytes=0
@@ -543,7 +543,7 @@ def bench() -> Any:
 def test_leak_found_from_annotations(bench: Any, stacks: str) -> None:
     data = bench.generate_snapshot(3 * MiB, stacks=stacks, leak_per_iteration=40)
 
-    device = _only(_analyze(data, options=AnalysisOptions(top_n=500)))
+    device = _only(_analyze(data, options=AllocatorOptions(top_n=500)))
 
     assert device.iterations is not None and device.iterations.source == "annotations"
     assert device.leak is not None
@@ -588,7 +588,7 @@ def test_synthetic_snapshot_round_trips_through_the_loader(bench: Any, tmp_path:
     path = tmp_path / "synthetic_rank1.pickle"
     path.write_bytes(pickle.dumps(data, protocol=4))
 
-    analysis = analyze_snapshot(load_snapshot(path), AnalysisOptions(top_n=5))
+    analysis = analyze_snapshot(load_snapshot(path), AllocatorOptions(top_n=5))
 
     device = analysis.devices[0]
     assert analysis.source.rank == 1

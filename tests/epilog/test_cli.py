@@ -114,10 +114,12 @@ def test_check_prints_the_effective_settings(tmp_path: Path) -> None:
     assert 'max_log_bytes = "1.00 GiB"' in done.stdout.splitlines()
     assert f'spool_dir = "{tmp_path}/s"' in done.stdout.splitlines()
     assert any(line.startswith("# ok: spool:") for line in done.stdout.splitlines())
-    # The output is itself a settings file with the same meaning.
+    # The output is itself a settings file with the same meaning (the defaults it spells out,
+    # such as the work-directory patterns the input kinds give, included).
     echoed = tmp_path / "echoed.toml"
     echoed.write_text(done.stdout)
-    assert load_settings(echoed) == load_settings(settings)
+    assert load_settings(echoed).describe() == load_settings(settings).describe()
+    assert load_settings(echoed).patterns_in_force() == load_settings(settings).patterns_in_force()
 
 
 def test_check_fails_on_a_bad_settings_file(tmp_path: Path) -> None:

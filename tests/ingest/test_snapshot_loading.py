@@ -10,8 +10,9 @@ import pytest
 
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts.snapshot import HistoryMode, SnapshotLayout, StackDepth
+from oomlens.ingest.layout import rank_from_name
 from oomlens.ingest.snapshot import SnapshotLimits, load_snapshot, looks_like_snapshot_pickle
-from oomlens.ingest.snapshot.layout import rank_from_filename, split_alloc_conf
+from oomlens.ingest.snapshot.layout import split_alloc_conf
 from tests.assets.snapshots import make_variants as variants
 
 REAL = variants.REAL
@@ -171,8 +172,8 @@ def test_rank_comes_from_the_file_name_unless_given(tmp_path: Path) -> None:
     assert load_snapshot(path).source.rank == 3
     assert load_snapshot(path, rank=7, host="node-a").source.rank == 7
     assert load_snapshot(path, host="node-a").source.host == "node-a"
-    assert rank_from_filename("/x/iteration_2_exit/rank12_memory_snapshot.pickle") == 12
-    assert rank_from_filename("/ranked/snapshot.pickle") is None
+    assert rank_from_name("/x/iteration_2_exit/rank12_memory_snapshot.pickle") == 12
+    assert rank_from_name("/ranked/snapshot.pickle") is None
 
 
 def test_looks_like_snapshot_pickle() -> None:

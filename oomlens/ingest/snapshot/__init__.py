@@ -23,7 +23,8 @@ from pathlib import Path
 
 from oomlens.facts import SourceRef
 from oomlens.facts.snapshot import Snapshot
-from oomlens.ingest.snapshot.layout import build_snapshot, rank_from_filename
+from oomlens.ingest.layout import rank_from_name
+from oomlens.ingest.snapshot.layout import build_snapshot
 from oomlens.ingest.snapshot.unpickler import (
     FORBIDDEN_OPCODES,
     SnapshotLimits,
@@ -72,7 +73,7 @@ def load_snapshot(
     with gc_paused():
         loaded = restricted_load(path, limits=limits, freeze_gc=False)
         source = SourceRef(
-            path=where, rank=rank if rank is not None else rank_from_filename(where), host=host
+            path=where, rank=rank if rank is not None else rank_from_name(where), host=host
         )
         snapshot = build_snapshot(
             loaded.data,

@@ -21,7 +21,6 @@ Nothing is copied or mutated: :class:`RawSnapshot` holds the unpickled lists the
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from oomlens.errors import InputError, ResourceLimitError
@@ -46,18 +45,11 @@ _TOP_LEVEL_KEYS = frozenset(
     {"segments", "device_traces", "allocator_settings", "external_annotations", "traces"}
 )
 _STACK_SCAN_LIMIT = 500
-_RANK_RE = re.compile(r"rank[_\-]?(\d{1,6})", re.IGNORECASE)
 
 _SHAPE_HINT = (
     "this does not look like a torch.cuda.memory._snapshot() pickle; "
     "check that the right file was given"
 )
-
-
-def rank_from_filename(path: str) -> int | None:
-    """The rank in names like ``snapshot_rank3.pickle`` or ``rank3_memory_snapshot.pickle``."""
-    match = _RANK_RE.search(path.replace("\\", "/").rsplit("/", 1)[-1])
-    return int(match.group(1)) if match else None
 
 
 def build_snapshot(

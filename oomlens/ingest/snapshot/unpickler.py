@@ -50,13 +50,13 @@ import stat
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from oomlens.errors import InputError, ResourceLimitError
+from oomlens.gcpause import gc_paused
 from oomlens.units import format_size
 
 MiB = 1024**2
@@ -493,18 +493,6 @@ def _containers_built() -> int:
     collector is paused, as it is during a load, and misses only the few thousand objects
     the interpreter recycles from its free lists.  O(1), so it is read every 64 KiB."""
     return gc.get_count()[0]
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Cyclic GC off while millions of containers are built; they hold no cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # --------------------------------------------------------------------------------------------
