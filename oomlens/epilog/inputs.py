@@ -30,7 +30,6 @@ from oomlens.epilog.settings import EpilogSettings
 from oomlens.epilog.spool import write_all
 from oomlens.units import format_size
 
-_SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 _COPY_CHUNK = 1024 * 1024
 _MAX_LINE_SEARCH = 1024 * 1024
 """How far the shortened copy looks for a line break to cut at."""
@@ -157,7 +156,7 @@ def plan_inputs(
             continue
         found = find_output_file(expansions, max_entries=settings.workdir_max_entries)
         if not isinstance(found, FoundFile):
-            notes.append(f"{role}: not found ({found.reason})")
+            notes.append(f"{role}: {found.describe()}")
             continue
         identity = _identity(found.path)
         if identity is None or identity in seen:
@@ -186,21 +185,6 @@ def plan_inputs(
     return InputPlan(tuple(inputs), tuple(deferred), tuple(notes))
 
 
-CAPTURE_DIR = "oomlens-capture"
-"""Where ``python -m oomlens.capture`` writes by default, under the job's work directory."""
-
-
-def capture_run_names(job: JobEnvironment) -> list[str]:
-    """The names the capture gives a SLURM job's directory (``oomlens.capture.naming``):
-    ``slurm-<job>``, or ``slurm-<array job>_<task>`` for an array task."""
-    names = []
-    if job.array_job_id is not None and job.array_task_id is not None:
-        names.append(f"slurm-{job.array_job_id}_{job.array_task_id}")
-    if job.job_id:
-        names.append(f"slurm-{job.job_id}")
-    return names
-
-
 def _capture_files(
     job: JobEnvironment,
     settings: EpilogSettings,
@@ -209,11 +193,17 @@ def _capture_files(
     deferred: list[DeferredInput],
 ) -> list[JobInput]:
     """The files ``oomlens capture`` wrote for this job (``<work dir>/oomlens-capture/
-    slurm-<job>/``), bounded like the work directory's; large snapshots are deferred."""
+    slurm-<job>/``, ``oomlens.ingest.layout``), bounded like the work directory's; large
+    snapshots are deferred."""
+    # imported when used: this runs in the analysis process, after the analysis is preloaded
+    from oomlens.ingest.kinds import kind, kind_by_name
+    from oomlens.ingest.layout import CAPTURE_DIR, capture_run_names
+
     if not job.work_dir:
         return []
+    snapshot_kind = kind("snapshot_pickle")
     chosen: list[JobInput] = []
-    for name in capture_run_names(job):
+    for name in capture_run_names(job.job_id, job.array_job_id, job.array_task_id):
         directory = os.path.join(job.work_dir, CAPTURE_DIR, name)
         try:
             with os.scandir(directory) as scanned:
@@ -228,7 +218,7 @@ def _capture_files(
             if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in seen:
                 continue
             seen.add((info.st_dev, info.st_ino))
-            is_snapshot = entry.name.endswith(_SNAPSHOT_SUFFIXES)
+            is_snapshot = kind_by_name(entry.name) is snapshot_kind
             limit = settings.max_snapshot_bytes if is_snapshot else settings.max_log_bytes
             if info.st_size > limit:
                 key = "max_snapshot_bytes" if is_snapshot else "max_log_bytes"
@@ -386,6 +376,11 @@ def _workdir_files(
     deferred: list[DeferredInput],
 ) -> list[JobInput]:
     """Snapshots and configs the job left in its work directory (listed once, bounded)."""
+    # imported when used: this runs in the analysis process, after the analysis is preloaded
+    from oomlens.ingest.kinds import kind, kind_by_name
+
+    patterns = settings.patterns_in_force()
+    snapshot_kind = kind("snapshot_pickle")
     candidates: list[tuple[float, str, int]] = []
     listed = 0
     oldest = now - settings.workdir_recent_seconds
@@ -399,7 +394,7 @@ def _workdir_files(
                         "entries (workdir_max_entries)"
                     )
                     break
-                if not any(fnmatch.fnmatchcase(entry.name, p) for p in settings.workdir_patterns):
+                if not any(fnmatch.fnmatchcase(entry.name, p) for p in patterns):
                     continue
                 try:
                     info = entry.stat()
@@ -423,8 +418,7 @@ def _workdir_files(
         candidates = candidates[: settings.workdir_max_files]
     chosen: list[JobInput] = []
     for _mtime, path, size in sorted(candidates, key=lambda item: item[1]):
-        name = Path(path).name
-        is_snapshot = name.endswith(_SNAPSHOT_SUFFIXES)
+        is_snapshot = kind_by_name(Path(path).name) is snapshot_kind
         limit = settings.max_snapshot_bytes if is_snapshot else settings.max_log_bytes
         if size > limit:
             key = "max_snapshot_bytes" if is_snapshot else "max_log_bytes"

@@ -1,5 +1,6 @@
 """Facts from a capture directory (``python -m oomlens.capture``): one ``RankCapture`` per
-process, built by ``oomlens.ingest.capture``.
+process, built by ``oomlens.ingest.capture`` from the process' events file and joined with its
+series file (``CaptureSeries``) by ``join_captures``.
 
 What a capture adds to what the log happened to print: the GPU memory series of every rank
 (as a ``MemorySeries``, so the leak rule and the memory chart read it like DeepSpeed's
@@ -15,7 +16,8 @@ like the times printed in logs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -158,6 +160,8 @@ class RankCapture:
 
     path: str
     """The events file (``rank<R>.events.jsonl``): what evidence cites."""
+    process: str
+    """Its files' directory and name prefix (``.../rank0``): what joins them."""
     series_path: str | None
     run: str | None
     rank: int | None
@@ -216,3 +220,57 @@ class RankCapture:
     @property
     def stacks_recorded(self) -> bool:
         return any(p.stacks for p in self.policies)
+
+    def with_series(self, series: CaptureSeries) -> RankCapture:
+        """This process' capture with what its series file recorded."""
+        memory = series.memory
+        if memory is not None and (memory.rank, memory.host) != (self.rank, self.host):
+            memory = replace(memory, rank=self.rank, host=self.host)
+        host_memory = series.host_memory
+        if host_memory is not None and host_memory.rank != self.rank:
+            host_memory = replace(host_memory, rank=self.rank)
+        times = [t for t in (self.last_record, series.last_record) if t is not None]
+        return replace(
+            self,
+            series_path=series.path,
+            memory=memory,
+            host_memory=host_memory,
+            last_record=max(times, default=None),
+            problems=(self.problems + series.problems)[:MAX_PROBLEMS],
+        )
+
+
+MAX_PROBLEMS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSeries:
+    """What one process' series file (``rank<R>.series.jsonl``) recorded, until it is joined
+    with the process' events file (``join_captures``)."""
+
+    path: str
+    process: str
+    """As ``RankCapture.process``: the events file it belongs with."""
+    memory: MemorySeries | None
+    host_memory: HostSeries | None
+    last_record: datetime | None
+    problems: tuple[str, ...]
+    alone: RankCapture
+    """The process as this file alone tells it (its header), for a series whose events file
+    is not among the inputs."""
+
+
+def join_captures(parts: Iterable[RankCapture | CaptureSeries]) -> tuple[RankCapture, ...]:
+    """One ``RankCapture`` per process: each events file's joined with its series file, and
+    series files without an events file on their own; by rank (unranked last), then path."""
+    processes: list[RankCapture] = []
+    series: dict[str, CaptureSeries] = {}
+    for part in parts:
+        if isinstance(part, RankCapture):
+            processes.append(part)
+        else:
+            series.setdefault(part.process, part)
+    joined = [p.with_series(series.pop(p.process)) if p.process in series else p for p in processes]
+    joined.extend(s.alone for s in series.values())
+    joined.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
+    return tuple(joined)

@@ -2,18 +2,20 @@
 
 A capture file is recognised by its first line, ``{"oomlens_capture": 1, "file": "events" |
 "series", ...}`` (``is_capture_head``); the files of one process share a name prefix
-(``rank<R>[-restart<N>][-pid<P>]``).  ``read_captures(files)`` pairs each ``events`` file with
-its ``series`` file and reads both, streaming and bounded: lines longer than ``MAX_LINE_BYTES``
-and records beyond ``MAX_EVENTS`` are skipped and counted, series keep a thinned set of samples
-with running statistics over all of them.  Hostile content never raises: a value of the wrong
-type is ignored, a file that cannot be read becomes an ``InputError``.  The snapshot and the
-kernel log a capture writes are ordinary inputs (``snapshot_pickle``, ``kernel_log``).
+(``rank<R>[-restart<N>][-pid<P>]``, ``oomlens.ingest.layout.capture_process``).
+``read_capture_file(path)`` reads one (the ``capture`` input kind's reader) and
+``read_captures(files)`` reads several and joins each ``events`` file with its ``series`` file
+(``oomlens.facts.capture.join_captures``), streaming and bounded: lines longer than
+``MAX_LINE_BYTES`` and records beyond ``MAX_EVENTS`` are skipped and counted, series keep a
+thinned set of samples with running statistics over all of them.  Hostile content never
+raises: a value of the wrong type is ignored, a file that cannot be read becomes an
+``InputError``.  The snapshot and the kernel log a capture writes are ordinary inputs
+(``snapshot_pickle``, ``kernel_log``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,12 +26,14 @@ from oomlens.facts import SourceRef
 from oomlens.facts.capture import (
     CapturedOom,
     CaptureEnd,
+    CaptureSeries,
     HostSample,
     HostSeries,
     NvmlProcess,
     PolicyChange,
     RankCapture,
     RankGone,
+    join_captures,
 )
 from oomlens.facts.config import DumpedConfig
 from oomlens.facts.log import (
@@ -42,13 +46,13 @@ from oomlens.facts.log import (
     Traceback,
 )
 from oomlens.ingest.ds_config import parse_config_dump
+from oomlens.ingest.kinds.capture import HEADER_KEY
+from oomlens.ingest.layout import capture_process
 from oomlens.ingest.log import torchrun
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.torch_oom import parse_oom_message
 from oomlens.ingest.log.traceback import classify_phase
 
-HEADER_KEY = "oomlens_capture"
-HEAD_PREFIX = b'{"' + HEADER_KEY.encode() + b'":'
 SUPPORTED_VERSIONS = frozenset({1})
 MAX_LINE_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -58,11 +62,6 @@ MAX_SERIES_LINES = 5_000_000
 MAX_LABELS = 8
 MAX_PROBLEMS = 20
 MAX_TEXT = 8000
-
-
-def is_capture_head(head: bytes) -> bool:
-    """The first bytes of a file are a capture file's header line."""
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(HEAD_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,84 +133,82 @@ def _lines(
             yield number, record if isinstance(record, dict) else None, cut
 
 
-def read_header(path: str) -> dict[str, Any] | None:
-    """The header record of a capture file, None when it has none."""
+def read_header(path: str, *, strict: bool = False) -> dict[str, Any] | None:
+    """The header record of a capture file, None when it has none (or, unless ``strict``,
+    cannot be read; ``strict`` lets the ``OSError`` through)."""
     try:
         for _, record, _ in _lines(path, 1):
             if record is not None and _int(record.get(HEADER_KEY)) in SUPPORTED_VERSIONS:
                 return record
     except OSError:
+        if strict:
+            raise
         return None
     return None
 
 
+def read_capture_file(path: str, display: str | None = None) -> RankCapture | CaptureSeries:
+    """Read one capture file: an events file gives its process' ``RankCapture`` (without the
+    series), a series file its ``CaptureSeries`` (``join_captures`` puts them together).
+    Raises ``InputError`` for a file that cannot be read or is of an unknown version or kind."""
+    shown = display or path
+    try:
+        header = read_header(path, strict=True)
+    except OSError as exc:
+        raise InputError(shown, f"cannot be read ({exc.strerror or exc})") from None
+    if header is None:
+        raise InputError(
+            shown,
+            "is a capture file of an unknown format version",
+            "read it with the oomlens version that wrote it",
+        )
+    kind = header.get("file")
+    process = capture_process(path) or path
+    try:
+        if kind == "events":
+            return _read_rank(CaptureFile(path, "events", header), None, process)
+        if kind == "series":
+            alone = _read_rank(None, CaptureFile(path, "series", header), process)
+            return CaptureSeries(
+                path=path,
+                process=process,
+                memory=alone.memory,
+                host_memory=alone.host_memory,
+                last_record=alone.last_record,
+                problems=alone.problems,
+                alone=alone,
+            )
+    except OSError as exc:
+        raise InputError(shown, f"cannot be read ({exc.strerror or exc})") from None
+    raise InputError(shown, f"is a capture file of unknown kind {str(kind)[:40]!r}")
+
+
+def describe(part: RankCapture | CaptureSeries) -> tuple[str, int | None]:
+    """How a capture file read is listed among the inputs: its detail and rank."""
+    if isinstance(part, CaptureSeries):
+        samples = part.memory.total_samples if part.memory else 0
+        hosts = part.host_memory.total_samples if part.host_memory else 0
+        return f"capture series: {samples} GPU, {hosts} host samples", part.alone.rank
+    who = f"rank {part.rank}" if part.rank is not None else "a process"
+    return f"capture of {who}, ended: {part.end.value}", part.rank
+
+
 def read_captures(files: Iterable[tuple[str, str | None]]) -> CaptureRead:
-    """Read capture files given as ``(path, shown path)``; see the module docstring."""
-    events: dict[str, CaptureFile] = {}
-    series: dict[str, CaptureFile] = {}
+    """Read capture files given as ``(path, shown path)`` and join each process' files; see
+    the module docstring."""
+    parts: list[RankCapture | CaptureSeries] = []
+    read: list[tuple[str, str, int | None]] = []
     problems: list[InputError] = []
     for path, shown in files:
-        display = shown or path
         try:
-            header = read_header(path)
-        except OSError as exc:
-            problems.append(InputError(display, f"cannot be read ({exc.strerror or exc})"))
+            part = read_capture_file(path, shown)
+        except InputError as exc:
+            problems.append(exc)
             continue
-        if header is None:
-            problems.append(
-                InputError(
-                    display,
-                    "is a capture file of an unknown format version",
-                    "read it with the oomlens version that wrote it",
-                )
-            )
-            continue
-        kind = header.get("file")
-        key = _prefix(path)
-        if kind == "events":
-            events[key] = CaptureFile(path, "events", header)
-        elif kind == "series":
-            series[key] = CaptureFile(path, "series", header)
-        else:
-            problems.append(InputError(display, f"is a capture file of unknown kind {kind!r}"))
-    ranks: list[RankCapture] = []
-    read: list[tuple[str, str, int | None]] = []
-    for key in sorted(set(events) | set(series)):
-        event_file, series_file = events.get(key), series.get(key)
-        try:
-            capture = _read_rank(event_file, series_file)
-        except OSError as exc:
-            path = (event_file or series_file).path  # type: ignore[union-attr]
-            problems.append(InputError(path, f"cannot be read ({exc.strerror or exc})"))
-            continue
-        ranks.append(capture)
-        detail = (
-            f"capture of {'rank ' + str(capture.rank) if capture.rank is not None else 'a process'}"
-        )
-        detail += f", ended: {capture.end.value}"
-        if event_file is not None:
-            read.append((event_file.path, detail, capture.rank))
-        if series_file is not None:
-            samples = capture.memory.total_samples if capture.memory else 0
-            hosts = capture.host_memory.total_samples if capture.host_memory else 0
-            read.append(
-                (
-                    series_file.path,
-                    f"capture series: {samples} GPU, {hosts} host samples",
-                    capture.rank,
-                )
-            )
-    ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.path))
-    return CaptureRead(tuple(ranks), tuple(read), tuple(problems))
-
-
-def _prefix(path: str) -> str:
-    base = os.path.basename(path)
-    for suffix in (".events.jsonl", ".series.jsonl"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-            break
-    return os.path.join(os.path.dirname(path), base)
+        parts.append(part)
+        detail, rank = describe(part)
+        read.append((path, detail, rank))
+    return CaptureRead(join_captures(parts), tuple(read), tuple(problems))
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -245,7 +242,9 @@ class _Events:
         return out
 
 
-def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) -> RankCapture:
+def _read_rank(
+    event_file: CaptureFile | None, series_file: CaptureFile | None, process: str
+) -> RankCapture:
     base = event_file or series_file
     assert base is not None
     ev = _Events(base.path, base.header)
@@ -379,6 +378,7 @@ def _read_rank(event_file: CaptureFile | None, series_file: CaptureFile | None) 
     )
     return RankCapture(
         path=ev.path,
+        process=process,
         series_path=series_file.path if series_file is not None else None,
         run=_str(base.header.get("run"), 200),
         rank=ev.rank,

@@ -8,15 +8,16 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
-import re
+from typing import ClassVar
 
 import click
 
-from oomlens.report import Report, Verdict
-from oomlens.rules.base import Diagnosis, Fix
+from oomlens.render.check_text import check_text
+from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
 from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _VERDICT_COLOUR = {
     Verdict.GPU_OOM: "red",
     Verdict.HOST_OOM: "red",
@@ -31,7 +32,7 @@ SHOWN_EVIDENCE = 4
 
 def clean(text: str) -> str:
     """Untrusted text made safe for a terminal: control and bidi characters removed."""
-    return _CONTROL.sub("", text)
+    return strip_controls(text)
 
 
 def _fix_lines(fix: Fix) -> list[str]:
@@ -106,3 +107,15 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         lines.append("Inputs that could not be used:")
         lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
     return "\n".join(lines).rstrip() + "\n"
+
+
+class TextRenderer(Renderer):
+    format: ClassVar[Format] = Format.TEXT
+
+    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+        if isinstance(document, CheckReport):
+            return check_text(document) + "\n"
+        return render_text(document, colour=options.colour)
+
+
+RENDERER = TextRenderer()

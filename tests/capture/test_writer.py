@@ -17,7 +17,7 @@ from oomlens.capture.writer import (
     encode,
     write_whole,
 )
-from oomlens.ingest.capture import is_capture_head
+from oomlens.ingest.kinds.capture import is_capture_head
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

@@ -17,7 +17,7 @@ from oomlens.capture.writer import JsonLines, Stop, encode
 from oomlens.facts.capture import CaptureEnd
 from oomlens.ingest import capture as capture_reader
 from oomlens.ingest.capture import read_captures
-from oomlens.ingest.detect import InputKind, detect_kind
+from oomlens.ingest.detect import detect_kind
 from oomlens.ingest.log import read_log
 from oomlens.report import Verdict
 from oomlens.session import analyze, gather_facts
@@ -99,7 +99,7 @@ def test_capture_files_are_recognised_by_content_even_with_deepspeed_keys(tmp_pa
         "events",
         [{"kind": "deepspeed_config", "lines": ['  json = {"train_batch_size": 8}']}],
     )
-    assert detect_kind(path).kind is InputKind.CAPTURE
+    assert detect_kind(path).kind_id == "capture"
 
 
 def test_a_captured_oom_is_an_oom_event_with_its_phase_and_time(tmp_path: Path) -> None:
