@@ -42,9 +42,10 @@ CLAIMS: dict[str, str] = {
     "allocation and at free (context='all', stacks='all')",
 }
 
-MIN_FRAMES_SHARE = 0.5
-"""At least this share of the recorded allocations carry a stack when stacks are claimed (some
-allocations come from C++ with no Python frame above them)."""
+MIN_FRAMES_SHARE = 0.3
+"""At least this share of the recorded allocations carry a stack when stacks are claimed: the
+backward pass allocates from autograd's C++ threads, which hold no Python frame (measured on an
+H200: 48% of the 350M loop's allocations, 56% of the small loop's, 47% up to an OOM carry one)."""
 MIN_MATCHED_FREES = 20
 """Frees matched to their allocation needed before the context claim is judged."""
 

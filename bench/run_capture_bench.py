@@ -171,6 +171,7 @@ def main() -> int:
             out,
             Path(args.wheels).resolve(),
             left(args.deadline_s) - ZERO3_FIXED_S - ZERO3_MIN_TIMED_S,
+            env,
         ):
             zero3_skip = "DeepSpeed did not install"
         elif left(args.deadline_s) < ZERO3_FIXED_S + ZERO3_MIN_TIMED_S:
