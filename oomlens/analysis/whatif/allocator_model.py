@@ -1,0 +1,706 @@
+"""A model of PyTorch's CUDA caching allocator (``DeviceCachingAllocator``), one device.
+
+Written from ``c10/cuda/CUDACachingAllocator.cpp`` (read at pytorch/pytorch@001074d, the
+allocator of torch 2.5-era main) and the torch 2.9+ config parser; checked against torch 2.11
+by replaying real 2.11 recordings (:mod:`.selfcheck`).  What it does, as torch does it:
+
+* **rounding**: a request is rounded to 512 B, or to the next power-of-2 division where
+  ``roundup_power2_divisions`` asks for it (``round_size``); requests <= 1 MiB go to the small
+  pool, the rest to the large pool;
+* **segments**: a new segment is 2 MiB for the small pool, ``large_segment_size`` (20 MiB) for
+  1-10 MiB requests, else the request rounded up to 2 MiB (``get_allocation_size``);
+* **best fit** per pool and stream: the smallest free block of the request's stream that is
+  large enough, lowest address among equals; a request below ``max_split_size`` never takes an
+  oversize block, an oversize request only a block less than ``max_non_split_rounding`` larger;
+* **splitting**: a block is split when the rest is >= 512 B (small pool, or expandable segments
+  on) or when the request is below ``max_split_size`` and the rest is > 1 MiB (large pool);
+  freed blocks merge with free neighbours of the same segment;
+* **when nothing fits**: garbage collection (only with a memory fraction and
+  ``garbage_collection_threshold``: frees whole cached large blocks older than the average age,
+  age counted in free-block searches), a new segment, then releasing oversize cached blocks
+  (with ``max_split_size``), then releasing every cached block that is a whole segment and
+  unmapping every free page of expandable segments (``release_cached_blocks``), a last try, and
+  the OOM;
+* **limits**: with a memory fraction a new segment fails when reserved + its size would exceed
+  ``allowed`` (checked with the full segment size, also for expandable segments); without one
+  it fails when the device has not that much free memory left (``capacity`` below);
+* **expandable segments**: one virtual range per stream and pool, mapped in 2 MiB (small) or
+  ``large_segment_size`` (large) pages at the lowest address where the request fits; on the
+  retry path whole free pages are unmapped; the best fit counts a free block's unmapped
+  continuation as part of its size.
+
+Simplifications (what the model leaves out, and what it does to the replay):
+
+* cross-stream use (``record_stream``) is not modelled: a block is free again where the trace
+  shows ``free_completed``, not when its events complete; ``release_cached_blocks`` therefore
+  has no pending events to synchronize;
+* private pools (CUDA graphs, ``MemPool``) are not modelled: their segments count as reserved
+  memory nobody else can use;
+* the device's free memory is one number (``capacity`` minus reserved): other processes and
+  memory outside PyTorch are taken as constant, driver granularity as nil;
+* ``trigger_free_memory_callbacks`` (IPC collection) frees nothing;
+* new segments get synthetic addresses (above every recorded one) unless the replay supplies
+  the recorded address; only ties between equal-size free blocks depend on addresses.
+
+The model reports every segment it creates, frees, maps and unmaps as a :class:`SegmentEvent`
+(in torch's trace order), which the self-check compares with the recording.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from oomlens.analysis.whatif.alloc_conf import AllocConf
+
+MiB = 1024**2
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = MiB
+K_SMALL_BUFFER = 2 * MiB
+K_MIN_LARGE_ALLOC = 10 * MiB
+K_ROUND_LARGE = 2 * MiB
+EXPANDABLE_RESERVATION = 1 << 40
+"""Virtual address space of a modelled expandable segment (torch reserves 9/8 of the card)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentEvent:
+    """A segment the model allocated, freed, mapped or unmapped (torch's trace ``action``)."""
+
+    action: str
+    addr: int
+    size: int
+    stream: int
+
+
+class Reservation:
+    """The virtual range of one expandable segment (one per stream and pool)."""
+
+    __slots__ = ("base", "page", "size", "small", "stream")
+
+    def __init__(self, base: int, size: int, page: int, stream: int, small: bool) -> None:
+        self.base = base
+        self.size = size
+        self.page = page
+        self.stream = stream
+        self.small = small
+
+    def pages_covering(self, addr: int, size: int) -> tuple[int, int]:
+        """Page range [begin, end) from the page holding ``addr`` to the one holding its end."""
+        begin = (addr - self.base) // self.page
+        end = -(-(addr + size - self.base) // self.page)
+        return begin, end
+
+    def pages_inside(self, addr: int, size: int) -> tuple[int, int]:
+        """Page range [begin, end) of the pages lying wholly inside ``[addr, addr + size)``."""
+        begin = -(-(addr - self.base) // self.page)
+        end = (addr + size - self.base) // self.page
+        return begin, end
+
+
+class Block:
+    """One block: a piece of a segment, allocated or free (torch's ``Block``)."""
+
+    __slots__ = (
+        "addr",
+        "allocated",
+        "gc_base",
+        "mapped",
+        "next",
+        "prev",
+        "requested",
+        "reservation",
+        "size",
+        "small",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        addr: int,
+        size: int,
+        stream: int,
+        small: bool,
+        reservation: Reservation | None = None,
+    ) -> None:
+        self.addr = addr
+        self.size = size
+        self.stream = stream
+        self.small = small
+        self.allocated = False
+        self.requested = 0
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.mapped = True
+        self.reservation = reservation
+        self.gc_base = 0
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+
+class _Pool:
+    """Free blocks of one pool: per stream, ``(size, addr)`` keys in best-fit order."""
+
+    __slots__ = ("by_addr", "free", "gc_calls", "small", "unmapped", "unmapped_by_addr")
+
+    def __init__(self, small: bool) -> None:
+        self.small = small
+        self.free: dict[int, list[tuple[int, int]]] = {}
+        self.by_addr: dict[int, Block] = {}
+        self.unmapped: dict[int, list[int]] = {}
+        self.unmapped_by_addr: dict[int, Block] = {}
+        self.gc_calls = 0
+
+    def insert(self, block: Block) -> None:
+        block.gc_base = self.gc_calls
+        keys = self.free.get(block.stream)
+        if keys is None:
+            keys = self.free[block.stream] = []
+        insort(keys, (block.size, block.addr))
+        self.by_addr[block.addr] = block
+
+    def remove(self, block: Block) -> None:
+        keys = self.free[block.stream]
+        del keys[bisect_left(keys, (block.size, block.addr))]
+        del self.by_addr[block.addr]
+
+    def insert_unmapped(self, block: Block) -> None:
+        addrs = self.unmapped.get(block.stream)
+        if addrs is None:
+            addrs = self.unmapped[block.stream] = []
+        insort(addrs, block.addr)
+        self.unmapped_by_addr[block.addr] = block
+
+    def remove_unmapped(self, block: Block) -> None:
+        addrs = self.unmapped[block.stream]
+        del addrs[bisect_left(addrs, block.addr)]
+        del self.unmapped_by_addr[block.addr]
+
+    def ordered(self) -> list[Block]:
+        """Free blocks in torch's set order: stream, size, address."""
+        return [
+            self.by_addr[addr]
+            for stream in sorted(self.free)
+            for _, addr in self.free[stream]
+        ]
+
+
+AddressOracle = Callable[[str, int, int], int | None]
+"""``(action, size, stream) -> address``: the recorded address of the segment the model is
+about to create (``segment_alloc``) or the base of a new expandable range (``segment_map``),
+or None to let the model choose."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """What makes a new segment fail.
+
+    ``allowed`` is the per-process memory fraction's byte limit (None: no fraction set; then
+    garbage collection never runs, as in torch).  ``capacity`` is the device memory this
+    process could reserve in all (None: unknown, taken as unlimited).
+    """
+
+    allowed: int | None = None
+    capacity: int | None = None
+
+
+class CachingAllocatorModel:
+    """The caching allocator of one device under ``conf`` and ``limit``; see the module doc.
+
+    ``malloc(size, stream)`` returns the allocated :class:`Block` or None where torch raises
+    the OOM; ``free(block)`` returns it to the cache (torch's ``free_block``);
+    ``empty_cache()`` is ``torch.cuda.empty_cache()``.  Every segment change is appended to
+    ``events`` (the caller drains it).  ``reserved`` is torch's ``memory_reserved()`` (with
+    ``peak_reserved`` its high-water mark), ``active`` the bytes of blocks handed out and not
+    yet back in the cache.
+    """
+
+    def __init__(
+        self,
+        conf: AllocConf,
+        limit: Limit,
+        *,
+        oracle: AddressOracle | None = None,
+        synthetic_base: int = 1 << 48,
+    ) -> None:
+        self.conf = conf
+        self.limit = limit
+        self.oracle = oracle
+        self.pools = (_Pool(small=False), _Pool(small=True))
+        self.reservations: list[Reservation] = []
+        self.reserved = 0
+        self.peak_reserved = 0
+        self.active = 0
+        self.events: list[SegmentEvent] = []
+        self.segments: set[int] = set()
+        self._next_addr = synthetic_base
+        self._gc_on = limit.allowed is not None and conf.garbage_collection_threshold > 0
+        self._max_split = conf.max_split_size if conf.max_split_size is not None else 1 << 64
+        self._divisions = conf.roundup_power2_divisions
+        self._round_plain = not any(value > 1 for value in self._divisions)
+
+    # -------------------------------------------------------------------------- arithmetic
+
+    def round_size(self, size: int) -> int:
+        """torch's ``round_size``."""
+        if size < K_MIN_BLOCK:
+            return K_MIN_BLOCK
+        if not self._round_plain:
+            divisions = self._divisions[min(max(size.bit_length() - 21, 0), 15)]
+            if divisions > 1 and size > K_MIN_BLOCK * divisions:
+                if size & (size - 1) == 0:
+                    return size
+                floor2 = 1 << (size.bit_length() - 1)
+                step = floor2 >> (divisions.bit_length() - 1)
+                if step == 0:
+                    return floor2 << 1
+                floor = size & ~(step - 1)
+                return size if floor == size else floor + step
+        return (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
+
+    def allocation_size(self, size: int) -> int:
+        """torch's ``get_allocation_size``: the segment a request of ``size`` would get."""
+        if size <= K_SMALL_SIZE:
+            return K_SMALL_BUFFER
+        if size < K_MIN_LARGE_ALLOC:
+            return self.conf.large_segment_size
+        return (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+    # -------------------------------------------------------------------------- public API
+
+    def malloc(self, orig_size: int, stream: int) -> Block | None:
+        """Serve a request of ``orig_size`` bytes on ``stream``; None where torch runs out."""
+        size = self.round_size(orig_size)
+        pool = self.pools[1] if size <= K_SMALL_SIZE else self.pools[0]
+        alloc_size = self.allocation_size(size)
+        block = self._get_free_block(pool, stream, size)
+        if block is None:
+            if self._gc_on:
+                self._garbage_collect()
+            block = self._alloc_block(pool, stream, size, alloc_size)
+            if block is None and self._release_available(pool, stream, size):
+                block = self._alloc_block(pool, stream, size, alloc_size)
+            if block is None:
+                self.release_cached_blocks()
+                block = self._alloc_block(pool, stream, size, alloc_size)
+            if block is None:
+                return None
+        return self._alloc_found(pool, block, size, orig_size)
+
+    def free(self, block: Block) -> None:
+        """torch's ``free_block``: merge with free neighbours and cache the result."""
+        block.allocated = False
+        self.active -= block.size
+        pool = self.pools[1] if block.small else self.pools[0]
+        for neighbour in (block.prev, block.next):
+            self._try_merge(block, neighbour, pool)
+        pool.insert(block)
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: ``release_cached_blocks``."""
+        self.release_cached_blocks()
+
+    def release_cached_blocks(self) -> None:
+        """Free every cached block that is a whole segment; unmap free expandable pages."""
+        for pool in self.pools:
+            to_unmap = []
+            for block in pool.ordered():
+                if block.reservation is not None:
+                    to_unmap.append(block)
+                elif block.prev is None and block.next is None:
+                    self._release_block(pool, block)
+            for block in to_unmap:
+                self._unmap_block(pool, block)
+                if block.prev is None and block.next is None and not block.mapped:
+                    pool.remove_unmapped(block)
+                    if block.reservation in self.reservations:
+                        self.reservations.remove(block.reservation)
+
+    # ----------------------------------------------------------------- building a start state
+
+    def adopt_segment(
+        self, addr: int, size: int, stream: int, small: bool, live: list[tuple[int, int, int]]
+    ) -> dict[int, Block]:
+        """Install a recorded (non-expandable) segment with its live blocks.
+
+        ``live`` holds ``(addr, size, requested)`` of the blocks in use, in any order; the
+        gaps between them become free blocks.  Returns the live blocks by address.
+        """
+        pieces = self._tile(addr, size, stream, small, None, live)
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.segments.add(addr)
+        self._bump_past(addr + size)
+        return pieces
+
+    def adopt_reservation(
+        self,
+        base: int,
+        stream: int,
+        small: bool,
+        mapped: list[tuple[int, int]],
+        live: list[tuple[int, int, int]],
+    ) -> dict[int, Block]:
+        """Install a recorded expandable segment: its mapped ranges ``(addr, size)`` and the
+        live blocks in them; the rest of its virtual range is unmapped."""
+        page = K_SMALL_BUFFER if small else self.conf.large_segment_size
+        reservation = Reservation(base, EXPANDABLE_RESERVATION, page, stream, small)
+        self.reservations.append(reservation)
+        pool = self.pools[1] if small else self.pools[0]
+        live_by_range: dict[int, list[tuple[int, int, int]]] = {start: [] for start, _ in mapped}
+        starts = sorted(live_by_range)
+        for item in live:
+            start = starts[bisect_left(starts, item[0] + 1) - 1]
+            live_by_range[start].append(item)
+        result: dict[int, Block] = {}
+        chain: list[Block] = []
+        cursor = base
+        for start, size in sorted(mapped):
+            if start > cursor:
+                hole = Block(cursor, start - cursor, stream, small, reservation)
+                hole.mapped = False
+                chain.append(hole)
+            pieces = self._tile(start, size, stream, small, reservation, live_by_range[start])
+            result.update(pieces)
+            head = self._head_of(pieces, start, pool)
+            while head is not None:
+                chain.append(head)
+                head = head.next
+            cursor = start + size
+            self.reserved += size
+        end = base + reservation.size
+        if cursor < end:
+            tail = Block(cursor, end - cursor, stream, small, reservation)
+            tail.mapped = False
+            chain.append(tail)
+        for before, after in zip(chain, chain[1:], strict=False):
+            before.next, after.prev = after, before
+        for block in chain:
+            if not block.mapped:
+                pool.insert_unmapped(block)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._bump_past(end)
+        return result
+
+    def adopt_opaque(self, size: int) -> None:
+        """Count a segment the model does not manage (a private pool's) as reserved."""
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    @staticmethod
+    def _head_of(pieces: dict[int, Block], start: int, pool: _Pool) -> Block | None:
+        return pieces.get(start) or pool.by_addr.get(start)
+
+    def _tile(
+        self,
+        addr: int,
+        size: int,
+        stream: int,
+        small: bool,
+        reservation: Reservation | None,
+        live: list[tuple[int, int, int]],
+    ) -> dict[int, Block]:
+        pool = self.pools[1] if small else self.pools[0]
+        blocks: list[Block] = []
+        cursor = addr
+        result: dict[int, Block] = {}
+        for block_addr, block_size, requested in sorted(live):
+            if block_addr > cursor:
+                blocks.append(Block(cursor, block_addr - cursor, stream, small, reservation))
+            block = Block(block_addr, block_size, stream, small, reservation)
+            block.allocated = True
+            block.requested = requested
+            self.active += block_size
+            blocks.append(block)
+            result[block_addr] = block
+            cursor = block_addr + block_size
+        if cursor < addr + size:
+            blocks.append(Block(cursor, addr + size - cursor, stream, small, reservation))
+        for before, after in zip(blocks, blocks[1:], strict=False):
+            before.next, after.prev = after, before
+        for block in blocks:
+            if not block.allocated:
+                pool.insert(block)
+        return result
+
+    def _bump_past(self, end: int) -> None:
+        if end >= self._next_addr:
+            self._next_addr = (end + (1 << 30)) >> 21 << 21
+
+    # -------------------------------------------------------------------------- internals
+
+    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> Block | None:
+        if self._gc_on:
+            pool.gc_calls += 1
+        keys = pool.free.get(stream)
+        if not keys:
+            return None
+        index = bisect_left(keys, (size, 0))
+        if index == len(keys):
+            return None
+        block = pool.by_addr[keys[index][1]]
+        if block.reservation is not None:
+            if self.conf.expandable_segments:
+                best = self._expandable_size(block)
+                while index + 1 < len(keys) and block.reservation is not None:
+                    following = pool.by_addr[keys[index + 1][1]]
+                    grown = self._expandable_size(following)
+                    if grown >= best:
+                        break
+                    index += 1
+                    block, best = following, grown
+            else:
+                index += 1
+                while index < len(keys) and pool.by_addr[keys[index][1]].reservation is not None:
+                    index += 1
+                if index == len(keys):
+                    return None
+                block = pool.by_addr[keys[index][1]]
+        if size < self._max_split and block.size >= self._max_split:
+            return None
+        if size >= self._max_split and block.size >= size + self.conf.max_non_split_rounding:
+            return None
+        pool.remove(block)
+        return block
+
+    @staticmethod
+    def _expandable_size(block: Block) -> int:
+        following = block.next
+        if following is not None and not following.mapped:
+            return block.size + following.size
+        return block.size
+
+    def _should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.small or self.conf.expandable_segments:
+            return remaining >= K_MIN_BLOCK
+        return size < self._max_split and remaining > K_SMALL_SIZE
+
+    def _alloc_found(self, pool: _Pool, block: Block, size: int, orig_size: int) -> Block:
+        if self._should_split(block, size):
+            remaining = block
+            block = Block(remaining.addr, size, remaining.stream, remaining.small)
+            block.reservation = remaining.reservation
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.addr += size
+            remaining.size -= size
+            pool.insert(remaining)
+        block.allocated = True
+        block.requested = orig_size
+        self.active += block.size
+        return block
+
+    def _try_merge(self, dst: Block, src: Block | None, pool: _Pool) -> None:
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return
+        if src.mapped:
+            pool.remove(src)
+        else:
+            pool.remove_unmapped(src)
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+
+    def _new_address(self, action: str, size: int, stream: int) -> int:
+        if self.oracle is not None:
+            addr = self.oracle(action, size, stream)
+            if addr is not None and addr not in self.segments:
+                return addr
+        addr = self._next_addr
+        self._next_addr = (addr + size + (1 << 30)) >> 21 << 21
+        return addr
+
+    def _fits(self, size: int, check_allowed: bool) -> bool:
+        if check_allowed and self.limit.allowed is not None:
+            if self.reserved + size > self.limit.allowed:
+                return False
+        return self.limit.capacity is None or self.reserved + size <= self.limit.capacity
+
+    def _alloc_block(self, pool: _Pool, stream: int, size: int, alloc_size: int) -> Block | None:
+        if self.limit.allowed is not None and self.reserved + alloc_size > self.limit.allowed:
+            return None
+        if self.conf.expandable_segments:
+            return self._allocate_expandable(pool, stream, size)
+        if not self._fits(alloc_size, check_allowed=False):
+            return None
+        addr = self._new_address("segment_alloc", alloc_size, stream)
+        self.reserved += alloc_size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.segments.add(addr)
+        self.events.append(SegmentEvent("segment_alloc", addr, alloc_size, stream))
+        return Block(addr, alloc_size, stream, pool.small)
+
+    def _release_block(self, pool: _Pool, block: Block) -> None:
+        pool.remove(block)
+        self.reserved -= block.size
+        self.segments.discard(block.addr)
+        self.events.append(SegmentEvent("segment_free", block.addr, block.size, block.stream))
+
+    def _release_available(self, pool: _Pool, stream: int, size: int) -> bool:
+        """torch's ``release_available_cached_blocks``: free oversize cached blocks."""
+        if self.conf.max_split_size is None:
+            return False
+        key = max(size, self._max_split)
+        keys = pool.free.get(stream) or []
+        index = bisect_left(keys, (key, 0))
+        if index < len(keys):
+            block = pool.by_addr[keys[index][1]]
+            if block.reservation is None:
+                self._release_block(pool, block)
+                return True
+        released = 0
+        index -= 1
+        while released < key and index >= 0:
+            block = pool.by_addr[keys[index][1]]
+            if block.size < self._max_split:
+                break
+            if block.reservation is None:
+                released += block.size
+                self._release_block(pool, block)
+            index -= 1
+        return released >= key
+
+    def _garbage_collect(self) -> None:
+        """torch's ``garbage_collect_cached_blocks`` (large pool, whole cached segments)."""
+        allowed = self.limit.allowed or 0
+        threshold = int(self.conf.garbage_collection_threshold * allowed)
+        if self.reserved <= threshold:
+            return
+        target = self.reserved - threshold
+        pool = self.pools[0]
+        candidates = [block for block in pool.ordered() if not block.is_split()]
+        if not candidates:
+            return
+        total_age = sum(pool.gc_calls - block.gc_base for block in candidates)
+        count = len(candidates)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            threshold_age = total_age / count
+            freed = False
+            for block in pool.ordered():
+                if block.is_split() or block.reservation is not None:
+                    continue
+                age = pool.gc_calls - block.gc_base
+                if age >= threshold_age:
+                    freed = True
+                    reclaimed += block.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(pool, block)
+
+    # ----------------------------------------------------------------- expandable segments
+
+    def _allocate_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
+        candidate = self._find_expandable(pool, stream, size)
+        if not candidate.mapped:
+            if not self._map(pool, candidate, min(candidate.size, size)):
+                return None
+        while candidate.size < size:
+            following = candidate.next
+            assert following is not None and not following.mapped
+            if not self._map(pool, following, min(size - candidate.size, following.size)):
+                return None
+            candidate = following
+        pool.remove(candidate)
+        return candidate
+
+    def _find_expandable(self, pool: _Pool, stream: int, size: int) -> Block:
+        def usable(block: Block | None) -> bool:
+            return block is not None and not block.allocated
+
+        for addr in list(pool.unmapped.get(stream, ())):
+            candidate = pool.unmapped_by_addr[addr]
+            if usable(candidate.prev):
+                assert candidate.prev is not None
+                candidate = candidate.prev
+            room = 0
+            walker: Block | None = candidate
+            while room < size and walker is not None and usable(walker):
+                room += walker.size
+                walker = walker.next
+            if room >= size:
+                return candidate
+        page = K_SMALL_BUFFER if pool.small else self.conf.large_segment_size
+        base = self._new_address("segment_map", EXPANDABLE_RESERVATION, stream)
+        reservation = Reservation(base, EXPANDABLE_RESERVATION, page, stream, pool.small)
+        self.reservations.append(reservation)
+        block = Block(base, EXPANDABLE_RESERVATION, stream, pool.small, reservation)
+        block.mapped = False
+        pool.insert_unmapped(block)
+        return block
+
+    def _map(self, pool: _Pool, block: Block, size: int) -> bool:
+        reservation = block.reservation
+        assert reservation is not None
+        begin, end = reservation.pages_covering(block.addr, size)
+        mapped = (end - begin) * reservation.page
+        if mapped == 0 or not self._fits(mapped, check_allowed=False):
+            return False
+        pool.remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            remaining = Block(block.addr + mapped, block.size - mapped, block.stream, block.small)
+            remaining.reservation = reservation
+            remaining.mapped = False
+            remaining.prev, remaining.next = block, block.next
+            if block.next is not None:
+                block.next.prev = remaining
+            block.next = remaining
+            pool.insert_unmapped(remaining)
+            block.size = mapped
+        start = block.addr
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert(block)
+        self.reserved += mapped
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.events.append(SegmentEvent("segment_map", start, mapped, block.stream))
+        return True
+
+    def _unmap_block(self, pool: _Pool, block: Block) -> None:
+        reservation = block.reservation
+        assert reservation is not None
+        begin, end = reservation.pages_inside(block.addr, block.size)
+        if begin >= end:
+            return
+        pool.remove(block)
+        start = reservation.base + begin * reservation.page
+        length = (end - begin) * reservation.page
+        before = start - block.addr
+        if before > 0:
+            head = Block(block.addr, before, block.stream, block.small, reservation)
+            head.prev, head.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = head
+            block.prev = head
+            pool.insert(head)
+        after = block.size - before - length
+        if after > 0:
+            tail = Block(start + length, after, block.stream, block.small, reservation)
+            tail.prev, tail.next = block, block.next
+            if block.next is not None:
+                block.next.prev = tail
+            block.next = tail
+            pool.insert(tail)
+        block.addr = start
+        block.size = length
+        block.mapped = False
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert_unmapped(block)
+        self.reserved -= length
+        self.events.append(SegmentEvent("segment_unmap", start, length, block.stream))

@@ -1,0 +1,138 @@
+"""The memory limit a recording shows, inferred from its trace.
+
+A new segment fails when reserved + its size would exceed the limit: the per-process memory
+fraction's ``allowed`` bytes, or what the device still had free.  The trace shows both sides
+of that test:
+
+* every segment the allocator got proves the limit was at least the reserved bytes after it;
+* every time the allocator had to release cached segments before getting a new one (or ran
+  out), its first attempt failed: the limit was below the reserved bytes at that moment plus
+  the segment it asked for;
+* the ``oom`` entry records the device's free memory: when that is less than the segment asked
+  for, the device itself was full and the limit is exactly reserved + free (no fraction
+  needed); otherwise a fraction was in force and the evidence above brackets it.
+
+With ``garbage_collection_threshold`` the allocator also releases segments without failing
+first, so those releases are not taken as evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from oomlens.analysis.whatif.replay import external_releases
+
+_RELEASES = frozenset({"segment_free", "segment_unmap"})
+
+
+@dataclass(frozen=True, slots=True)
+class InferredLimit:
+    """``kind``: ``allowed`` (a memory fraction), ``capacity`` (the device was full) or
+    ``unknown`` (nothing in the trace bounds it).  ``low``..``high`` is the range the evidence
+    allows; ``value`` the one the replay uses (the middle of the range)."""
+
+    kind: str
+    low: int
+    high: int | None
+    value: int | None
+    basis: str
+
+    @property
+    def uncertainty(self) -> int:
+        """Half the width of the range (0 when exact or unknown)."""
+        if self.high is None or self.value is None:
+            return 0
+        return max(self.high - self.value, self.value - self.low, 0)
+
+
+def infer_limit(
+    trace: list[Any],
+    start_reserved: int,
+    *,
+    request_segment: Callable[[int], int],
+    gc_enabled: bool,
+) -> InferredLimit:
+    """Bracket the recording's limit; see the module docstring.
+
+    ``request_segment(size)`` is the segment size the recorded setting asks for a request of
+    ``size`` bytes (rounding, then ``get_allocation_size``).
+    """
+    reserved = start_reserved
+    low = reserved
+    high: int | None = None
+    failures = 0
+    external = external_releases(trace)
+    attempt_reserved: int | None = None
+    count = len(trace)
+    index = 0
+    capacity: int | None = None
+    while index < count:
+        entry = trace[index]
+        action = entry["action"]
+        if action in _RELEASES:
+            if index in external:
+                for inner in range(index, external[index]):
+                    if trace[inner]["action"] in _RELEASES:
+                        reserved -= trace[inner]["size"]
+                index = external[index]
+                continue
+            if attempt_reserved is None:
+                attempt_reserved = reserved
+            reserved -= entry["size"]
+        elif action in ("segment_alloc", "segment_map"):
+            if attempt_reserved is not None and not gc_enabled:
+                size = entry["size"]
+                if action == "segment_map":
+                    size = request_segment(_next_request(trace, index))
+                high = _lower(high, attempt_reserved + size - 1)
+                failures += 1
+            attempt_reserved = None
+            reserved += entry["size"]
+            low = max(low, reserved)
+        elif action == "oom":
+            segment = request_segment(entry["size"])
+            before = attempt_reserved if attempt_reserved is not None else reserved
+            free = entry.get("device_free")
+            if isinstance(free, int) and free < segment:
+                capacity = reserved + free
+            elif not gc_enabled or attempt_reserved is None:
+                high = _lower(high, min(before, reserved) + segment - 1)
+                failures += 1
+            attempt_reserved = None
+        elif action == "alloc":
+            attempt_reserved = None
+        index += 1
+    if capacity is not None:
+        return InferredLimit(
+            "capacity",
+            capacity,
+            capacity,
+            capacity,
+            "the device's free memory at the OOM plus what PyTorch had reserved",
+        )
+    if high is None:
+        return InferredLimit(
+            "unknown", low, None, None, "the recording never hit its limit"
+        )
+    high = max(high, low)
+    return InferredLimit(
+        "allowed",
+        low,
+        high,
+        (low + high) // 2,
+        f"a memory fraction, bracketed by {failures} failed and every successful segment "
+        "request in the trace",
+    )
+
+
+def _lower(current: int | None, value: int) -> int:
+    return value if current is None else min(current, value)
+
+
+def _next_request(trace: list[Any], index: int) -> int:
+    for entry in trace[index + 1 :]:
+        if entry["action"] in ("alloc", "oom"):
+            return int(entry["size"])
+    return 0

@@ -1,0 +1,72 @@
+"""``oomlens whatif SNAPSHOT``: replay the recorded allocations under other allocator settings
+and memory limits, and say whether the run would have fitted."""
+
+from __future__ import annotations
+
+import click
+
+from oomlens.cli.params import SIZE
+from oomlens.errors import UsageError
+
+FORMATS = ("text", "json")
+
+
+@click.command("whatif")
+@click.argument("snapshot", type=click.Path())
+@click.option(
+    "--alloc-conf",
+    "alloc_confs",
+    multiple=True,
+    metavar="CONF",
+    help="A PYTORCH_CUDA_ALLOC_CONF value to replay (repeatable; one row each). Default: "
+    "the recorded setting plus expandable segments, a few max_split_size_mb values and "
+    "garbage_collection_threshold.",
+)
+@click.option(
+    "--allowed",
+    type=SIZE,
+    default=None,
+    help="Predict under this memory limit (40GiB: a smaller card or a memory fraction) "
+    "instead of the one the recording shows.",
+)
+@click.option(
+    "--device",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The device to replay (default: the one that ran out).",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "-o", "--output", type=click.Path(), default=None, help="Write to this file instead."
+)
+def whatif_command(
+    snapshot: str,
+    alloc_confs: tuple[str, ...],
+    allowed: int | None,
+    device: int | None,
+    fmt: str,
+    output: str | None,
+) -> None:
+    """Replay a snapshot's recorded allocations through a model of PyTorch's caching
+    allocator under other settings, after checking that the model reproduces the recording."""
+    from oomlens.analysis.whatif import AllocConfError, parse_alloc_conf, run_whatif
+    from oomlens.cli.analyze import write_output
+    from oomlens.ingest.snapshot import load_snapshot
+    from oomlens.render.whatif import render_whatif_json, render_whatif_text
+
+    settings = None
+    if alloc_confs:
+        settings = []
+        for text in alloc_confs:
+            try:
+                settings.append(parse_alloc_conf(text))
+            except AllocConfError as err:
+                raise UsageError(f"--alloc-conf {text!r}: {err}") from err
+    loaded = load_snapshot(snapshot)
+    result = run_whatif(loaded, settings, device=device, allowed=allowed)
+    text = render_whatif_json(result) if fmt == "json" else render_whatif_text(result)
+    if output is not None:
+        write_output(output, text)
+        click.echo(f"oomlens whatif: written to {output}", err=True)
+        return
+    click.echo(text, nl=False)
