@@ -33,7 +33,7 @@ from oomlens.analysis.whatif.alloc_conf import (
 )
 from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
 from oomlens.analysis.whatif.limits import InferredLimit, infer_limit
-from oomlens.analysis.whatif.replay import ReplayRun, replay
+from oomlens.analysis.whatif.replay import ReplayRun, external_releases, replay
 from oomlens.analysis.whatif.rewind import StartState, rewind
 from oomlens.analysis.whatif.selfcheck import self_check
 from oomlens.errors import InputError
@@ -143,6 +143,7 @@ class _Context:
         self.trace: list[Any] = snapshot.raw.device_traces[device]
         _checked_trace(snapshot.source.path, device, self.trace)
         self.conf, self.notes = recorded_conf(snapshot.allocator_settings)
+        self.releases = external_releases(self.trace)
         arithmetic = CachingAllocatorModel(self.conf, Limit())
         self.start: StartState = rewind(
             snapshot.raw.segments,
@@ -156,10 +157,11 @@ class _Context:
             self.start.reserved,
             request_segment=lambda size: arithmetic.allocation_size(arithmetic.round_size(size)),
             gc_enabled=self.conf.garbage_collection_threshold > 0,
+            releases=self.releases,
         )
         self.recorded_limit = _memory_limit(self.inferred)
         self.check, self.check_run = self_check(
-            self.trace, self.start, self.conf, _model_limit(self.recorded_limit)
+            self.trace, self.start, self.conf, _model_limit(self.recorded_limit), self.releases
         )
         last = [entry["action"] for entry in self.trace if entry["action"] != "snapshot"]
         self.ends_at_oom = bool(last) and last[-1] == "oom"
@@ -179,11 +181,14 @@ class _Context:
 
     def predict(self, conf: AllocConf, limit: MemoryLimit, *, baseline: bool) -> Prediction:
         model_limit = _model_limit(limit)
-        run = replay(self.trace, self.start, conf, model_limit)
+        run = replay(self.trace, self.start, conf, model_limit, releases=self.releases)
         result = _result(run, limit)
         packed: ReplayResult | None = None
         if not self.start.empty:
-            packed = _result(replay(self.trace, self.start, conf, model_limit, packed=True), limit)
+            packed_run = replay(
+                self.trace, self.start, conf, model_limit, packed=True, releases=self.releases
+            )
+            packed = _result(packed_run, limit)
         notes = []
         conclusive = self.check.passed
         if not self.check.passed:

@@ -100,11 +100,16 @@ class Reservation:
 
 
 class Block:
-    """One block: a piece of a segment, allocated or free (torch's ``Block``)."""
+    """One block: a piece of a segment, allocated or free (torch's ``Block``).
+
+    ``freed`` marks an allocated block whose tensor was freed (``free_requested``) while the
+    block is not back in the cache yet: it no longer counts as allocated in torch's statistics.
+    """
 
     __slots__ = (
         "addr",
         "allocated",
+        "freed",
         "gc_base",
         "mapped",
         "next",
@@ -129,6 +134,7 @@ class Block:
         self.stream = stream
         self.small = small
         self.allocated = False
+        self.freed = False
         self.requested = 0
         self.prev: Block | None = None
         self.next: Block | None = None
@@ -140,14 +146,21 @@ class Block:
         return self.prev is not None or self.next is not None
 
 
+ADDR_BITS = 50
+"""Free-block keys are ``size << ADDR_BITS | addr``: one int sorts as torch's (size, address)
+order does, and bisects much faster than a tuple.  Device addresses stay below 2**50 (user
+virtual addresses are below 2**47, the model's synthetic ones below 2**49)."""
+ADDR_MASK = (1 << ADDR_BITS) - 1
+
+
 class _Pool:
-    """Free blocks of one pool: per stream, ``(size, addr)`` keys in best-fit order."""
+    """Free blocks of one pool: per stream, keys in best-fit order (see :data:`ADDR_BITS`)."""
 
     __slots__ = ("by_addr", "free", "gc_calls", "small", "unmapped", "unmapped_by_addr")
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.free: dict[int, list[tuple[int, int]]] = {}
+        self.free: dict[int, list[int]] = {}
         self.by_addr: dict[int, Block] = {}
         self.unmapped: dict[int, list[int]] = {}
         self.unmapped_by_addr: dict[int, Block] = {}
@@ -158,12 +171,12 @@ class _Pool:
         keys = self.free.get(block.stream)
         if keys is None:
             keys = self.free[block.stream] = []
-        insort(keys, (block.size, block.addr))
+        insort(keys, block.size << ADDR_BITS | block.addr)
         self.by_addr[block.addr] = block
 
     def remove(self, block: Block) -> None:
         keys = self.free[block.stream]
-        del keys[bisect_left(keys, (block.size, block.addr))]
+        del keys[bisect_left(keys, block.size << ADDR_BITS | block.addr)]
         del self.by_addr[block.addr]
 
     def insert_unmapped(self, block: Block) -> None:
@@ -181,9 +194,9 @@ class _Pool:
     def ordered(self) -> list[Block]:
         """Free blocks in torch's set order: stream, size, address."""
         return [
-            self.by_addr[addr]
+            self.by_addr[key & ADDR_MASK]
             for stream in sorted(self.free)
-            for _, addr in self.free[stream]
+            for key in self.free[stream]
         ]
 
 
@@ -240,6 +253,7 @@ class CachingAllocatorModel:
         self._max_split = conf.max_split_size if conf.max_split_size is not None else 1 << 64
         self._divisions = conf.roundup_power2_divisions
         self._round_plain = not any(value > 1 for value in self._divisions)
+        self._expandable = conf.expandable_segments
 
     # -------------------------------------------------------------------------- arithmetic
 
@@ -272,11 +286,14 @@ class CachingAllocatorModel:
 
     def malloc(self, orig_size: int, stream: int) -> Block | None:
         """Serve a request of ``orig_size`` bytes on ``stream``; None where torch runs out."""
-        size = self.round_size(orig_size)
+        if self._round_plain:
+            size = K_MIN_BLOCK if orig_size < K_MIN_BLOCK else (orig_size + 511) & ~511
+        else:
+            size = self.round_size(orig_size)
         pool = self.pools[1] if size <= K_SMALL_SIZE else self.pools[0]
-        alloc_size = self.allocation_size(size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
+            alloc_size = self.allocation_size(size)
             if self._gc_on:
                 self._garbage_collect()
             block = self._alloc_block(pool, stream, size, alloc_size)
@@ -287,16 +304,51 @@ class CachingAllocatorModel:
                 block = self._alloc_block(pool, stream, size, alloc_size)
             if block is None:
                 return None
-        return self._alloc_found(pool, block, size, orig_size)
+        # torch's should_split, then alloc_found_block: the request takes the block's front.
+        remaining = block.size - size
+        if (
+            remaining >= K_MIN_BLOCK
+            if (block.small or self._expandable)
+            else (size < self._max_split and remaining > K_SMALL_SIZE)
+        ):
+            rest = block
+            block = Block(rest.addr, size, rest.stream, rest.small, rest.reservation)
+            block.prev = rest.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = rest
+            rest.prev = block
+            rest.addr += size
+            rest.size = remaining
+            rest.gc_base = pool.gc_calls
+            keys = pool.free.get(rest.stream)
+            if keys is None:
+                keys = pool.free[rest.stream] = []
+            insort(keys, remaining << ADDR_BITS | rest.addr)
+            pool.by_addr[rest.addr] = rest
+        block.allocated = True
+        block.freed = False
+        block.requested = orig_size
+        self.active += block.size
+        return block
 
     def free(self, block: Block) -> None:
         """torch's ``free_block``: merge with free neighbours and cache the result."""
         block.allocated = False
         self.active -= block.size
         pool = self.pools[1] if block.small else self.pools[0]
-        for neighbour in (block.prev, block.next):
-            self._try_merge(block, neighbour, pool)
-        pool.insert(block)
+        before = block.prev
+        after = block.next
+        if before is not None and not before.allocated and before.mapped == block.mapped:
+            self._merge(block, before, pool)
+        if after is not None and not after.allocated and after.mapped == block.mapped:
+            self._merge(block, after, pool)
+        block.gc_base = pool.gc_calls
+        keys = pool.free.get(block.stream)
+        if keys is None:
+            keys = pool.free[block.stream] = []
+        insort(keys, block.size << ADDR_BITS | block.addr)
+        pool.by_addr[block.addr] = block
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: ``release_cached_blocks``."""
@@ -437,15 +489,16 @@ class CachingAllocatorModel:
         keys = pool.free.get(stream)
         if not keys:
             return None
-        index = bisect_left(keys, (size, 0))
+        index = bisect_left(keys, size << ADDR_BITS)
         if index == len(keys):
             return None
-        block = pool.by_addr[keys[index][1]]
+        by_addr = pool.by_addr
+        block = by_addr[keys[index] & ADDR_MASK]
         if block.reservation is not None:
-            if self.conf.expandable_segments:
+            if self._expandable:
                 best = self._expandable_size(block)
                 while index + 1 < len(keys) and block.reservation is not None:
-                    following = pool.by_addr[keys[index + 1][1]]
+                    following = by_addr[keys[index + 1] & ADDR_MASK]
                     grown = self._expandable_size(following)
                     if grown >= best:
                         break
@@ -453,16 +506,17 @@ class CachingAllocatorModel:
                     block, best = following, grown
             else:
                 index += 1
-                while index < len(keys) and pool.by_addr[keys[index][1]].reservation is not None:
+                while index < len(keys) and by_addr[keys[index] & ADDR_MASK].reservation:
                     index += 1
                 if index == len(keys):
                     return None
-                block = pool.by_addr[keys[index][1]]
+                block = by_addr[keys[index] & ADDR_MASK]
         if size < self._max_split and block.size >= self._max_split:
             return None
         if size >= self._max_split and block.size >= size + self.conf.max_non_split_rounding:
             return None
-        pool.remove(block)
+        del keys[index]
+        del by_addr[block.addr]
         return block
 
     @staticmethod
@@ -472,35 +526,18 @@ class CachingAllocatorModel:
             return block.size + following.size
         return block.size
 
-    def _should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
-        if block.small or self.conf.expandable_segments:
-            return remaining >= K_MIN_BLOCK
-        return size < self._max_split and remaining > K_SMALL_SIZE
-
-    def _alloc_found(self, pool: _Pool, block: Block, size: int, orig_size: int) -> Block:
-        if self._should_split(block, size):
-            remaining = block
-            block = Block(remaining.addr, size, remaining.stream, remaining.small)
-            block.reservation = remaining.reservation
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
-            block.next = remaining
-            remaining.prev = block
-            remaining.addr += size
-            remaining.size -= size
-            pool.insert(remaining)
-        block.allocated = True
-        block.requested = orig_size
-        self.active += block.size
-        return block
-
     def _try_merge(self, dst: Block, src: Block | None, pool: _Pool) -> None:
-        if src is None or src.allocated or src.mapped != dst.mapped:
-            return
+        if src is not None and not src.allocated and src.mapped == dst.mapped:
+            self._merge(dst, src, pool)
+
+    @staticmethod
+    def _merge(dst: Block, src: Block, pool: _Pool) -> None:
+        """torch's ``try_merge_blocks`` once it decided to: ``dst`` takes in its free
+        neighbour ``src``, which leaves the pool."""
         if src.mapped:
-            pool.remove(src)
+            keys = pool.free[src.stream]
+            del keys[bisect_left(keys, src.size << ADDR_BITS | src.addr)]
+            del pool.by_addr[src.addr]
         else:
             pool.remove_unmapped(src)
         if dst.prev is src:
@@ -555,16 +592,16 @@ class CachingAllocatorModel:
             return False
         key = max(size, self._max_split)
         keys = pool.free.get(stream) or []
-        index = bisect_left(keys, (key, 0))
+        index = bisect_left(keys, key << ADDR_BITS)
         if index < len(keys):
-            block = pool.by_addr[keys[index][1]]
+            block = pool.by_addr[keys[index] & ADDR_MASK]
             if block.reservation is None:
                 self._release_block(pool, block)
                 return True
         released = 0
         index -= 1
         while released < key and index >= 0:
-            block = pool.by_addr[keys[index][1]]
+            block = pool.by_addr[keys[index] & ADDR_MASK]
             if block.size < self._max_split:
                 break
             if block.reservation is None:
@@ -611,7 +648,8 @@ class CachingAllocatorModel:
                 return None
         while candidate.size < size:
             following = candidate.next
-            assert following is not None and not following.mapped
+            if following is None or following.mapped:
+                return None  # larger than the whole virtual range
             if not self._map(pool, following, min(size - candidate.size, following.size)):
                 return None
             candidate = following

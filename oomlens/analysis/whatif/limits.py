@@ -53,6 +53,7 @@ def infer_limit(
     *,
     request_segment: Callable[[int], int],
     gc_enabled: bool,
+    releases: dict[int, int] | None = None,
 ) -> InferredLimit:
     """Bracket the recording's limit; see the module docstring.
 
@@ -63,7 +64,7 @@ def infer_limit(
     low = reserved
     high: int | None = None
     failures = 0
-    external = external_releases(trace)
+    external = external_releases(trace) if releases is None else releases
     attempt_reserved: int | None = None
     count = len(trace)
     index = 0

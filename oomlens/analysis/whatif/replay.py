@@ -28,6 +28,7 @@ from oomlens.analysis.whatif.allocator_model import (
     SegmentEvent,
 )
 from oomlens.analysis.whatif.rewind import StartState
+from oomlens.ingest.snapshot.unpickler import gc_paused
 
 _SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _RELEASES = frozenset({"segment_free", "segment_unmap"})
@@ -140,6 +141,7 @@ def replay(
     *,
     check: bool = False,
     packed: bool = False,
+    releases: dict[int, int] | None = None,
 ) -> ReplayRun:
     """Replay ``trace`` from ``start`` under ``conf`` and ``limit``; see the module docstring.
 
@@ -148,7 +150,26 @@ def replay(
     markers follows it (the recorded run died there).  An OOM the program caught and survived
     is replayed through.  ``check``: compare every decision with the recording (segment events,
     block addresses, reserved bytes, the OOMs), using the recorded addresses for new segments.
+    ``releases``: :func:`external_releases` of the trace, when the caller has it already.
     """
+    # The cyclic collector would walk the whole snapshot each time the model's blocks (linked
+    # both ways) trigger a collection; they are dropped as a whole afterwards.
+    with gc_paused():
+        return _replay(
+            trace, start, conf, limit, check=check, packed=packed, releases=releases
+        )
+
+
+def _replay(
+    trace: list[Any],
+    start: StartState,
+    conf: AllocConf,
+    limit: Limit,
+    *,
+    check: bool = False,
+    packed: bool = False,
+    releases: dict[int, int] | None = None,
+) -> ReplayRun:
     agreement = Agreement() if check else None
     pending: list[dict[str, Any]] = []
     used: set[int] = set()
@@ -173,12 +194,12 @@ def replay(
         run.outcome, run.oom_index, run.oom_stream = "oom", -1, failed_stream
         run.peak_reserved, run.peak_allocated = model.peak_reserved, allocated
         return run
-    freed: set[int] = set()
     peak_allocated = allocated
-    releases = external_releases(trace)
-    last_event = max(
-        (index for index, entry in enumerate(trace) if entry["action"] != "snapshot"), default=-1
-    )
+    if releases is None:
+        releases = external_releases(trace)
+    last_event = len(trace) - 1
+    while last_event >= 0 and trace[last_event]["action"] == "snapshot":
+        last_event -= 1
     recorded_reserved = start.reserved
     malloc = model.malloc
     free = model.free
@@ -190,9 +211,7 @@ def replay(
         if found is None:
             run.unknown_frees += 1
             return
-        if addr in freed:
-            freed.discard(addr)
-        else:
+        if not found.freed:
             allocated -= found.size
         free(found)
 
@@ -208,12 +227,11 @@ def replay(
 
     skip_until = -1
     for index, entry in enumerate(trace):
-        if index < skip_until:
-            continue
         action = entry["action"]
         if action == "alloc":
             block = malloc(entry["size"], entry["stream"])
-            settle(index)
+            if events or agreement is not None:
+                settle(index)
             if block is None:
                 _ran_out(run, model, index, entry, allocated)
                 if agreement is not None:
@@ -236,14 +254,21 @@ def replay(
             allocated += block.size
             if allocated > peak_allocated:
                 peak_allocated = allocated
-        elif action == "free_completed":
-            completed(entry["addr"])
         elif action == "free_requested":
-            addr = entry["addr"]
-            found = blocks.get(addr)
-            if found is not None and addr not in freed:
-                freed.add(addr)
+            found = blocks.get(entry["addr"])
+            if found is not None and not found.freed:
+                found.freed = True
                 allocated -= found.size
+        elif action == "free_completed":
+            if index < skip_until:
+                continue
+            found = blocks.pop(entry["addr"], None)
+            if found is None:
+                run.unknown_frees += 1
+                continue
+            if not found.freed:
+                allocated -= found.size
+            free(found)
         elif action == "oom":
             first = run.unallocated_at_recorded_oom is None
             block = malloc(entry["size"], entry["stream"])
@@ -266,6 +291,8 @@ def replay(
                 run.continued_after_oom = True
             free(block)
         elif action in _SEGMENT_ACTIONS:
+            if index < skip_until:
+                continue
             end = releases.get(index)
             if end is None:
                 if agreement is not None:

@@ -22,11 +22,15 @@ from oomlens.facts.whatif import SelfCheck
 
 
 def self_check(
-    trace: list[Any], start: StartState, conf: AllocConf, limit: Limit
+    trace: list[Any],
+    start: StartState,
+    conf: AllocConf,
+    limit: Limit,
+    releases: dict[int, int] | None = None,
 ) -> tuple[SelfCheck, ReplayRun]:
     """Replay ``trace`` under the recorded ``conf`` and ``limit`` and compare; see the module
     docstring.  Returns the verdict and the run (its figures are the recording's own)."""
-    run = replay(trace, start, conf, limit, check=True)
+    run = replay(trace, start, conf, limit, check=True, releases=releases)
     agreement = run.agreement
     assert agreement is not None
     recorded_ooms = tuple(index for index, entry in enumerate(trace) if entry["action"] == "oom")
