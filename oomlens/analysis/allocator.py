@@ -39,10 +39,11 @@ import statistics
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlens.analysis.stacks import NO_PYTHON_STACK, NO_STACK, Attribution, StackResolver
+from oomlens.analysis.whatif import replay_verdict
 from oomlens.errors import InputError
 from oomlens.facts.snapshot import (
     AllocatorSettings,
@@ -120,6 +121,10 @@ class AnalysisOptions:
     leak_growing_fraction: float = 0.75
     min_leak_bytes_per_iteration: int = 512
     max_boundaries: int = 64
+    replay_fix: str | None = "expandable_segments:True"
+    """The allocator setting replayed for a device that ran out (None: no replay)."""
+    replay_max_entries: int = 2_000_000
+    """Longer traces are not replayed (time is bounded by the trace's length)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +227,8 @@ def analyze_snapshot(
                     options,
                 )
             )
+    if options.replay_fix is not None:
+        devices = [_with_replay(snapshot, device, options) for device in devices]
     return SnapshotAnalysis(
         source=snapshot.source,
         layout=snapshot.layout,
@@ -230,6 +237,24 @@ def analyze_snapshot(
         allocator_settings=snapshot.allocator_settings,
         devices=tuple(devices),
     )
+
+
+def _with_replay(
+    snapshot: Snapshot, device: DeviceAnalysis, options: AnalysisOptions
+) -> DeviceAnalysis:
+    """``device`` with the replay's verdict on ``options.replay_fix`` when it ran out with
+    memory reserved but unallocated (the fragmentation the fix is for)."""
+    trace = snapshot.raw.device_traces
+    if (
+        device.oom is None
+        or device.history is not HistoryMode.ALLOC_HISTORY
+        or device.state.reserved_unallocated_bytes <= 0
+        or len(trace[device.device]) > options.replay_max_entries
+        or options.replay_fix is None
+    ):
+        return device
+    verdict = replay_verdict(snapshot, device.device, options.replay_fix)
+    return device if verdict is None else replace(device, replay=verdict)
 
 
 def _annotations_by_device(annotations: list[Any]) -> dict[int, list[tuple[int, str]]]:

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from oomlens.facts import SourceRef
+from oomlens.facts.whatif import ReplayVerdict
 
 # --------------------------------------------------------------------------------------------
 # The loaded snapshot
@@ -562,6 +563,7 @@ class DeviceAnalysis:
     iterations: Iterations | None
     leak: Leak | None
     notes: tuple[str, ...]
+    replay: ReplayVerdict | None = None
 
 
 @dataclass(frozen=True, slots=True)

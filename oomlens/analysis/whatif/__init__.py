@@ -333,14 +333,18 @@ def replay_verdict(
     if allowed is not None:
         limit = MemoryLimit(allowed, "--allowed", 0, fraction=True)
     prediction = context.predict(conf.with_text(conf.canonical()), limit, baseline=False)
-    return verdict_of(prediction, context.check)
+    return verdict_of(prediction, context.check, whole_run=context.start.empty)
 
 
-def verdict_of(prediction: Prediction, check: SelfCheck) -> ReplayVerdict:
+def verdict_of(prediction: Prediction, check: SelfCheck, *, whole_run: bool) -> ReplayVerdict:
     """A prediction summed up for the rules."""
     result = prediction.result
     if prediction.conclusive:
-        reason = "self-check passed; the prediction holds whatever the unrecorded part did"
+        reason = "self-check passed; " + (
+            "the trace covers the whole run"
+            if whole_run
+            else "both layouts of the memory held before the trace agree"
+        )
     elif not check.passed:
         reason = f"self-check failed ({check.first_mismatch})"
     else:
