@@ -24,7 +24,14 @@ ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "fixtures" / "whatif"
 SCENARIOS = FIXTURES / "_scenarios"
 PEAK_TOLERANCE = 0.05
-FAMILIES = ("expandable_rescues", "live_too_large", "rounding", "small_pool", "transformer")
+FAMILIES = (
+    "expandable_limit",
+    "expandable_rescues",
+    "live_too_large",
+    "rounding",
+    "small_pool",
+    "transformer",
+)
 
 
 def family_folders(root: Path) -> list[Path]:
