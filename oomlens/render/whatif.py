@@ -218,7 +218,11 @@ def render_whatif_text(whatif: WhatIf) -> str:
                 describe_outcome(result, prediction.covers),
                 _size(result.peak_reserved_bytes),
                 _size(result.peak_allocated_bytes),
-                "yes" if prediction.conclusive else "no",
+                "(the recording)"
+                if prediction.baseline and prediction.limit == whatif.recorded_limit
+                else "yes"
+                if prediction.conclusive
+                else "no",
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]

@@ -180,11 +180,15 @@ class _Context:
         )
 
     def predict(self, conf: AllocConf, limit: MemoryLimit, *, baseline: bool) -> Prediction:
+        """Replay ``conf`` under ``limit``.  The recorded setting under the recorded limit is
+        the recording itself: its start is the recorded one, and it is as good as the
+        self-check."""
         model_limit = _model_limit(limit)
         run = replay(self.trace, self.start, conf, model_limit, releases=self.releases)
         result = _result(run, limit)
+        reproduction = baseline and limit == self.recorded_limit
         packed: ReplayResult | None = None
-        if not self.start.empty:
+        if not self.start.empty and not reproduction:
             packed_run = replay(
                 self.trace, self.start, conf, model_limit, packed=True, releases=self.releases
             )
@@ -200,7 +204,9 @@ class _Context:
                 f"recorded, {packed.outcome} with it allocated afresh under this setting: "
                 "the part of the run before the recording decides"
             )
-        if limit.bytes is None:
+        if reproduction:
+            pass
+        elif limit.bytes is None:
             conclusive = False
             notes.append("no limit known: pass --allowed to predict against one")
         else:

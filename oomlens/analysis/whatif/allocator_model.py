@@ -1,8 +1,15 @@
 """A model of PyTorch's CUDA caching allocator (``DeviceCachingAllocator``), one device.
 
-Written from ``c10/cuda/CUDACachingAllocator.cpp`` (read at pytorch/pytorch@001074d, the
-allocator of torch 2.5-era main) and the torch 2.9+ config parser; checked against torch 2.11
-by replaying real 2.11 recordings (:mod:`.selfcheck`).  What it does, as torch does it:
+Written from ``c10/cuda/CUDACachingAllocator.cpp`` as read at pytorch/pytorch@001074d (2024
+main, about torch 2.5: no 2.11 copy of the file was available to read) and the
+``AcceleratorAllocatorConfig`` parser of torch 2.9+ (``c10/core/AllocatorConfig.cpp``); held
+to torch 2.11 by replaying every real 2.11 recording of the corpus (:mod:`.selfcheck`: segment
+events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif``.  Where
+2.11 may differ from what was read: whether the memory-fraction check of expandable segments
+counts the segment asked for or the pages mapped (the ``expandable_limit`` family settles it),
+whether ``release_available_cached_blocks`` and garbage collection skip expandable blocks (the
+model skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13
+headers).  What it does, as torch does it:
 
 * **rounding**: a request is rounded to 512 B, or to the next power-of-2 division where
   ``roundup_power2_divisions`` asks for it (``round_size``); requests <= 1 MiB go to the small
