@@ -104,3 +104,19 @@ def test_a_snapshot_without_history_or_a_missing_file(
     assert code == 3 and "no allocation history" in err and "_record_memory_history" in err
     code, _, err = run(capsys, str(tmp_path / "missing.pickle"))
     assert code == 3 and "missing.pickle" in err
+
+
+def test_a_damaged_trace_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import pickle
+
+    recorded, _ = record(rounds(3), allowed=1024 * MiB)
+    data = recorded.snapshot()
+    trace = data["device_traces"][0]
+    index = next(i for i, entry in enumerate(trace) if entry["action"] == "alloc")
+    trace[index]["size"] = "64MiB"
+    path = tmp_path / "damaged.pickle"
+    path.write_bytes(pickle.dumps(data))
+    code, out, err = run(capsys, str(path))
+    assert code == 3 and out == ""
+    assert f"device_traces[0][{index}] (alloc) has no valid 'size'" in err
+    assert len(err.strip().splitlines()) == 1

@@ -69,6 +69,18 @@ LADDER = (
 """The changes tried when no setting is given, each on top of the recorded setting."""
 
 _TRACE_KEYS = ("action", "size", "stream")
+_REPLAYED_ACTIONS = frozenset(
+    {
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "oom",
+    }
+)
 
 
 def default_ladder(recorded: AllocConf) -> list[AllocConf]:
@@ -114,10 +126,11 @@ def _has_events(trace: list[Any]) -> bool:
 
 
 def _checked_trace(where: str, device: int, trace: list[Any]) -> None:
-    """Every entry the replay reads must have the types torch writes."""
+    """Every entry the replay reads must have the types torch writes (other actions, such as
+    ``snapshot`` markers and annotations, are passed over)."""
     for index, entry in enumerate(trace):
         action = entry.get("action")
-        if action == "snapshot":
+        if action not in _REPLAYED_ACTIONS:
             continue
         for key in _TRACE_KEYS:
             value = entry.get(key)
