@@ -43,6 +43,8 @@ def check_family(folder: Path) -> list[str]:
     case = json.loads((folder / "case.json").read_text())
     snapshot = load_snapshot(folder / "snapshot.pickle")
     trace = snapshot.raw.device_traces[0]
+    # Steps are told apart by the entries' user_metadata (torch.cuda.memory._set_memory_metadata).
+    labelled = any(entry.get("user_metadata") for entry in trace)
     problems = []
     runs: list[dict[str, Any]] = [case["recorded"], *case["runs"]]
     for run in runs:
@@ -64,7 +66,7 @@ def check_family(folder: Path) -> list[str]:
         if result.outcome != run["outcome"]:
             problems.append(f"{name}: predicted {result.outcome}, ran {run['outcome']}")
             continue
-        if result.outcome == "oom" and result.oom_event_index is not None:
+        if result.outcome == "oom" and result.oom_event_index is not None and labelled:
             index = result.oom_event_index
             step = trace[index].get("user_metadata") if index >= 0 else None
             if step != run["oom_step"]:
