@@ -2,6 +2,11 @@
 from the one recorded run must give every other run's real outcome (and the step it ran out
 at) with a peak reserved within 5 % of torch's own ``max_memory_reserved``.
 
+An OOM is checked at the request: where the run kept its own recording, the predicted OOM must
+be the request the run ran out on (the same ordinal among the allocations, the same rounded
+size; the workloads are deterministic, so every run asks for the same sequence), and the step
+named by the recording's ``user_metadata`` must be the step the run died in.
+
 The fixtures come from one GPU session (``fixtures/whatif/_scenarios/run_whatif.py``, then
 ``collect.py``); until they are collected those tests skip.  The driver and collect step
 themselves are exercised here without a GPU, with a model-backed stand-in for the per-run child.
@@ -18,6 +23,7 @@ from typing import Any
 import pytest
 
 from oomlens.analysis.whatif import parse_alloc_conf, run_whatif
+from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
 from oomlens.ingest.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,6 +42,34 @@ FAMILIES = (
 
 def family_folders(root: Path) -> list[Path]:
     return sorted(path.parent for path in root.glob("*/case.json"))
+
+
+def step_at(trace: list[Any], index: int) -> str | None:
+    """The workload step of ``trace[index]``.  torch keeps the metadata per thread
+    (``DeviceCachingAllocator::user_metadata`` is ``static thread_local``), so what autograd
+    allocates and frees on its own device thread during ``backward()`` carries none: such an
+    entry belongs to the step labelled last before it."""
+    for position in range(index, -1, -1):
+        label = trace[position].get("user_metadata")
+        if label:
+            return str(label)
+    return None
+
+
+def allocations_before(trace: list[Any], index: int) -> int:
+    return sum(1 for entry in trace[:index] if entry["action"] == "alloc")
+
+
+def real_oom(folder: Path, run: dict[str, Any]) -> tuple[int, int] | None:
+    """The run's own OOM as (allocations served before it, rounded request), from the run's
+    recording; None where it kept none or it shows no OOM."""
+    if not run.get("snapshot"):
+        return None
+    own = load_snapshot(folder / run["snapshot"]).raw.device_traces[0]
+    index = next((i for i, entry in enumerate(own) if entry["action"] == "oom"), None)
+    if index is None:
+        return None
+    return allocations_before(own, index), int(own[index]["size"])
 
 
 def check_family(folder: Path) -> list[str]:
@@ -66,12 +100,23 @@ def check_family(folder: Path) -> list[str]:
         if result.outcome != run["outcome"]:
             problems.append(f"{name}: predicted {result.outcome}, ran {run['outcome']}")
             continue
-        if result.outcome == "oom" and result.oom_event_index is not None and labelled:
+        if result.outcome == "oom" and result.oom_event_index is not None:
             index = result.oom_event_index
-            step = trace[index].get("user_metadata") if index >= 0 else None
-            if step != run["oom_step"]:
-                problems.append(f"{name}: predicted the OOM at {step!r}, ran out at "
-                                f"{run['oom_step']!r}")
+            if labelled:
+                step = step_at(trace, index) if index >= 0 else None
+                if step != run["oom_step"]:
+                    problems.append(
+                        f"{name}: predicted the OOM at {step!r}, ran out at {run['oom_step']!r}"
+                    )
+            ran_out = real_oom(folder, run)
+            if ran_out is not None and index >= 0 and result.oom_request_bytes is not None:
+                rounded = CachingAllocatorModel(conf, Limit()).round_size(result.oom_request_bytes)
+                predicted = (allocations_before(trace, index), rounded)
+                if predicted != ran_out:
+                    problems.append(
+                        f"{name}: predicted the OOM after {predicted[0]} allocations asking "
+                        f"{predicted[1]} bytes, the run after {ran_out[0]} asking {ran_out[1]}"
+                    )
         real = run["max_memory_reserved"]
         if abs(result.peak_reserved_bytes - real) > PEAK_TOLERANCE * real:
             problems.append(
@@ -152,3 +197,4 @@ def test_driver_and_collect_without_a_gpu(tmp_path: Path) -> None:
     case = json.loads((dest / "expandable_rescues" / "case.json").read_text())
     assert case["recorded"]["outcome"] == "oom"
     assert {run["outcome"] for run in case["runs"]} == {"oom", "fits"}
+
