@@ -4,7 +4,11 @@ A new segment fails when reserved + its size would exceed the limit: the per-pro
 fraction's ``allowed`` bytes, or what the device still had free.  The trace shows both sides
 of that test:
 
-* every segment the allocator got proves the limit was at least the reserved bytes after it;
+* every segment the allocator got proves the limit was at least the reserved bytes before it
+  plus the size checked: the segment's own size, or with expandable segments the segment the
+  request asked for (``get_allocation_size``), which the fraction is checked against rather
+  than the pages then mapped (the ``expandable_limit`` GPU family: reserved ends above
+  ``allowed`` when the pages are larger than the request);
 * every time the allocator had to release cached segments before getting a new one (or ran
   out), its first attempt failed: the limit was below the reserved bytes at that moment plus
   the segment it asked for;
@@ -83,15 +87,15 @@ def infer_limit(
                 attempt_reserved = reserved
             reserved -= entry["size"]
         elif action in ("segment_alloc", "segment_map"):
+            checked = entry["size"]
+            if action == "segment_map":
+                checked = request_segment(_next_request(trace, index))
             if attempt_reserved is not None and not gc_enabled:
-                size = entry["size"]
-                if action == "segment_map":
-                    size = request_segment(_next_request(trace, index))
-                high = _lower(high, attempt_reserved + size - 1)
+                high = _lower(high, attempt_reserved + checked - 1)
                 failures += 1
             attempt_reserved = None
+            low = max(low, reserved + checked)
             reserved += entry["size"]
-            low = max(low, reserved)
         elif action == "oom":
             segment = request_segment(entry["size"])
             before = attempt_reserved if attempt_reserved is not None else reserved

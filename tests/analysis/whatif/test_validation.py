@@ -198,3 +198,24 @@ def test_driver_and_collect_without_a_gpu(tmp_path: Path) -> None:
     assert case["recorded"]["outcome"] == "oom"
     assert {run["outcome"] for run in case["runs"]} == {"oom", "fits"}
 
+
+@pytest.mark.skipif(not GPU_FAMILIES, reason="the GPU validation fixtures are not collected yet")
+@pytest.mark.parametrize("folder", GPU_FAMILIES, ids=[path.name for path in GPU_FAMILIES])
+def test_each_run_shows_the_limit_it_ran_under(folder: Path) -> None:
+    """The limit inferred from each run's own recording brackets the exact ``allowed`` bytes it
+    ran under, wherever the recording hit its limit (with expandable segments, too: the
+    fraction is checked against the segment asked for, not the pages mapped)."""
+    case = json.loads((folder / "case.json").read_text())
+    bracketed = 0
+    for run in [case["recorded"], *case["runs"]]:
+        if not run.get("snapshot"):
+            continue
+        whatif = run_whatif(load_snapshot(folder / run["snapshot"]), [])
+        limit = whatif.recorded_limit
+        if limit.bytes is None:
+            assert run["outcome"] == "fits", run["run"]
+            continue
+        assert limit.source == "allowed", run["run"]
+        assert abs(limit.bytes - run["allowed_bytes"]) <= limit.uncertainty, run["run"]
+        bracketed += 1
+    assert bracketed or all(run["outcome"] == "fits" for run in case["runs"])
