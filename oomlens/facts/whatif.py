@@ -85,8 +85,12 @@ class ReplayResult:
     recording's final OOM; else ``fits``.  ``oom_request_bytes`` is that request as the trace
     records it.  ``reserved_unallocated_at_recorded_oom_bytes``: reserved minus allocated once
     the request the recording failed on was handled (the OOM message's "reserved by PyTorch but
-    unallocated" when it fails again).  ``headroom_bytes`` = limit - peak reserved when it fits
-    (None without a limit); ``shortfall_bytes`` = reserved + the segment asked for - limit at
+    unallocated" when it fails again).  ``headroom_bytes``, when it fits (None without a
+    limit): how far the limit could come down with the run still going exactly as replayed --
+    limit - peak reserved, except under a memory fraction with expandable segments, where the
+    fraction is checked against reserved + the segment asked for rather than the pages mapped
+    (reserved may end up to a page above the fraction): limit - the highest such check.
+    ``shortfall_bytes`` = reserved + the segment asked for - limit at
     the OOM; ``live_too_large``: at the OOM the bytes in use plus the request alone exceed the
     limit (no setting of the allocator can help).
     """

@@ -224,7 +224,9 @@ class _Context:
             notes.append("no limit known: pass --allowed to predict against one")
         else:
             margin = result.headroom_bytes if result.outcome == "fits" else result.shortfall_bytes
-            if margin is not None and margin <= limit.uncertainty:
+            # An exact limit decides even with nothing to spare (torch refuses only above it).
+            uncertain = limit.uncertainty > 0 and margin is not None
+            if margin is not None and (margin < 0 or uncertain and margin <= limit.uncertainty):
                 conclusive = False
                 notes.append(
                     f"the margin ({margin} bytes) is within the limit's uncertainty "
@@ -271,7 +273,9 @@ def _model_limit(limit: MemoryLimit) -> Limit:
 def _result(run: ReplayRun, limit: MemoryLimit) -> ReplayResult:
     headroom = None
     if run.outcome == "fits" and limit.bytes is not None:
-        headroom = limit.bytes - run.peak_reserved
+        # A memory fraction is checked against the segment asked for, the device's memory
+        # against the pages taken (with expandable segments the two differ).
+        headroom = limit.bytes - (run.peak_checked if limit.fraction else run.peak_reserved)
     return ReplayResult(
         outcome=run.outcome,
         oom_event_index=run.oom_index,

@@ -4,12 +4,12 @@ Written from ``c10/cuda/CUDACachingAllocator.cpp`` as read at pytorch/pytorch@00
 main, about torch 2.5: no 2.11 copy of the file was available to read) and the
 ``AcceleratorAllocatorConfig`` parser of torch 2.9+ (``c10/core/AllocatorConfig.cpp``); held
 to torch 2.11 by replaying every real 2.11 recording of the corpus (:mod:`.selfcheck`: segment
-events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif``.  Where
-2.11 may differ from what was read: whether the memory-fraction check of expandable segments
-counts the segment asked for or the pages mapped (the ``expandable_limit`` family settles it),
-whether ``release_available_cached_blocks`` and garbage collection skip expandable blocks (the
-model skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13
-headers).  What it does, as torch does it:
+events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif`` (25 runs
+on an H200 under torch 2.11.0: outcomes, the request each run died on and peaks reserved agree;
+see the README).  Where 2.11 may differ from what was read: whether
+``release_available_cached_blocks`` and garbage collection skip expandable blocks (the model
+skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13 headers).
+What it does, as torch does it:
 
 * **rounding**: a request is rounded to 512 B, or to the next power-of-2 division where
   ``roundup_power2_divisions`` asks for it (``round_size``); requests <= 1 MiB go to the small
@@ -28,9 +28,15 @@ headers).  What it does, as torch does it:
   (with ``max_split_size``), then releasing every cached block that is a whole segment and
   unmapping every free page of expandable segments (``release_cached_blocks``), a last try, and
   the OOM;
-* **limits**: with a memory fraction a new segment fails when reserved + its size would exceed
-  ``allowed`` (checked with the full segment size, also for expandable segments); without one
-  it fails when the device has not that much free memory left (``capacity`` below);
+* **limits**: with a memory fraction a new segment fails when reserved + the segment asked for
+  (``get_allocation_size`` of the request) would exceed ``allowed``; without one it fails when
+  the device has not that much free memory left (``capacity`` below).  With expandable
+  segments the fraction is checked against the segment asked for, *not* the pages then mapped,
+  as the ``expandable_limit`` GPU family showed on torch 2.11: 80 MiB reserved, a 30 MiB
+  request under a 110 MiB fraction passes the check, maps two 20 MiB pages, and reserved ends
+  at 120 MiB, above ``allowed`` (at 100 MiB it is refused).  Reserved memory can thus exceed
+  the fraction by less than a page; ``peak_checked`` is the highest reserved + segment the
+  fraction was checked against (the head-room is counted from it);
 * **expandable segments**: one virtual range per stream and pool, mapped in 2 MiB (small) or
   ``large_segment_size`` (large) pages at the lowest address where the request fits; on the
   retry path whole free pages are unmapped; the best fit counts a free block's unmapped
@@ -233,8 +239,10 @@ class CachingAllocatorModel:
     the OOM; ``free(block)`` returns it to the cache (torch's ``free_block``);
     ``empty_cache()`` is ``torch.cuda.empty_cache()``.  Every segment change is appended to
     ``events`` (the caller drains it).  ``reserved`` is torch's ``memory_reserved()`` (with
-    ``peak_reserved`` its high-water mark), ``active`` the bytes of blocks handed out and not
-    yet back in the cache.
+    ``peak_reserved`` its high-water mark), ``peak_checked`` the highest reserved + segment the
+    memory fraction was checked against (the reserved bytes at the start included; equal to
+    ``peak_reserved`` without expandable segments), ``active`` the bytes of blocks handed out
+    and not yet back in the cache.
     """
 
     def __init__(
@@ -252,6 +260,7 @@ class CachingAllocatorModel:
         self.reservations: list[Reservation] = []
         self.reserved = 0
         self.peak_reserved = 0
+        self.peak_checked = 0
         self.active = 0
         self.events: list[SegmentEvent] = []
         self.segments: set[int] = set()
@@ -390,6 +399,7 @@ class CachingAllocatorModel:
         pieces = self._tile(addr, size, stream, small, None, live)
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.peak_checked = max(self.peak_checked, self.reserved)
         self.segments.add(addr)
         self._bump_past(addr + size)
         return pieces
@@ -440,6 +450,7 @@ class CachingAllocatorModel:
             if not block.mapped:
                 pool.insert_unmapped(block)
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.peak_checked = max(self.peak_checked, self.reserved)
         self._bump_past(end)
         return result
 
@@ -447,6 +458,7 @@ class CachingAllocatorModel:
         """Count a segment the model does not manage (a private pool's) as reserved."""
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.peak_checked = max(self.peak_checked, self.reserved)
 
     @staticmethod
     def _head_of(pieces: dict[int, Block], start: int, pool: _Pool) -> Block | None:
@@ -574,12 +586,18 @@ class CachingAllocatorModel:
         return self.limit.capacity is None or self.reserved + size <= self.limit.capacity
 
     def _alloc_block(self, pool: _Pool, stream: int, size: int, alloc_size: int) -> Block | None:
-        if self.limit.allowed is not None and self.reserved + alloc_size > self.limit.allowed:
+        checked = self.reserved + alloc_size
+        if self.limit.allowed is not None and checked > self.limit.allowed:
             return None
         if self.conf.expandable_segments:
-            return self._allocate_expandable(pool, stream, size)
+            block = self._allocate_expandable(pool, stream, size)
+            if block is not None and checked > self.peak_checked:
+                self.peak_checked = checked
+            return block
         if not self._fits(alloc_size, check_allowed=False):
             return None
+        if checked > self.peak_checked:
+            self.peak_checked = checked
         addr = self._new_address("segment_alloc", alloc_size, stream)
         self.reserved += alloc_size
         self.peak_reserved = max(self.peak_reserved, self.reserved)

@@ -62,6 +62,7 @@ class ReplayRun:
     oom_request: int | None = None
     oom_stream: int | None = None
     peak_reserved: int = 0
+    peak_checked: int = 0
     peak_allocated: int = 0
     reserved_at_start: int = 0
     unallocated_at_recorded_oom: int | None = None
@@ -193,6 +194,7 @@ def _replay(
     if failed_stream is not None:
         run.outcome, run.oom_index, run.oom_stream = "oom", -1, failed_stream
         run.peak_reserved, run.peak_allocated = model.peak_reserved, allocated
+        run.peak_checked = model.peak_checked
         return run
     peak_allocated = allocated
     if releases is None:
@@ -307,6 +309,7 @@ def _replay(
             settle(index)
             skip_until = end
     run.peak_reserved = model.peak_reserved
+    run.peak_checked = model.peak_checked
     run.peak_allocated = peak_allocated
     return run
 

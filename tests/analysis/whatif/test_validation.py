@@ -97,6 +97,8 @@ def check_family(folder: Path) -> list[str]:
         result = prediction.result
         name = f"{folder.name}/{run['run']} ({run['alloc_conf'] or 'defaults'}, "
         name += f"{run['allowed_bytes']} bytes)"
+        if not prediction.conclusive:
+            problems.append(f"{name}: not a forecast: {'; '.join(prediction.notes)}")
         if result.outcome != run["outcome"]:
             problems.append(f"{name}: predicted {result.outcome}, ran {run['outcome']}")
             continue
