@@ -69,7 +69,7 @@ class RecordingMemory:
 
     def __init__(self, conf: AllocConf, limit: Limit, *, max_entries: int | None = None) -> None:
         self.conf = conf
-        self.model = CachingAllocatorModel(conf, limit, synthetic_base=0x7F0000000000)
+        self.model = CachingAllocatorModel(conf, limit, synthetic_top=0x7F0000000000)
         self.trace: list[dict[str, Any]] = []
         self.max_entries = max_entries
         self.blocks: dict[int, tuple[Block, list[Any]]] = {}

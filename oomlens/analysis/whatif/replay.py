@@ -22,6 +22,7 @@ from typing import Any
 
 from oomlens.analysis.whatif.alloc_conf import AllocConf
 from oomlens.analysis.whatif.allocator_model import (
+    SYNTHETIC_TOP,
     Block,
     CachingAllocatorModel,
     Limit,
@@ -186,7 +187,14 @@ def _replay(
             return int(entry["addr"])
         return None
 
-    model = CachingAllocatorModel(conf, limit, oracle=oracle if check else None)
+    # Checking, the model's addresses must be the recorded ones; predicting, the start goes
+    # above the segments the model will place (the driver places later segments lower).
+    model = CachingAllocatorModel(
+        conf,
+        limit,
+        oracle=oracle if check else None,
+        start_shift=0 if check else SYNTHETIC_TOP,
+    )
     run = ReplayRun(agreement=agreement)
     blocks, failed_stream = _start_model(model, start, packed)
     run.reserved_at_start = model.reserved

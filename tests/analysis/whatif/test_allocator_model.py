@@ -7,7 +7,12 @@ comment); the model's agreement with real torch 2.11 recordings is checked in
 from __future__ import annotations
 
 from oomlens.analysis.whatif.alloc_conf import parse_alloc_conf
-from oomlens.analysis.whatif.allocator_model import Block, CachingAllocatorModel, Limit
+from oomlens.analysis.whatif.allocator_model import (
+    SYNTHETIC_TOP,
+    Block,
+    CachingAllocatorModel,
+    Limit,
+)
 
 MiB = 1024**2
 
@@ -79,6 +84,49 @@ def test_best_fit_takes_the_smallest_block_that_fits_on_the_same_stream() -> Non
     allocator.events.clear()
     served(allocator, 24 * MiB, stream=7)  # another stream: a new segment
     assert actions(allocator) == [("segment_alloc", 24 * MiB)]
+
+
+def test_among_equal_free_blocks_the_later_segment_is_taken() -> None:
+    # Equal sizes: torch takes the lowest address, and the driver mostly gives a later segment
+    # a lower address, so the model places each new segment below the live ones.
+    allocator = model()
+    first, second, third = (served(allocator, 30 * MiB) for _ in range(3))
+    assert first.addr > second.addr > third.addr
+    allocator.free(first)
+    allocator.free(third)
+    assert served(allocator, 30 * MiB).addr == third.addr
+    # A released segment's place is used again: 60 + 40 > 70 MiB, the retry releases the
+    # cached 30 MiB one, and the 40 MiB segment goes right below the one still alive.
+    allocator = model(allowed=70 * MiB)
+    kept, spare = served(allocator, 30 * MiB), served(allocator, 30 * MiB)
+    allocator.free(spare)
+    assert served(allocator, 40 * MiB).addr == kept.addr - 40 * MiB == spare.addr - 10 * MiB
+
+
+def test_a_recorded_start_lies_above_the_segments_the_model_adds() -> None:
+    # Predicting from a mid-run trace: the start's segments were there first, so the driver
+    # would have put the new ones below them; the start's blocks still answer to their
+    # recorded addresses.
+    allocator = CachingAllocatorModel(
+        parse_alloc_conf(""), Limit(), start_shift=SYNTHETIC_TOP
+    )
+    recorded = 0x7F0000000000
+    live = allocator.adopt_segment(recorded, 30 * MiB, 0, False, [(recorded, 30 * MiB, 30 * MiB)])
+    assert list(live) == [recorded] and live[recorded].addr == recorded + SYNTHETIC_TOP
+    added = served(allocator, 30 * MiB)
+    assert added.addr < recorded + SYNTHETIC_TOP
+    allocator.free(added)
+    allocator.free(live[recorded])
+    assert served(allocator, 30 * MiB).addr == added.addr  # the tie goes to the later one
+
+
+def test_no_address_room_is_an_oom_not_a_crash() -> None:
+    # A band of 32 MiB for the model's own segments: the second 20 MiB one has no room.
+    allocator = CachingAllocatorModel(parse_alloc_conf(""), Limit(), synthetic_top=64 * MiB)
+    served(allocator, 20 * MiB)
+    assert allocator.malloc(20 * MiB, 0) is None
+    # Nor does a request larger than any device, with no limit known.
+    assert model().malloc(1 << 60, 0) is None
 
 
 def test_freed_neighbours_merge_back_into_one_block() -> None:
