@@ -14,6 +14,7 @@ themselves are exercised here without a GPU, with a model-backed stand-in for th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -221,3 +222,14 @@ def test_each_run_shows_the_limit_it_ran_under(folder: Path) -> None:
         assert abs(limit.bytes - run["allowed_bytes"]) <= limit.uncertainty, run["run"]
         bracketed += 1
     assert bracketed or all(run["outcome"] == "fits" for run in case["runs"])
+
+
+@pytest.mark.skipif(not GPU_FAMILIES, reason="the GPU validation fixtures are not collected yet")
+def test_the_readme_shows_the_agreement_as_it_is() -> None:
+    spec = importlib.util.spec_from_file_location("agreement", SCENARIOS / "agreement.py")
+    assert spec is not None and spec.loader is not None
+    agreement = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agreement)
+    table = agreement.table(FIXTURES)
+    assert table.count("\n") >= len(GPU_FAMILIES) + 2
+    assert table in (ROOT / "README.md").read_text()
