@@ -12,8 +12,8 @@ tests to make small consistent snapshots.
 Measures a bare ``pickle.load`` in a process of its own, then in a second process:
 ``load_snapshot`` (oomlens' restricted loader); the rewind, limit inference and self-check (the
 replay under the recorded setting, compared event by event); one replay of the loaded history
-with expandable segments, interleaved three times with a bare ``pickle.load`` of the same file
-so that both see the same machine load (best of three each); and the default ladder (six
+with expandable segments, interleaved five times with a bare ``pickle.load`` of the same file
+so that both see the same machine load (best of five each); and the default ladder (six
 settings, each replayed from both starts).
 
 Usage::
@@ -339,7 +339,7 @@ figures["self_check_passed"] = context.check.passed
 conf = parse_alloc_conf("expandable_segments:True")
 limit = Limit(allowed=context.recorded_limit.bytes)
 bare, replays = [], []
-for _ in range(3):  # interleaved, so that both see the same machine load
+for _ in range(5):  # interleaved, so that both see the same machine load
     start = time.perf_counter()
     with open(sys.argv[1], "rb") as handle:
         data = pickle.load(handle)
@@ -396,13 +396,13 @@ def main() -> None:
     figures = json.loads(_run(_OOMLENS, path))
     print(f"snapshot: {path.name}, {size:.1f} MiB, {figures['entries']} trace entries")
     print(f"  bare pickle.load, own process:  {bare:7.2f} s")
-    print(f"  bare pickle.load (best of 3):   {figures['bare_s']:7.2f} s")
+    print(f"  bare pickle.load (best of 5):   {figures['bare_s']:7.2f} s")
     print(f"  oomlens load_snapshot:          {figures['load_s']:7.2f} s")
     print(
         f"  rewind + limit + self-check:    {figures['rewind_limit_selfcheck_s']:7.2f} s "
         f"(passed: {figures['self_check_passed']})"
     )
-    print(f"  one replay (best of 3):         {figures['one_replay_s']:7.2f} s "
+    print(f"  one replay (best of 5):         {figures['one_replay_s']:7.2f} s "
           f"({figures['one_replay_s'] / figures['bare_s']:.2f}x the bare load beside it)")
     print(f"  whatif, default ladder:         {figures['whatif_ladder_s']:7.2f} s "
           f"({figures['predictions']} settings)")
