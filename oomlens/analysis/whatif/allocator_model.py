@@ -610,11 +610,14 @@ class CachingAllocatorModel:
         addr = self._recorded_address("segment_alloc", size, stream)
         return addr if addr is not None else self._place_below(size)
 
-    def _new_range_address(self, stream: int) -> int:
-        """Where a new expandable segment's virtual range goes (above everything else)."""
+    def _new_range_address(self, stream: int) -> int | None:
+        """Where a new expandable segment's virtual range goes (above everything else); None
+        once the address space is used up (only with hundreds of streams)."""
         addr = self._recorded_address("segment_map", EXPANDABLE_RESERVATION, stream)
         if addr is None:
             addr = self._next_addr
+            if addr + EXPANDABLE_RESERVATION > ADDR_MASK:
+                return None
             self._next_addr = (addr + EXPANDABLE_RESERVATION + (1 << 30)) >> 21 << 21
         return addr
 
@@ -733,6 +736,8 @@ class CachingAllocatorModel:
 
     def _allocate_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
         candidate = self._find_expandable(pool, stream, size)
+        if candidate is None:
+            return None
         if not candidate.mapped:
             if not self._map(pool, candidate, min(candidate.size, size)):
                 return None
@@ -746,7 +751,7 @@ class CachingAllocatorModel:
         pool.remove(candidate)
         return candidate
 
-    def _find_expandable(self, pool: _Pool, stream: int, size: int) -> Block:
+    def _find_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
         def usable(block: Block | None) -> bool:
             return block is not None and not block.allocated
 
@@ -764,6 +769,8 @@ class CachingAllocatorModel:
                 return candidate
         page = K_SMALL_BUFFER if pool.small else self.conf.large_segment_size
         base = self._new_range_address(stream)
+        if base is None:
+            return None
         reservation = Reservation(base, EXPANDABLE_RESERVATION, page, stream, pool.small)
         self.reservations.append(reservation)
         block = Block(base, EXPANDABLE_RESERVATION, stream, pool.small, reservation)

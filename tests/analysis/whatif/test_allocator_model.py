@@ -127,6 +127,10 @@ def test_no_address_room_is_an_oom_not_a_crash() -> None:
     assert allocator.malloc(20 * MiB, 0) is None
     # Nor does a request larger than any device, with no limit known.
     assert model().malloc(1 << 60, 0) is None
+    # Expandable segments on hundreds of streams: a virtual range each, until none is left.
+    expandable = model("expandable_segments:True")
+    outcomes = [expandable.malloc(20 * MiB, stream) is not None for stream in range(400)]
+    assert outcomes[:200] == [True] * 200 and outcomes[-1] is False
 
 
 def test_freed_neighbours_merge_back_into_one_block() -> None:
