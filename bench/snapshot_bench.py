@@ -1,64 +1,74 @@
 """Snapshot loading speed and memory: oomlens vs a bare ``pickle.load`` vs ``_memory_viz stats``.
 
-Generates a large ``torch.cuda.memory._snapshot()`` pickle with real shapes, then runs three
-processes on it and prints their wall time and peak RSS:
+Generates snapshots of about 100 MB and 1 GB with the shapes of real recordings, then runs
+each row below on each of them in a fresh process and prints the figures side by side: wall
+time of the whole process, time of the work itself, CPU time, and peak RSS (``wait4`` on that
+very process).
 
-* ``bare``: ``pickle.load`` of the file (the floor: what any reader pays);
-* ``oomlens``: :func:`oomlens.ingest.snapshot.load_snapshot` + :func:`analyze_snapshot`;
-* ``memviz``: ``python -m torch.cuda._memory_viz stats FILE`` (torch's CPU build will do).
+* ``bare pickle.load``: the floor, what any reader pays (the collector on, as by default);
+* ``oomlens load+analyze``: :func:`~oomlens.ingest.snapshot.load_snapshot` and
+  :func:`~oomlens.analysis.allocator.analyze_snapshot` as ``oomlens analyze`` calls them
+  (``oomlens/session.py``): restricted unpickling, layout checks, the analysis walk;
+* ``oomlens analyze (CLI)``: the whole command (imports, rules, JSON report, exit);
+* ``_memory_viz stats``: ``python -m torch.cuda._memory_viz stats FILE`` (torch's CPU build).
 
-Targets (issue 4): oomlens within 1.5x the bare load's time, faster than ``_memory_viz``, and
-peak memory no more than 2x the bare load's.
+Targets (issue 15): oomlens load+analyze within 1.3x the bare load's time and 1.2x its peak
+RSS, on the shapes real recordings have, with the restricted unpickler's limits as they are.
 
-The snapshot is built from the real torch 2.11 snapshots in ``tests/assets/snapshots`` (loaded
-through oomlens' restricted loader): the same keys in the same order, the real frame dicts
-(shared between stacks, as torch's symbolizer shares them), real native and Python stacks made
-deeper by repeating their module-call frames, lists shared between a block and its ``alloc``
-entry and between ``free_requested``/``free_completed`` as torch shares them, and a training
-loop's event pattern (forward activations, backward gradients, optimizer step, per-iteration
-``Optimizer.step`` annotations) with a planted leak of small tensors, a ring buffer that
-wrapped, and an OOM at the end.  :func:`generate_snapshot` is also used at a small size by
-the tests.
+Shapes.  ``--shape corpus`` (the default) copies the real recordings of the crash corpus
+(``fixtures/crash_logs/*/snapshot_rank*.pickle``, stacks='python') and the real samples
+(``tests/assets/snapshots``, the same files as the shared samples) end to end, 1 TiB apart in
+address space, read through oomlens' restricted loader: their segment and block layout, their
+action mix, their frame dicts (shared, as torch's symbolizer shares them) and their
+frame-list sharing; with ``--stacks all`` every stack also gets a real native unwind from the
+stacks='all' sample in front, as torch's default records it.  That gives many small blocks,
+deep stacks and long traces: about 93k blocks and 500k trace entries per 110 MB.  ``--shape
+training`` is the synthetic training loop of :func:`generate_snapshot` (planted leak, wrapped
+ring buffer, OOM at the end), also used at a small size by the tests.
 
 Usage::
 
-    python bench/snapshot_bench.py                 # ~1000 MB, stacks like stacks='all'
-    python bench/snapshot_bench.py --size-mb 200 --stacks python
-    python bench/snapshot_bench.py --file existing.pickle   # measure an existing file
+    python bench/snapshot_bench.py                      # ~100 MB and ~1 GB, corpus shape
+    python bench/snapshot_bench.py --size-mb 200 --shape training --stacks python
+    python bench/snapshot_bench.py --file existing.pickle --repeat 3   # an existing file
 
-Measured on the project's 2-core, 24 GB development machine (2026-11-30, Python 3.11.7,
-torch 2.13 CPU), wall time and peak RSS of the whole process:
+Measured on the project's 2-core, 24 GB development machine (2026-12-01, Python 3.11.7,
+torch 2.13 CPU), ``python bench/snapshot_bench.py``, corpus shape, stacks='all'.  The machine
+was shared with other jobs (CPU pressure 75 %), so CPU seconds are the figure to compare; wall
+seconds of the work in parentheses:
 
-=====================================  ==============  =================  ================
-snapshot                               bare load       oomlens            _memory_viz stats
-=====================================  ==============  =================  ================
-stacks=all, 1027 MiB, 439k blocks,     48.5 s          26.9 s (load 17.2  44.7 s
-6.8M trace entries                     4261 MiB        + analyze 8.8)     4469 MiB
-                                                       4270 MiB
-stacks=python, 1119 MiB, 835k blocks,  57.5 s          53.5 s (load 29.5  62.5 s
-13.0M trace entries                    6165 MiB        + analyze 23.0)    6374 MiB
-                                                       6174 MiB
-=====================================  ==============  =================  ================
+===========================  ========================  ========================
+row                          112 MiB: 93k blocks,      1118 MiB: 926k blocks,
+                             501k trace entries        5.0M trace entries
+===========================  ========================  ========================
+bare pickle.load             3.05 s (3.9), 485 MiB     32.1 s (55.0), 4656 MiB
+oomlens load+analyze         2.17 s (2.2), 491 MiB     22.4 s (61.4), 4662 MiB
+  ratio to bare              0.71x, peak 1.01x         0.70x, peak 1.00x
+oomlens analyze (CLI)        3.06 s, 517 MiB           26.1 s, 4688 MiB
+_memory_viz stats            5.67 s, 694 MiB           37.6 s, 4865 MiB
+===========================  ========================  ========================
 
-oomlens loads faster than a bare ``pickle.load`` because it pauses the cyclic garbage
-collector while the (acyclic) containers are built; timings vary by +-20 % between runs on
-that machine.
+Before issue 15 (the loader of 2026-11-30 on the same files): oomlens load+analyze 3.99 s
+and 32.6 s of CPU (1.14x and 1.00x the bare load), the CLI 4.56 s and 34.1 s; ``oomlens
+analyze`` of the 112 MiB file took 9.6 s wall against 5.7 s for a bare ``pickle.load``
+process (both exiting normally), now 4.9 s.  The gain is the cyclic collector kept off the
+loaded objects (see :func:`oomlens.ingest.snapshot.load_snapshot`).
 
-Each measured process exits with ``os._exit`` right after its work, so that none of them pays
-for freeing millions of objects at interpreter shutdown; times are wall-clock for the whole
-process (interpreter and imports included) plus, for bare and oomlens, the in-process time.
-Peak RSS comes from ``wait4`` on that very process.
+The bare and oomlens processes exit with ``os._exit`` right after their work, so that none of
+them pays for freeing millions of objects at interpreter shutdown; the CLI exits as it does.
+On that 2-core machine, shared with other jobs, wall times vary by up to 2x between runs; CPU
+times by about 10 %.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -437,6 +447,177 @@ def _segments_from_live(
 
 
 # --------------------------------------------------------------------------------------------
+# Generation from the corpus's shapes (issue 15)
+# --------------------------------------------------------------------------------------------
+
+CORPUS = ROOT / "fixtures" / "crash_logs"
+_ADDRESS_STRIDE = 1 << 40  # 1 TiB between copies: no address of one copy falls in another
+_MARKERS = ("oom", "snapshot")
+
+
+def _corpus_sources() -> list[tuple[list[Any], list[Any], list[Any]]]:
+    """(segments, trace, annotations) of every real snapshot with a history, device 0 or 1.
+
+    Read from ``fixtures/crash_logs/*/snapshot_rank*.pickle`` (torch 2.11, stacks='python',
+    recorded on H200s for the corpus) and the real samples in ``tests/assets/snapshots``, through
+    oomlens' restricted loader.
+    """
+    sys.path.insert(0, str(ROOT))
+    from oomlens.ingest.snapshot.unpickler import restricted_load
+
+    files = sorted(CORPUS.glob("*/snapshot_rank*.pickle")) + sorted(ASSETS.glob("*.pickle"))
+    sources = []
+    for path in files:
+        data = restricted_load(path).data
+        assert isinstance(data, dict)
+        for device, trace in enumerate(data["device_traces"]):
+            if not any(entry["action"] not in _MARKERS for entry in trace):
+                continue  # an enabled='state' snapshot, or the other rank's empty device
+            segments = [s for s in data["segments"] if s["device"] == device]
+            annotations = [a for a in data.get("external_annotations", []) if a["device"] == device]
+            sources.append((segments, trace, annotations))
+    return sources
+
+
+def _native_stacks() -> list[list[Any]]:
+    """The native part of each distinct stack of the real stacks='all' sample.
+
+    torch writes a stacks='all' frame list as the native unwind (innermost first, down to
+    ``_start``, with the innermost Python frame where the interpreter sits) followed by the
+    Python frames; this keeps the native part, real frame dicts shared as torch shares them.
+    """
+    sample = _load_template("all")
+    found: dict[tuple[int, ...], list[Any]] = {}
+    for entry in sample["device_traces"][0]:
+        frames = entry.get("frames") or []
+        native = []
+        for frame in frames:
+            native.append(frame)
+            if frame["name"] == "_start":
+                break
+        if len(native) < len(frames):
+            found.setdefault(tuple(map(id, native)), native)
+    return list(found.values())
+
+
+class _Copier:
+    """One copy of a real snapshot's device: new dicts and lists, the same sharing.
+
+    Frame dicts are shared with the source (torch's symbolizer shares them across a whole
+    recording); each frame list of the source gets one new list per copy, so a list the source
+    shared (a block and its ``alloc`` entry, ``free_requested`` and ``free_completed``) stays
+    shared.  With ``natives``, each source stack (Python frames) gets a real native unwind in
+    front of it, chosen once per source list, as a stacks='all' recording would have it.
+    Addresses move by ``address_shift`` and times by ``time_shift``.
+    """
+
+    def __init__(
+        self,
+        natives: list[list[Any]] | None,
+        address_shift: int,
+        time_shift: int,
+        prefixes: dict[int, list[Any]],
+    ) -> None:
+        self.natives = natives
+        self.address_shift = address_shift
+        self.time_shift = time_shift
+        self.prefixes = prefixes
+        self.lists: dict[int, list[Any]] = {}
+
+    def frames(self, frames: Any) -> Any:
+        if type(frames) is not list:
+            return frames
+        copied = self.lists.get(id(frames))
+        if copied is None:
+            prefix: list[Any] = []
+            if self.natives and frames:
+                prefix = self.prefixes.get(id(frames)) or self.prefixes.setdefault(
+                    id(frames), self.natives[len(self.prefixes) % len(self.natives)]
+                )
+            copied = self.lists[id(frames)] = prefix + frames
+        return copied
+
+    def record(self, record: dict[str, Any]) -> dict[str, Any]:
+        copied = {}
+        for key, value in record.items():
+            if key in ("addr", "address") and type(value) is int and value:
+                value += self.address_shift
+            elif key == "time_us" and type(value) is int:
+                value += self.time_shift
+            elif key == "frames":
+                value = self.frames(value)
+            elif key == "device":
+                value = 0
+            elif key == "blocks":
+                value = [self.record(block) for block in value]
+            copied[key] = value
+        return copied
+
+
+def generate_corpus_snapshot(target_bytes: int, *, stacks: str = "all") -> dict[str, Any]:
+    """A snapshot about ``target_bytes`` once pickled, made of copies of the corpus's real ones.
+
+    Each real recording (segments, trace, annotations) is copied in turn, end to end in time
+    and 1 TiB apart in address space, keeping its real segment/block layout, its action mix and
+    its frame-list sharing; with ``stacks='all'`` every stack also gets a real native unwind from
+    the stacks='all' sample (deep stacks, as torch's default records them).  Only the last copy
+    keeps its ``oom`` entry.  The result has the corpus's shape: many small blocks, deep stacks,
+    long traces (about 3 blocks per 10 trace entries).
+    """
+    sources = _corpus_sources()
+    natives = _native_stacks() if stacks == "all" else None
+    prefixes: dict[int, list[Any]] = {}
+    settings = _load_template("all")["allocator_settings"]
+    segments: list[Any] = []
+    trace: list[Any] = []
+    annotations: list[Any] = []
+    sizes: dict[int, int] = {}
+    total = 0
+    clock = 0
+    copy_index = 0
+    oom_source = next(i for i, (_, t, _) in enumerate(sources) if t[-1]["action"] == "oom")
+    while True:
+        source = copy_index % len(sources)
+        last = total + sizes.get(source, 0) >= target_bytes
+        if last:
+            source = oom_source
+        src_segments, src_trace, src_annotations = sources[source]
+        times = [e["time_us"] for e in src_trace if type(e.get("time_us")) is int]
+        start = min(times) if times else 0
+        copier = _Copier(natives, copy_index * _ADDRESS_STRIDE, clock - start + 1000, prefixes)
+        new_trace = [
+            copier.record(entry) for entry in src_trace if last or entry["action"] not in _MARKERS
+        ]
+        new_segments = [copier.record(segment) for segment in src_segments]
+        new_annotations = [copier.record(record) for record in src_annotations]
+        if source not in sizes:
+            # Marginal pickled size of a copy: frame dicts are paid once, by the first copy.
+            once = _pickled_size([new_segments, new_trace, new_annotations])
+            twice_copier = _Copier(natives, 0, 0, prefixes)
+            again = [
+                [twice_copier.record(item) for item in part]
+                for part in (src_segments, src_trace, src_annotations)
+            ]
+            both = _pickled_size([[new_segments, new_trace, new_annotations], again])
+            sizes[source] = both - once
+        segments += new_segments
+        trace += new_trace
+        annotations += new_annotations
+        total += sizes[source]
+        clock = max(times) - start + clock + 1000 if times else clock
+        copy_index += 1
+        if last:
+            break
+    segments.sort(key=lambda segment: segment["address"])
+    return {
+        "segments": segments,
+        "device_traces": [trace, []],
+        "allocator_settings": settings,
+        "external_annotations": annotations,
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # Measurement
 # --------------------------------------------------------------------------------------------
 
@@ -455,15 +636,26 @@ sys.path.insert(0, sys.argv[2])
 from oomlens.ingest.snapshot import load_snapshot
 from oomlens.analysis.allocator import analyze_snapshot
 start = time.perf_counter()
-snapshot = load_snapshot(sys.argv[1])
+# As `oomlens analyze` calls them (oomlens/session.py): objects not frozen, then analyzed.
+snapshot = load_snapshot(sys.argv[1], freeze_gc=False)
 loaded = time.perf_counter()
 analysis = analyze_snapshot(snapshot)
 done = time.perf_counter()
 print(f"INNER {done - start:.3f} LOAD {loaded - start:.3f} ANALYZE {done - loaded:.3f}", flush=True)
 d = analysis.devices[0]
-leak = d.leak.bytes_per_iteration if d.leak else None
-print(f"DEVICES {len(analysis.devices)} LEAK/ITERATION {leak}", flush=True)
+peak = d.timeline and d.timeline.peak_active.active_bytes
+print(f"RESULT blocks={snapshot.block_count} entries={snapshot.trace_entry_count} "
+      f"allocated={d.state.allocated_bytes} peak={peak} "
+      f"leak={d.leak and d.leak.bytes_per_iteration}", flush=True)
 os._exit(0)
+"""
+
+_CLI = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+sys.argv = ["oomlens", "analyze", sys.argv[1], "--format", "json", "-o", "/dev/null"]
+from oomlens.cli import main
+main()
 """
 
 _MEMVIZ = """
@@ -475,158 +667,157 @@ sys.stdout.flush()
 os._exit(0)
 """
 
+_ROWS = {
+    "bare": ("bare pickle.load", _BARE),
+    "oomlens": ("oomlens load+analyze", _OOMLENS),
+    "cli": ("oomlens analyze (CLI)", _CLI),
+    "memviz": ("_memory_viz stats", _MEMVIZ),
+}
 
-def _measure(name: str, code: str, path: Path) -> dict[str, Any]:
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, str(path), str(ROOT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    out, err = process.communicate()
-    wall = time.perf_counter() - start
-    # communicate() reaped the child; its rusage is in RUSAGE_CHILDREN only as a running max,
-    # so each measurement runs in a fresh helper process (see _measure_in_helper).
+
+def _measure(name: str, path: Path) -> dict[str, Any]:
+    """Run one measurement in a fresh process: wall and CPU time, peak RSS (``wait4`` on that
+    very process), and what it printed."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, "-c", _ROWS[name][1], str(path), str(ROOT)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        assert process.stdout is not None
+        out = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        errors = err.read().decode(errors="replace")[-2000:]
+    inner = next((line.split()[1] for line in out.splitlines() if line.startswith("INNER")), None)
+    scale = 1 if sys.platform == "darwin" else 1024
     return {
-        "name": name,
         "wall_s": wall,
+        "inner_s": float(inner) if inner is not None else None,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss * scale / MiB,
         "returncode": process.returncode,
         "stdout": out,
-        "stderr": err[-2000:],
+        "stderr": errors,
     }
 
 
-def _measure_in_helper(name: str, path: Path) -> dict[str, Any]:
-    """Run one measurement in a fresh helper so RUSAGE_CHILDREN holds only that child's peak."""
-    helper = subprocess.run(
-        [sys.executable, __file__, "--measure-one", name, "--file", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if helper.returncode != 0:
-        raise SystemExit(f"measuring {name} failed:\n{helper.stderr}")
-    return json.loads(helper.stdout.strip().splitlines()[-1])
+def _median_run(name: str, path: Path, repeat: int) -> dict[str, Any]:
+    runs = [_measure(name, path) for _ in range(repeat)]
+    runs.sort(key=lambda run: run["wall_s"])
+    return runs[len(runs) // 2]
 
 
-def _measure_one(name: str, path: Path) -> None:
-    import resource
-
-    code = {"bare": _BARE, "oomlens": _OOMLENS, "memviz": _MEMVIZ}[name]
-    result = _measure(name, code, path)
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result["peak_rss_mb"] = peak_kb / 1024 if sys.platform != "darwin" else peak_kb / MiB
-    print(json.dumps(result))
-
-
-def _report(path: Path, results: dict[str, dict[str, Any]]) -> None:
+def _report(path: Path, description: str, results: dict[str, dict[str, Any]]) -> None:
     size_mb = path.stat().st_size / MiB
-    print(f"\nsnapshot: {path} ({size_mb:.1f} MiB)")
+    print(f"\nsnapshot: {path.name} ({size_mb:.1f} MiB; {description})")
     print(
-        f"{'':<24}{'wall s':>9}{'inner s':>10}{'peak RSS MiB':>15}{'time/bare':>11}{'RSS/bare':>10}"
+        f"{'':<24}{'wall s':>8}{'work s':>8}{'cpu s':>8}{'peak MiB':>10}"
+        f"{'work/bare':>11}{'cpu/bare':>10}{'peak/bare':>11}"
     )
     bare = results["bare"]
-    for name, label in (
-        ("bare", "bare pickle.load"),
-        ("oomlens", "oomlens load+analyze"),
-        ("memviz", "_memory_viz stats"),
-    ):
-        if name not in results:
-            continue
-        result = results[name]
-        inner = next(
-            (line.split()[1] for line in result["stdout"].splitlines() if line.startswith("INNER")),
-            "-",
-        )
-        time_ratio = result["wall_s"] / bare["wall_s"]
-        rss_ratio = result["peak_rss_mb"] / bare["peak_rss_mb"]
+    for name, result in results.items():
+        work = result["inner_s"]
+        work_text = "-" if work is None else f"{work:.2f}"
+        ratio_text = "-" if work is None else f"{work / bare['inner_s']:.2f}"
         print(
-            f"{label:<24}{result['wall_s']:>9.2f}{inner:>10}{result['peak_rss_mb']:>15.0f}"
-            f"{time_ratio:>11.2f}{rss_ratio:>10.2f}"
+            f"{_ROWS[name][0]:<24}{result['wall_s']:>8.2f}{work_text:>8}{result['cpu_s']:>8.2f}"
+            f"{result['peak_rss_mb']:>10.0f}{ratio_text:>11}"
+            f"{result['cpu_s'] / bare['cpu_s']:>10.2f}"
+            f"{result['peak_rss_mb'] / bare['peak_rss_mb']:>11.2f}"
         )
         if result["returncode"] != 0:
             print(f"    exit {result['returncode']}: {result['stderr'][-500:]}")
+    for line in results.get("oomlens", {}).get("stdout", "").splitlines():
+        print(f"    oomlens: {line}")
     if "oomlens" in results:
-        for line in results["oomlens"]["stdout"].splitlines():
-            if not line.startswith("INNER"):
-                print(f"    oomlens: {line}")
-            else:
-                print(f"    oomlens: {line}")
         ours = results["oomlens"]
-        print("\ntargets:")
-        print(f"  time <= 1.5x bare:       {ours['wall_s'] / bare['wall_s']:.2f}x")
-        if "memviz" in results:
-            theirs = results["memviz"]["wall_s"]
-            print(f"  faster than _memory_viz: {ours['wall_s']:.2f} s vs {theirs:.2f} s")
-        print(f"  peak RSS <= 2x bare:     {ours['peak_rss_mb'] / bare['peak_rss_mb']:.2f}x")
+        print(
+            f"  targets (issue 15): time <= 1.3x bare: {ours['inner_s'] / bare['inner_s']:.2f}x"
+            f" (wall {ours['wall_s'] / bare['wall_s']:.2f}x); "
+            f"peak RSS <= 1.2x bare: {ours['peak_rss_mb'] / bare['peak_rss_mb']:.2f}x"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--size-mb", type=float, default=1000.0, help="pickled size to generate (default 1000)"
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=[100.0, 1000.0],
+        help="pickled sizes to generate and measure (default 100 1000)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("corpus", "training"),
+        default="corpus",
+        help="corpus: copies of the corpus's real recordings (default); training: the "
+        "synthetic training loop with a planted leak",
     )
     parser.add_argument("--stacks", choices=sorted(_TEMPLATE_FILES), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "out", help="where the snapshot is written"
+        "--out", type=Path, default=ROOT / "bench" / "out", help="where the snapshots are written"
     )
     parser.add_argument(
         "--file", type=Path, help="measure this existing snapshot instead of generating one"
     )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the median is shown")
     parser.add_argument("--skip-memviz", action="store_true", help="do not run torch's _memory_viz")
-    parser.add_argument("--keep", action="store_true", help="keep the generated file")
-    parser.add_argument(
-        "--measure-one", choices=("bare", "oomlens", "memviz"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--skip-cli", action="store_true", help="do not run `oomlens analyze`")
+    parser.add_argument("--keep", action="store_true", help="keep the generated files")
     parser.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.measure_one:
-        _measure_one(args.measure_one, args.file)
-        return
     if args.generate_only:
-        _generate_to(args.file, args)
+        _generate_to(args.file, args, args.size_mb[0])
         return
-    path = args.file
-    generated = False
-    if path is None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"bench_snapshot_{int(args.size_mb)}mb_{args.stacks}.pickle"
+    names = [
+        name
+        for name in _ROWS
+        if not (name == "memviz" and args.skip_memviz) and not (name == "cli" and args.skip_cli)
+    ]
+    if args.file is not None:
+        results = {name: _median_run(name, args.file, args.repeat) for name in names}
+        _report(args.file, "given file", results)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    for size_mb in args.size_mb:
+        path = args.out / f"bench_snapshot_{int(size_mb)}mb_{args.shape}_{args.stacks}.pickle"
+        generated = False
+        description = f"{args.shape} shape, stacks={args.stacks}"
         if not path.exists():
             start = time.perf_counter()
             # Generate in a child so that this process stays small.
             command = [sys.executable, __file__, "--generate-only", "--file", str(path)]
-            command += [
-                "--size-mb",
-                str(args.size_mb),
-                "--stacks",
-                args.stacks,
-                "--seed",
-                str(args.seed),
-            ]
-            subprocess.run(command, check=True)
-            print(f"generated in {time.perf_counter() - start:.1f} s")
+            command += ["--size-mb", str(size_mb), "--shape", args.shape]
+            command += ["--stacks", args.stacks, "--seed", str(args.seed)]
+            made = subprocess.run(command, check=True, capture_output=True, text=True)
+            description += "; " + made.stdout.strip().rsplit(": ", 1)[-1]
+            print(f"generated {path.name} in {time.perf_counter() - start:.1f} s")
             generated = True
-    results = {}
-    names = ("bare", "oomlens") if args.skip_memviz else ("bare", "oomlens", "memviz")
-    for name in names:
-        results[name] = _measure_in_helper(name, path)
-    _report(path, results)
-    if generated and not args.keep:
-        path.unlink()
+        results = {name: _median_run(name, path, args.repeat) for name in names}
+        _report(path, description, results)
+        if generated and not args.keep:
+            path.unlink()
 
 
-def _generate_to(path: Path, args: argparse.Namespace) -> None:
-    data = generate_snapshot(int(args.size_mb * MiB), stacks=args.stacks, seed=args.seed)
+def _generate_to(path: Path, args: argparse.Namespace, size_mb: float) -> None:
+    if args.shape == "corpus":
+        data = generate_corpus_snapshot(int(size_mb * MiB), stacks=args.stacks)
+    else:
+        data = generate_snapshot(int(size_mb * MiB), stacks=args.stacks, seed=args.seed)
     with open(path, "wb") as handle:
         pickle.dump(data, handle, protocol=4)
     blocks = sum(len(segment["blocks"]) for segment in data["segments"])
     entries = sum(len(trace) for trace in data["device_traces"])
-    size = path.stat().st_size / MiB
     segments = len(data["segments"])
-    print(f"{path}: {size:.1f} MiB, {segments} segments, {blocks} blocks, {entries} trace entries")
+    print(f"{path}: {segments} segments, {blocks} blocks, {entries} trace entries", flush=True)
     os._exit(0)
 
 

@@ -1,21 +1,74 @@
 """The result of an analysis: the verdict, the ranked diagnoses, and the facts behind them.
 
-Renderers read only a ``Report``.  The verdict is decided from facts alone (what happened:
-a GPU OOM, a host OOM kill, a rejected config, another failure, nothing), the diagnoses say
-why, most likely first.
+Renderers read only a ``Report`` (or ``oomlens check``'s ``CheckReport``, ``oomlens whatif``'s
+``WhatIfReport``), and the report's vocabulary (``Diagnosis``, ``Evidence``,
+``Fix``, ``Severity``, re-exported here from ``oomlens.diagnosis``).  ``assemble(facts,
+thresholds)`` makes one: the verdict is decided from facts alone (what happened: a GPU OOM, a
+host OOM kill, a rejected config, another failure, nothing), the rules' diagnoses say why, most
+likely first; when the inputs show a failure but no rule is reasonably sure why, the report says
+so (``insufficient_evidence``) and what to capture next time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
+from typing import ClassVar
 
 from oomlens import __version__
-from oomlens.facts.log import OomKind
+from oomlens.analysis.preflight import Preflight
+from oomlens.analysis.run import step_before
+from oomlens.diagnosis import (
+    Diagnosis,
+    Evidence,
+    EvidenceKind,
+    Figure,
+    Fix,
+    RuleDoc,
+    Severity,
+    Unit,
+)
+from oomlens.facts import SourceRef
+from oomlens.facts.kernel import KernelOomKill
+from oomlens.facts.log import OomEvent, OomKind, StepSample
+from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
-from oomlens.rules.base import Diagnosis
+from oomlens.facts.whatif import WhatIf
+from oomlens.rules._common import (
+    CAPTURE_CONFIG,
+    CAPTURE_KERNEL,
+    CAPTURE_MEMORY_SERIES,
+    CAPTURE_SNAPSHOT,
+)
+from oomlens.rules.base import RuleSpec
+from oomlens.rules.engine import docs, evaluate
+from oomlens.rules.thresholds import Thresholds
+
+__all__ = [
+    "CHECK_SCHEMA_VERSION",
+    "SCHEMA_VERSION",
+    "CheckReport",
+    "Diagnosis",
+    "Evidence",
+    "EvidenceKind",
+    "FailurePoint",
+    "Figure",
+    "Fix",
+    "Report",
+    "RuleDoc",
+    "Severity",
+    "Unit",
+    "Verdict",
+    "assemble",
+    "decide_verdict",
+]
 
 SCHEMA_VERSION = "1.0"
+"""Of the JSON report (README, "JSON schema"): keys are only added within a major version."""
+CHECK_SCHEMA_VERSION = "1.0"
+"""Of ``oomlens check``'s JSON, the same way."""
 
 
 class Verdict(StrEnum):
@@ -34,7 +87,71 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class FailurePoint:
+    """What died first, as the verdict sees it: a GPU OOM (``event``), a kernel OOM kill
+    (``kill``) or the rank that failed first (``status``), where and when, and the last
+    training step printed before it."""
+
+    event: OomEvent | None
+    kill: KernelOomKill | None
+    status: RankStatus | None
+    source: SourceRef | None
+    rank: int | None
+    time: datetime | None
+    time_exact: bool
+    step: StepSample | None
+
+
+def failure_point(facts: RunFacts, verdict: Verdict) -> FailurePoint:
+    """The failure the report leads with (see ``FailurePoint``)."""
+    event = facts.first_gpu_oom() if verdict is Verdict.GPU_OOM else None
+    kills = facts.kernel_oom_kills() if verdict is Verdict.HOST_OOM else ()
+    status = facts.ranks.first_failed
+    source: SourceRef | None = None
+    rank: int | None = None
+    time: datetime | None = None
+    exact = True
+    kill: KernelOomKill | None = None
+    if event is not None:
+        source, rank, time, exact = event.source, event.rank, event.timestamp, event.timestamp_exact
+        status = None
+    elif kills:
+        kill = kills[0]
+        source, time = kill.source, kill.timestamp
+        status = None
+    elif status is not None:
+        source, rank, time = status.first_source, status.rank, status.first_time
+    if rank is None and facts.ranks.first_failed is not None:
+        rank = facts.ranks.first_failed.rank
+    return FailurePoint(
+        event, kill, status, source, rank, time, exact, step_before(facts.logs, rank, source)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What ``oomlens check`` found about one ds_config (``oomlens.analysis.preflight``)."""
+
+    document: ClassVar[str] = "check"
+    preflight: Preflight
+    oomlens_version: str = __version__
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfReport:
+    """What ``oomlens whatif`` found: a snapshot's recording replayed under other allocator
+    settings (``oomlens.analysis.whatif``)."""
+
+    document: ClassVar[str] = "whatif"
+    whatif: WhatIf
+    oomlens_version: str = __version__
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
+    """What an analysis found: the verdict, the diagnoses, the facts behind them."""
+
+    document: ClassVar[str] = "report"
     verdict: Verdict
     verdict_reason: str
     """One sentence: what decided the verdict."""
@@ -43,11 +160,36 @@ class Report:
     facts: RunFacts
     missing: tuple[str, ...]
     """What to capture next time, across all diagnoses (deduplicated)."""
+    failure: FailurePoint | None = None
+    """What died first (None when nothing did)."""
+    docs: Mapping[str, RuleDoc] = field(default_factory=dict)
+    """What each diagnosis id of the report means (declared with its rule)."""
     oomlens_version: str = __version__
 
     @property
     def top(self) -> Diagnosis | None:
         return self.diagnoses[0] if self.diagnoses else None
+
+
+def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
+    """The report of ``facts``: the verdict, every rule's diagnoses (most likely first, after
+    ``insufficient_evidence`` when no cause is sure enough), and what to capture next time."""
+    diagnoses = evaluate(facts, thresholds)
+    verdict, reason = decide_verdict(facts)
+    undetermined = insufficient_evidence(facts, verdict, diagnoses)
+    if undetermined is not None:
+        diagnoses = (undetermined, *diagnoses)
+    missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
+    known = docs() | {INSUFFICIENT_EVIDENCE.id: INSUFFICIENT_EVIDENCE.doc}
+    return Report(
+        verdict=verdict,
+        verdict_reason=reason,
+        diagnoses=diagnoses,
+        facts=facts,
+        missing=missing,
+        failure=failure_point(facts, verdict),
+        docs={d.id: known[d.id] for d in diagnoses if d.id in known},
+    )
 
 
 def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
@@ -113,3 +255,59 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"
     return Verdict.UNKNOWN, "no readable training log"
+
+
+# -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
+
+SURE_ENOUGH = 0.5
+"""A cause at this confidence or above is worth naming; below, the report says what is missing."""
+_NOT_CAUSES = frozenset({"config_hazard", "internal_error", "non_pytorch_memory"})
+INSUFFICIENT_EVIDENCE = RuleSpec(
+    id="insufficient_evidence",
+    title="Not enough evidence to say why",
+    severity=Severity.INFO,
+    explanation="oomlens reports a cause only when the evidence supports it. Here the inputs "
+    "show what failed but not why: no rule reached the confidence needed to name a cause. "
+    "Guessing would send the reader after the wrong knob, so the report says what to capture "
+    "instead.",
+    verify="capture the items listed below on the next run (or reproduce the failure with them "
+    "enabled) and run oomlens again on the run directory.",
+)
+"""Not a rule: what the report says when no rule is sure enough."""
+
+
+def insufficient_evidence(
+    facts: RunFacts, verdict: Verdict, diagnoses: Sequence[Diagnosis]
+) -> Diagnosis | None:
+    """An ``insufficient_evidence`` diagnosis when ``verdict`` is a failure (or unknown) and no
+    cause reaches ``SURE_ENOUGH``; None otherwise."""
+    if verdict is Verdict.NO_FAILURE:
+        return None
+    if any(d.confidence >= SURE_ENOUGH and d.id not in _NOT_CAUSES for d in diagnoses):
+        return None
+    missing: list[str] = []
+    if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:
+        if not facts.snapshots:
+            missing.append(CAPTURE_SNAPSHOT)
+        if not any(True for _ in facts.memory_series()):
+            missing.append(CAPTURE_MEMORY_SERIES)
+    if verdict is Verdict.HOST_OOM and not facts.kernel_oom_kills():
+        missing.append(CAPTURE_KERNEL)
+    if facts.config is None:
+        missing.append(CAPTURE_CONFIG)
+    if not facts.logs:
+        missing.append("the job's combined stdout/stderr (every rank's)")
+    cut = [log for log in facts.logs if log.ended_in_traceback or log.ended_mid_line]
+    evidence = [
+        Evidence(
+            EvidenceKind.DERIVED,
+            f"verdict {verdict.value}; no cause reaches {SURE_ENOUGH:.0%} confidence",
+        )
+    ]
+    evidence += [Evidence(EvidenceKind.LOG, "the log ends mid-crash (cut)", None) for _ in cut[:1]]
+    return INSUFFICIENT_EVIDENCE.diagnose(
+        confidence=SURE_ENOUGH,
+        summary="the inputs show what failed but not why; capture the items below next time",
+        evidence=tuple(evidence),
+        missing=tuple(missing),
+    )

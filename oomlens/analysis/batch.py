@@ -17,30 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlens.analysis.config_patch import ConfigChange, ConfigPatch, make_patch
-from oomlens.facts import SourceRef
+from oomlens.analysis.config_patch import make_patch
 from oomlens.facts.config import (
     BatchSettings,
     ConfigHazard,
+    ConfigSeverity,
     ConfigValue,
     EffectiveDsConfig,
     Origin,
-    Severity,
 )
+from oomlens.facts.memory_model import ConfigChange, ConfigPatch
+from oomlens.facts.run import WorldSizeFact
 
 TRAIN = "train_batch_size"
 MICRO = "train_micro_batch_size_per_gpu"
 GAS = "gradient_accumulation_steps"
-
-
-@dataclass(frozen=True, slots=True)
-class WorldSize:
-    """The data-parallel world size and where it was learnt (``how``: ``"launcher world info"``,
-    ``"ranks seen in the log"``, ``"--gpus"``, ``"config dump"``...)."""
-
-    value: int
-    how: str
-    source: SourceRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +76,7 @@ class BatchCheck:
     """
 
     given: BatchSettings
-    world_size: WorldSize
+    world_size: WorldSizeFact
     derived: BatchTriple | None
     derivations: tuple[str, ...]
     error: str | None
@@ -133,8 +124,7 @@ def derive_batch(
         )
         return BatchTriple(train, new_micro, gas), steps, lossy
     if micro is not None and gas is not None:
-        new_train = micro * gas
-        new_train *= world_size
+        new_train = _product(micro, gas, world_size)
         steps.append(f"train_batch_size = {micro} * {gas} * {world_size} = {new_train}")
         return BatchTriple(new_train, micro, gas), steps, lossy
     if train is not None:
@@ -144,13 +134,29 @@ def derive_batch(
         steps.append(f"train_micro_batch_size_per_gpu = {train} // {world_size} = {new_micro}")
         return BatchTriple(train, new_micro, 1), steps, lossy
     if micro is not None:
-        new_train = micro * world_size
+        new_train = _product(micro, world_size)
         steps.append(f"train_batch_size = {micro} * {world_size} = {new_train}")
         steps.append("gradient_accumulation_steps = 1 (not given)")
         return BatchTriple(new_train, micro, 1), steps, lossy
     raise AssertionError(
         "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
     )
+
+
+def _product(*factors: Any) -> Any:
+    """``a * b * ...`` as DeepSpeed computes it, except that a text value is not repeated.
+
+    DeepSpeed multiplies whatever the config holds: ``"A" * 2_000_000_000`` builds a 2 GB string
+    (and ``"A" * 2**63`` raises OverflowError) before its ``train_batch > 0`` assertion fails
+    with a TypeError.  That TypeError is raised here at once.
+    """
+    texts = [factor for factor in factors if isinstance(factor, str)]
+    if len(texts) == 1 and all(isinstance(f, int) for f in factors if not isinstance(f, str)):
+        raise TypeError("'>' not supported between instances of 'str' and 'int'")
+    result = factors[0]
+    for factor in factors[1:]:
+        result = result * factor
+    return result
 
 
 def assert_batch(triple: BatchTriple, world_size: Any) -> None:
@@ -168,7 +174,7 @@ def assert_batch(triple: BatchTriple, world_size: Any) -> None:
     )
 
 
-def check_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> BatchCheck:
+def check_batch(effective: EffectiveDsConfig, world_size: WorldSizeFact) -> BatchCheck:
     """Run DeepSpeed's batch logic on ``effective.batch`` at ``world_size``; never raises.
 
     On failure (or a floor-division derivation), ``corrections`` holds the triples that pass:
@@ -336,14 +342,16 @@ def batch_hazards(check: BatchCheck) -> list[ConfigHazard]:
             f"train_micro_batch_size_per_gpu is not set: DeepSpeed derives {micro} per GPU at {ws} "
             f"GPUs ({'; '.join(check.derivations)}); the micro batch, and activation memory, grow "
             "as the GPU count shrinks",
-            Severity.MEDIUM if micro > 1 else Severity.INFO,
+            ConfigSeverity.MEDIUM if micro > 1 else ConfigSeverity.INFO,
             (TRAIN, MICRO, GAS),
             (source,) if source is not None else (),
         )
     ]
 
 
-def with_derived_batch(effective: EffectiveDsConfig, world_size: WorldSize) -> EffectiveDsConfig:
+def with_derived_batch(
+    effective: EffectiveDsConfig, world_size: WorldSizeFact
+) -> EffectiveDsConfig:
     """``effective`` with the batch triple DeepSpeed derives at ``world_size`` (values it
     derived get ``Origin.DERIVED``).  Unchanged when DeepSpeed would raise."""
     check = check_batch(effective, world_size)

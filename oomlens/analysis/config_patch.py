@@ -9,76 +9,11 @@ next to it would make DeepSpeed refuse the config).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
-
-#: Merge-patch value meaning "remove this key".
-DELETE = None
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigChange:
-    """Set ``key_path`` (dotted, as written in the config) to ``new``; ``new=None`` removes the
-    key.  ``old`` is the value in force before (filled by ``make_patch``)."""
-
-    key_path: str
-    new: Any
-    old: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigPatch:
-    """A ds_config change and what it is predicted to do.
-
-    ``gpu_bytes_saved``: per GPU, positive means less GPU memory at the peak.
-    ``host_bytes_delta``: per host, positive means more host RAM (offloading moves memory there).
-    ``pinned_bytes_delta``: per host, change in page-locked host memory.
-    Any of them is None when the memory model cannot put a number on it.  ``cost`` says what
-    it costs (speed, semantics).
-    """
-
-    changes: tuple[ConfigChange, ...]
-    summary: str
-    cost: str
-    gpu_bytes_saved: int | None = None
-    host_bytes_delta: int | None = None
-    pinned_bytes_delta: int | None = None
-
-    def merge_patch(self) -> dict[str, Any]:
-        """The RFC 7386 merge patch (``null`` removes a key)."""
-        patch: dict[str, Any] = {}
-        for change in self.changes:
-            parts = change.key_path.split(".")
-            node = patch
-            for part in parts[:-1]:
-                child = node.get(part)
-                if not isinstance(child, dict):
-                    child = node[part] = {}
-                node = child
-            node[parts[-1]] = change.new
-        return patch
-
-    def apply_to(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """``config`` with the merge patch applied (a new dict; ``config`` is not modified)."""
-        result: dict[str, Any] = apply_merge_patch(config, self.merge_patch())
-        return result
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 ``MergePatch(target, patch)``."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = apply_merge_patch(result.get(key), value)
-    return result
+from oomlens.facts.memory_model import ConfigChange, ConfigPatch
 
 
 def values_by_key_path(effective: EffectiveDsConfig) -> dict[str, ConfigValue[Any]]:

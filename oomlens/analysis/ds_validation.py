@@ -39,12 +39,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.facts.config import (
+    ConfigDocument,
     ConfigHazard,
     ConfigReading,
+    ConfigSeverity,
     EffectiveDsConfig,
     Origin,
-    Severity,
     ValidationProblem,
 )
 from oomlens.facts.ds_schema import (
@@ -57,7 +59,6 @@ from oomlens.facts.ds_schema import (
     ValidatedModel,
     validate_model,
 )
-from oomlens.ingest.ds_config import ConfigDocument, ResolutionContext, resolve_effective_config
 
 DEEPSPEED = "deepspeed"
 OOMLENS = "oomlens"
@@ -141,7 +142,7 @@ def _finish(
                 key_path=problem.key_path,
                 code=problem.code,
                 message=problem.message,
-                severity=Severity.ERROR,
+                severity=ConfigSeverity.ERROR,
                 validator=validator,
                 source=doc.source(source_key if source_key in doc.key_lines else None)
                 if source_key
@@ -544,6 +545,11 @@ def validate_with_deepspeed(
                 )
 
         def run(train: Any, micro: Any, gas: Any, ws: Any) -> None:
+            if any(isinstance(value, str) for value in (train, micro, gas)):
+                # DeepSpeed multiplies text too ("A" * 2e9 is a 2 GB string) before it fails;
+                # oomlens' restatement fails with the same TypeError without building it.
+                assert_batch(derive_batch(train, micro, gas, ws)[0], ws)
+                return
             state = SimpleNamespace(
                 train_batch_size=train,
                 train_micro_batch_size_per_gpu=micro,
@@ -636,12 +642,12 @@ _DEPRECATED_ZERO_KEYS = {
     "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
 }
 _IMPORTANT_TOP_LEVEL = {
-    "zero_optimization": Severity.HIGH,
-    "fp16": Severity.HIGH,
-    "bf16": Severity.HIGH,
-    "train_batch_size": Severity.MEDIUM,
-    "train_micro_batch_size_per_gpu": Severity.MEDIUM,
-    "gradient_accumulation_steps": Severity.MEDIUM,
+    "zero_optimization": ConfigSeverity.HIGH,
+    "fp16": ConfigSeverity.HIGH,
+    "bf16": ConfigSeverity.HIGH,
+    "train_batch_size": ConfigSeverity.MEDIUM,
+    "train_micro_batch_size_per_gpu": ConfigSeverity.MEDIUM,
+    "gradient_accumulation_steps": ConfigSeverity.MEDIUM,
 }
 
 
@@ -670,7 +676,7 @@ def find_config_hazards(
                 f"offload_param (device {op.device.value}) only works with ZeRO stage 3; at "
                 f"stage {stage} "
                 "DeepSpeed ignores it and the parameters stay on the GPU",
-                Severity.MEDIUM,
+                ConfigSeverity.MEDIUM,
                 (op.device.key_path, effective.zero.stage.key_path),
                 _sources(op.device, effective.zero.stage),
             )
@@ -682,7 +688,7 @@ def find_config_hazards(
                     "nvme_without_path",
                     f"{offload.device.key_path} is 'nvme' but no nvme_path is set: DeepSpeed fails "
                     "when it creates the swap folder at engine start",
-                    Severity.HIGH,
+                    ConfigSeverity.HIGH,
                     (offload.device.key_path,),
                     _sources(offload.device),
                 )
@@ -695,7 +701,7 @@ def find_config_hazards(
                 f"{agb.key_path} = {agb.value} is odd: the ZeRO stage 1/2 optimizer asserts it "
                 "is a "
                 "multiple of 2 at engine start",
-                Severity.HIGH,
+                ConfigSeverity.HIGH,
                 (agb.key_path,),
                 _sources(agb),
             )
@@ -707,7 +713,7 @@ def find_config_hazards(
                 f'"zero_optimization": {str(zero).lower()} is the deprecated format; it means '
                 "stage "
                 f"{int(zero)}",
-                Severity.LOW,
+                ConfigSeverity.LOW,
                 ("zero_optimization",),
                 (doc.source("zero_optimization"),),
             )
@@ -727,7 +733,7 @@ def _unknown_top_level_keys(doc: ConfigDocument) -> list[ConfigHazard]:
         close = difflib.get_close_matches(key, sorted(KNOWN_TOP_LEVEL_KEYS), n=1, cutoff=0.8)
         if close and close[0] not in doc.data:
             target = close[0]
-            severity = _IMPORTANT_TOP_LEVEL.get(target, Severity.LOW)
+            severity = _IMPORTANT_TOP_LEVEL.get(target, ConfigSeverity.LOW)
             effect = "DeepSpeed ignores it and uses the default"
             if target == "zero_optimization":
                 effect = (
@@ -750,7 +756,7 @@ def _unknown_top_level_keys(doc: ConfigDocument) -> list[ConfigHazard]:
                 ConfigHazard(
                     "unknown_top_level_key",
                     f"top-level key {key!r} is not read by DeepSpeed 0.19.8 (ignored)",
-                    Severity.INFO,
+                    ConfigSeverity.INFO,
                     (key,),
                     (doc.source(key),),
                 )
@@ -775,12 +781,12 @@ def _auto_hazards(
                     "own arguments and the model, which the config alone does not give (bucket "
                     "sizes follow the hidden size, fp16/bf16 the precision flags): "
                     + ", ".join(v.key_path for v in unresolved),
-                    Severity.INFO,
+                    ConfigSeverity.INFO,
                     tuple(v.key_path for v in unresolved),
                 )
             )
         return out
-    severity = Severity.HIGH if integration == "deepspeed" else Severity.LOW
+    severity = ConfigSeverity.HIGH if integration == "deepspeed" else ConfigSeverity.LOW
     top_level = [k for k in auto_keys if "." not in k]
     effects = []
     if any(
@@ -825,12 +831,12 @@ def _precision_hazards(effective: EffectiveDsConfig) -> list[ConfigHazard]:
         and prec.fp16_enabled.origin is Origin.DEFAULT
         and prec.bf16_enabled.origin is Origin.DEFAULT
     ):
-        severity = Severity.LOW
+        severity = ConfigSeverity.LOW
     else:
         severity = (
-            Severity.MEDIUM
+            ConfigSeverity.MEDIUM
             if Origin.AUTO_UNRESOLVED in (prec.fp16_enabled.origin, prec.bf16_enabled.origin)
-            else Severity.LOW
+            else ConfigSeverity.LOW
         )
     return [
         ConfigHazard(
@@ -856,7 +862,7 @@ def _deprecated_hazards(doc: ConfigDocument) -> list[ConfigHazard]:
                 ConfigHazard(
                     "deprecated_key",
                     f"{path} is deprecated (DeepSpeed: use {replacement})",
-                    Severity.INFO,
+                    ConfigSeverity.INFO,
                     (path,),
                     (doc.source(path),),
                 )

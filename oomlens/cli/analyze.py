@@ -6,61 +6,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from oomlens.cli.params import COUNT, SIZE
 from oomlens.errors import UsageError
+from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
-
-if TYPE_CHECKING:
-    from oomlens.report import Report
-
-FORMATS = ("text", "json", "markdown", "html")
-_EXTENSIONS = {
-    ".html": "html",
-    ".htm": "html",
-    ".json": "json",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".txt": "text",
-    ".text": "text",
-}
-
-
-def choose_format(fmt: str | None, output: str | None) -> str:
-    """``--format`` wins; else the output file's extension; else text."""
-    if fmt is not None:
-        return fmt
-    if output is not None:
-        suffix = Path(output).suffix.lower()
-        if suffix in _EXTENSIONS:
-            return _EXTENSIONS[suffix]
-        raise UsageError(
-            f"{output}: cannot tell the format from the extension {suffix or '(none)'}; "
-            f"use .html, .json, .md or .txt, or pass --format"
-        )
-    return "text"
-
-
-def render(report: Report, fmt: str, *, colour: bool = False, redacted: bool = False) -> str:
-    """``report`` in ``fmt`` (``text``, ``json``, ``markdown``, ``html``)."""
-    # Renderers and the analysis are imported when used: `oomlens epilog` and `--help` start
-    # without loading them.
-    from oomlens.render.json import render_json
-    from oomlens.render.markdown import render_markdown
-    from oomlens.render.text import render_text
-
-    if fmt == "html":
-        from oomlens.render.html import render_html
-
-        return render_html(report, redacted=redacted)
-    if fmt == "json":
-        return render_json(report)
-    if fmt == "markdown":
-        return render_markdown(report)
-    return render_text(report, colour=colour)
 
 
 def write_output(path: str, text: str) -> None:
@@ -87,7 +39,7 @@ def write_output(path: str, text: str) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(FORMATS),
+    type=click.Choice([f.value for f in Format]),
     default=None,
     help="Output format (default: from -o's extension, else text).",
 )
@@ -156,9 +108,12 @@ def analyze_command(
     """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
     combined), snapshot pickles, ds_config files, kernel logs, torchelastic error files, or
     the run's directory. Prints the verdict, the diagnoses with their evidence, and the fix."""
+    # Renderers and the analysis are imported when used: `oomlens epilog` and `--help` start
+    # without loading them.
+    from oomlens.render.registry import RenderOptions, render
     from oomlens.session import AnalysisOptions, analyze
 
-    chosen = choose_format(fmt, output)
+    chosen = Format.choose(fmt, output)
     options = AnalysisOptions(
         thresholds=load_thresholds(thresholds_file),
         params=params,
@@ -172,14 +127,13 @@ def analyze_command(
 
         report = redact_report(report)
     summary = f"oomlens: {report.verdict.value}{': ' + report.top.id if report.top else ''}"
+    to_file = RenderOptions(redacted=redact)
     if html_output is not None:
-        write_output(html_output, render(report, "html", redacted=redact))
+        write_output(html_output, render(report, Format.HTML, to_file))
         click.echo(f"{summary}; HTML report written to {html_output}", err=True)
     if output is not None:
-        write_output(output, render(report, chosen, redacted=redact))
+        write_output(output, render(report, chosen, to_file))
         click.echo(f"{summary}; report written to {output}", err=True)
         return
     use_colour = sys.stdout.isatty() if colour is None else colour
-    click.echo(
-        render(report, chosen, colour=use_colour and chosen == "text", redacted=redact), nl=False
-    )
+    click.echo(render(report, chosen, RenderOptions(colour=use_colour, redacted=redact)), nl=False)

@@ -53,7 +53,14 @@ _STARTED = _process_started()
 @click.option(
     "--check",
     is_flag=True,
-    help="Validate the settings file, print the effective settings, exit 2 if invalid.",
+    help="Validate the settings file, print the effective settings, check that the spool takes "
+    "files and that job users can run oomlens; exit 2 if anything is wrong.",
+)
+@click.option(
+    "--as-user",
+    default=None,
+    metavar="USER",
+    help="--check: the unprivileged user to try oomlens as  [default: nobody]",
 )
 @click.option(
     "--sweep",
@@ -82,6 +89,7 @@ def epilog(
     spool: str | None,
     hard_limit: str | None,
     check: bool,
+    as_user: str | None,
     sweep: bool,
     budget_per_job: str | None,
     max_jobs: str | None,
@@ -95,7 +103,7 @@ def epilog(
         _sweep(settings_path, spool, hard_limit, check, budget_per_job, max_jobs, max_memory)
         return
     if check:
-        _check(settings_path, spool)
+        _check(settings_path, spool, as_user)
         return
     try:
         from oomlens.epilog.runner import run_epilog
@@ -178,10 +186,11 @@ def _sweep(
         )
 
 
-def _check(settings_path: str, spool: str | None) -> None:
+def _check(settings_path: str, spool: str | None, as_user: str | None) -> None:
     from dataclasses import replace
     from pathlib import Path
 
+    from oomlens.epilog.preflight import check_runs_as_user, check_spool
     from oomlens.epilog.settings import load_settings
     from oomlens.errors import UsageError
 
@@ -196,6 +205,11 @@ def _check(settings_path: str, spool: str | None) -> None:
         click.echo(f"# {settings_path} does not exist: these are the defaults", err=True)
     for key, value in settings.describe().items():
         click.echo(f"{key} = {_toml_value(value)}")
+    findings = [check_spool(settings), check_runs_as_user(as_user)]
+    for finding in findings:
+        click.echo(f"# {'ok' if finding.ok else 'PROBLEM'}: {finding.what}", err=not finding.ok)
+    if not all(finding.ok for finding in findings):
+        sys.exit(2)
 
 
 def _toml_value(value: object) -> str:

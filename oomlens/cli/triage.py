@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -16,6 +17,21 @@ from oomlens.units import parse_size
 # command imports this module too, and must start fast.
 
 DEFAULT_STORE = "oomlens-triage.sqlite"
+
+
+def default_store(outputs: tuple[str, ...], shard: Shard | None) -> str:
+    """Where results are kept when ``--store`` is not given: beside the first ``-o`` output,
+    else in the user's cache directory (``$XDG_CACHE_HOME/oomlens``, ``~/.cache/oomlens``),
+    never unasked in the current directory.  Shards get a store each."""
+    name = DEFAULT_STORE
+    if shard is not None:
+        name = f"oomlens-triage.shard-{shard.index}-of-{shard.count}.sqlite"
+    if outputs:
+        return os.path.join(os.path.dirname(os.path.abspath(outputs[0])), name)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(cache, "oomlens")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, name)
 
 
 class _TriageGroup(click.Group):
@@ -104,7 +120,7 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> in
     "--store",
     metavar="FILE",
     help=f"The SQLite store of results that makes re-runs incremental [default: {DEFAULT_STORE}"
-    " in the current directory, one per shard].",
+    " beside the first -o output, else in ~/.cache/oomlens; one per shard].",
 )
 @click.option(
     "--no-store", is_flag=True, help="Keep no results: analyze everything, store nothing."
@@ -182,10 +198,8 @@ def run_command(
         store_path = None
     elif store is not None:
         store_path = store
-    elif shard is not None:
-        store_path = f"oomlens-triage.shard-{shard.index}-of-{shard.count}.sqlite"
     else:
-        store_path = DEFAULT_STORE
+        store_path = default_store(tuple(outputs), shard)
     options = TriageOptions(
         jobs=jobs,
         timeout=timeout,

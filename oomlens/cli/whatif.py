@@ -1,14 +1,17 @@
 """``oomlens whatif SNAPSHOT``: replay the recorded allocations under other allocator settings
-and memory limits, and say whether the run would have fitted."""
+and memory limits, and say whether the run would have fitted (``oomlens.session.what_if``),
+rendered through ``oomlens.render.registry`` like every other report.
+
+Exit status: 0 when the replay ran (whatever it predicts); 2 for an ``--alloc-conf`` torch
+would refuse or a bad option; 3 for a snapshot that cannot be read or holds no history.
+"""
 
 from __future__ import annotations
 
 import click
 
 from oomlens.cli.params import SIZE
-from oomlens.errors import UsageError
-
-FORMATS = ("text", "json")
+from oomlens.render.registry import formats_for
 
 
 @click.command("whatif")
@@ -35,7 +38,13 @@ FORMATS = ("text", "json")
     default=None,
     help="The device to replay (default: the one that ran out).",
 )
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([f.value for f in formats_for("whatif")]),
+    default="text",
+    show_default=True,
+)
 @click.option(
     "-o", "--output", type=click.Path(), default=None, help="Write to this file instead."
 )
@@ -49,22 +58,12 @@ def whatif_command(
 ) -> None:
     """Replay a snapshot's recorded allocations through a model of PyTorch's caching
     allocator under other settings, after checking that the model reproduces the recording."""
-    from oomlens.analysis.whatif import AllocConfError, parse_alloc_conf, run_whatif
     from oomlens.cli.analyze import write_output
-    from oomlens.ingest.snapshot import load_snapshot
-    from oomlens.render.whatif import render_whatif_json, render_whatif_text
+    from oomlens.render.registry import Format, render
+    from oomlens.session import what_if
 
-    settings = None
-    if alloc_confs:
-        settings = []
-        for text in alloc_confs:
-            try:
-                settings.append(parse_alloc_conf(text))
-            except AllocConfError as err:
-                raise UsageError(f"--alloc-conf {text!r}: {err}") from err
-    loaded = load_snapshot(snapshot)
-    result = run_whatif(loaded, settings, device=device, allowed=allowed)
-    text = render_whatif_json(result) if fmt == "json" else render_whatif_text(result)
+    report = what_if(snapshot, alloc_confs, device=device, allowed=allowed)
+    text = render(report, Format(fmt))
     if output is not None:
         write_output(output, text)
         click.echo(f"oomlens whatif: written to {output}", err=True)

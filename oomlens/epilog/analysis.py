@@ -7,7 +7,6 @@ that process (as the job's user, under the Epilog's deadline), so it imports laz
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,19 +50,17 @@ def analyze_for_epilog(
     with single files are recorded in the report.
     """
     from oomlens.render.json import report_to_dict
+    from oomlens.render.registry import Format, available, render
     from oomlens.session import AnalysisOptions, analyze
 
     options = AnalysisOptions(max_snapshot_bytes=max_snapshot_bytes, prefer_deepspeed=False)
     report = analyze(list(paths), config=config, options=options)
     notes: list[str] = []
     html: str | None = None
-    try:
-        # Looked up by name: the HTML renderer is newer than this module and may be absent.
-        html_renderer = importlib.import_module("oomlens.render.html")
-    except ImportError:
-        notes.append("this oomlens has no HTML renderer yet; only the JSON report was written")
+    if available(Format.HTML):
+        html = render(report, Format.HTML)
     else:
-        html = str(html_renderer.render_html(report))
+        notes.append("this oomlens has no HTML renderer; only the JSON report was written")
     top = report.diagnoses[0] if report.diagnoses else None
     return EpilogAnalysis(
         report=report_to_dict(report),

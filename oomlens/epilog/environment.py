@@ -111,6 +111,10 @@ class JobEnvironment:
     restart_count: int
     problems: tuple[str, ...] = ()
     """What could not be read, one line each (``SLURM_JOB_UID='x': not a number``)."""
+    spool_suffix: str = ""
+    """Added to the spool key when an earlier job with the same id holds ``<id>/`` already
+    (``.t20261201T093000``: job ids repeat after MaxJobId wraps or the controller lost its
+    state)."""
 
     @property
     def failed(self) -> bool:
@@ -129,10 +133,27 @@ class JobEnvironment:
 
     @property
     def spool_key(self) -> str | None:
-        """The name of this job's spool directory: ``<id>``, or ``<id>.r<n>`` for a requeued run."""
+        """The name of this job's spool directory: ``<id>``, or ``<id>.r<n>`` for a requeued run,
+        followed by :attr:`spool_suffix`."""
         if self.job_id is None:
             return None
-        return self.job_id if self.restart_count == 0 else f"{self.job_id}.r{self.restart_count}"
+        base = self.job_id if self.restart_count == 0 else f"{self.job_id}.r{self.restart_count}"
+        return base + self.spool_suffix
+
+    def identity(self) -> dict[str, object]:
+        """What both Epilogs of one job (slurmd's and slurmctld's) see alike, and a later job
+        that reuses the id almost never matches: recorded when the job's spool directory is
+        claimed, compared when the claim finds the directory taken."""
+        return {
+            "id": self.job_id,
+            "restart_count": self.restart_count,
+            "uid": self.uid,
+            "work_dir": self.work_dir,
+            "stdout": self.stdout_pattern,
+            "stderr": self.stderr_pattern,
+            "exit_raw": None if self.exit_status is None else self.exit_status.raw,
+            "derived_raw": None if self.derived_status is None else self.derived_status.raw,
+        }
 
     def describe_exit(self) -> str:
         """``1:0`` when known (what scontrol shows), else the decoded raw status."""

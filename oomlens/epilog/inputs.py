@@ -30,7 +30,6 @@ from oomlens.epilog.settings import EpilogSettings
 from oomlens.epilog.spool import write_all
 from oomlens.units import format_size
 
-_SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
 _COPY_CHUNK = 1024 * 1024
 _MAX_LINE_SEARCH = 1024 * 1024
 """How far the shortened copy looks for a line break to cut at."""
@@ -156,7 +155,7 @@ def plan_inputs(
             continue
         found = find_output_file(expansions, max_entries=settings.workdir_max_entries)
         if not isinstance(found, FoundFile):
-            notes.append(f"{role}: not found ({found.reason})")
+            notes.append(f"{role}: {found.describe()}")
             continue
         identity = _identity(found.path)
         if identity is None or identity in seen:
@@ -322,6 +321,11 @@ def _workdir_files(
     deferred: list[DeferredInput],
 ) -> list[JobInput]:
     """Snapshots and configs the job left in its work directory (listed once, bounded)."""
+    # imported when used: this runs in the analysis process, after the analysis is preloaded
+    from oomlens.ingest.kinds import kind, kind_by_name
+
+    patterns = settings.patterns_in_force()
+    snapshot_kind = kind("snapshot_pickle")
     candidates: list[tuple[float, str, int]] = []
     listed = 0
     oldest = now - settings.workdir_recent_seconds
@@ -335,7 +339,7 @@ def _workdir_files(
                         "entries (workdir_max_entries)"
                     )
                     break
-                if not any(fnmatch.fnmatchcase(entry.name, p) for p in settings.workdir_patterns):
+                if not any(fnmatch.fnmatchcase(entry.name, p) for p in patterns):
                     continue
                 try:
                     info = entry.stat()
@@ -359,8 +363,7 @@ def _workdir_files(
         candidates = candidates[: settings.workdir_max_files]
     chosen: list[JobInput] = []
     for _mtime, path, size in sorted(candidates, key=lambda item: item[1]):
-        name = Path(path).name
-        is_snapshot = name.endswith(_SNAPSHOT_SUFFIXES)
+        is_snapshot = kind_by_name(Path(path).name) is snapshot_kind
         limit = settings.max_snapshot_bytes if is_snapshot else settings.max_log_bytes
         if size > limit:
             key = "max_snapshot_bytes" if is_snapshot else "max_log_bytes"

@@ -230,6 +230,14 @@ class NotFound:
 
     tried: tuple[str, ...]
     reason: str
+    not_regular: tuple[str, ...] = ()
+    """Paths that exist but are no regular file (a FIFO, ``/dev/zero``, a directory)."""
+
+    def describe(self) -> str:
+        """``not a regular file: /dev/zero`` when that is why, else ``not found (why)``."""
+        if self.not_regular:
+            return f"not a regular file: {', '.join(self.not_regular)} (not read)"
+        return f"not found ({self.reason})"
 
 
 def find_output_file(
@@ -243,6 +251,7 @@ def find_output_file(
     """
     tried: list[str] = []
     reasons: list[str] = []
+    not_regular: list[str] = []
     budget = [max_entries]
     for expansion in expansions:
         literal = expansion.literal
@@ -252,6 +261,8 @@ def find_output_file(
             if isinstance(found, FoundFile):
                 return found
             reasons.append(found)
+            if found.endswith(_NOT_REGULAR):
+                not_regular.append(literal)
             continue
         pattern = expansion.glob_pattern
         tried.append(pattern)
@@ -263,7 +274,10 @@ def find_output_file(
         reasons.append(f"{pattern}: no file matches")
     if budget[0] <= 0:
         reasons.append(f"stopped listing directories after {max_entries} entries")
-    return NotFound(tuple(tried), "; ".join(reasons) or "no pattern")
+    return NotFound(tuple(tried), "; ".join(reasons) or "no pattern", tuple(not_regular))
+
+
+_NOT_REGULAR = ": not a regular file"
 
 
 def _regular_file(path: str) -> FoundFile | str:
@@ -272,7 +286,7 @@ def _regular_file(path: str) -> FoundFile | str:
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
     if not stat.S_ISREG(info.st_mode):
-        return f"{path}: not a regular file"
+        return f"{path}{_NOT_REGULAR}"
     return FoundFile(path, info.st_size, info.st_mtime)
 
 

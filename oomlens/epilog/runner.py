@@ -43,6 +43,7 @@ from oomlens.epilog.spool import (
     SpoolError,
     append_line,
     claim_job_directory,
+    is_same_job_claim,
     open_spool,
     write_new_file,
 )
@@ -184,19 +185,42 @@ def _act(
         )
     key = job.spool_key
     assert key is not None
+    identity = job.identity()
     try:
         recorder.spool_fd = open_spool(settings.spool_dir)
-        job_fd = claim_job_directory(recorder.spool_fd, key)
+        job_fd = claim_job_directory(recorder.spool_fd, key, identity)
+        if job_fd is None:
+            if is_same_job_claim(recorder.spool_fd, key, identity, time.time()):
+                # The other Epilog of this job (slurmd's or slurmctld's) took it and logs it.
+                return recorder.finish(Action.DUPLICATE, log=False)
+            job_fd = _claim_for_reused_id(recorder, key, identity)
+            job = recorder.job
     except (SpoolError, OSError) as exc:
         return recorder.finish(Action.ERROR, reason=f"spool: {exc}")
-    if job_fd is None:
-        return recorder.finish(Action.DUPLICATE, log=False)
     try:
         reserve = min(1.0, recorder.budget * 0.2)
         result = _analyze(job, settings, finish_by - reserve, analyzer, recorder.problems)
         return recorder.finish_analysis(job_fd, result)
     finally:
         os.close(job_fd)
+
+
+def _claim_for_reused_id(recorder: _Recorder, key: str, identity: dict[str, object]) -> int:
+    """Claim ``<key>.t<UTC time>`` for a job whose id an earlier job used: that job's
+    directory stays as it is, and the log line and ``epilog.json`` say what happened."""
+    assert recorder.spool_fd is not None
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    for attempt in range(1, 100):
+        suffix = f".t{stamp}" if attempt == 1 else f".t{stamp}-{attempt}"
+        job_fd = claim_job_directory(recorder.spool_fd, key + suffix, identity)
+        if job_fd is not None:
+            recorder.job = replace(recorder.job, spool_suffix=suffix)
+            recorder.problems.append(
+                f"job id {recorder.job.job_id} was used by an earlier job, whose report stays in "
+                f"{key}/; this job's is in {key}{suffix}/"
+            )
+            return job_fd
+    raise SpoolError(f"{key}: could not claim a spool directory for a reused job id")
 
 
 def _analyze(

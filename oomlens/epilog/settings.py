@@ -52,14 +52,9 @@ class EpilogSettings:
     """Address-space limit of the analysis process (0: none)."""
     tmp_dir: Path = Path("/tmp")
     """Where the shortened copy of a huge log is written while the analysis runs."""
-    workdir_patterns: tuple[str, ...] = (
-        "*.pickle",
-        "*snapshot*.pkl",
-        "ds_config*.json",
-        "*deepspeed*.json",
-        "error*.json",
-    )
-    """Names (shell patterns) of the files in the work directory that join the analysis."""
+    workdir_patterns: tuple[str, ...] | None = None
+    """Names (shell patterns) of the files in the work directory that join the analysis; None:
+    the names input kinds say jobs leave there (``patterns_in_force``)."""
     workdir_recent_seconds: float = 86400.0
     """Work-directory files older than this (before the job ended) belong to other runs."""
     workdir_max_entries: int = 10_000
@@ -67,11 +62,23 @@ class EpilogSettings:
     workdir_max_files: int = 32
     """At most this many work-directory files join the analysis (newest first)."""
 
+    def patterns_in_force(self) -> tuple[str, ...]:
+        """``workdir_patterns``, or the input kinds' names of the files jobs leave in their work
+        directory (snapshots, DeepSpeed configs, torchelastic error files)."""
+        if self.workdir_patterns is not None:
+            return self.workdir_patterns
+        # imported when needed: the Epilog reads its settings long before it analyzes anything
+        from oomlens.ingest.kinds import workdir_patterns
+
+        return workdir_patterns()
+
     def describe(self) -> dict[str, Any]:
         """The settings as TOML-ready values (what ``oomlens epilog --check`` prints)."""
         out: dict[str, Any] = {}
         for field in fields(self):
             value = getattr(self, field.name)
+            if field.name == "workdir_patterns":
+                value = self.patterns_in_force()
             if isinstance(value, Path):
                 value = str(value)
             elif field.name in _SIZE_KEYS:

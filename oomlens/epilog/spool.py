@@ -15,16 +15,25 @@ through directory file descriptors with ``O_NOFOLLOW`` and ``O_EXCL``: a planted
 or an existing name is never followed or overwritten (the sweeper replaces a report only by
 renaming a new file over it, which never follows a link either).  The spool directory itself
 must belong to this user (or root) and must not be writable by group or others.  Creating
-``<job id>/`` is the claim on a job: when it exists already, another Epilog handled the job.
+``<job id>/`` is the claim on a job, and its ``claim.json`` says which job claimed it (the job's
+identity, :meth:`~oomlens.epilog.environment.JobEnvironment.identity`, and the time).  When the
+directory exists already, either the other Epilog of the same job took it (same identity, a
+short while ago: nothing more to do) or an earlier job had the same id (Slurm's ids repeat after
+``MaxJobId`` or a lost controller state): that job keeps ``<id>/`` and this one is spooled as
+``<id>.t<UTC time>``.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import stat
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -77,15 +86,84 @@ def _ownership_problem(info: os.stat_result) -> str | None:
     return None
 
 
-def claim_job_directory(spool_fd: int, key: str) -> int | None:
-    """Create ``<key>/`` (mode 0700) in the spool and return its fd; None when it exists."""
+CLAIM_NAME = "claim.json"
+SAME_JOB_SECONDS = 6 * 3600.0
+"""Both Epilogs of one job run within minutes of each other (PrologEpilogTimeout bounds each);
+a claim older than this was made by another job, whatever its identity."""
+_MAX_CLAIM_BYTES = 64 * 1024
+
+
+def claim_job_directory(
+    spool_fd: int, key: str, identity: Mapping[str, object] | None = None
+) -> int | None:
+    """Create ``<key>/`` (mode 0700) in the spool and return its fd; None when it exists.
+
+    With ``identity``, ``claim.json`` (the identity and the time) is written into it at once,
+    for :func:`earlier_claim` to compare with.
+    """
     if not key or "/" in key or key in (".", ".."):
         raise SpoolError(f"{key!r}: not a job directory name")
     try:
         os.mkdir(key, 0o700, dir_fd=spool_fd)
     except FileExistsError:
         return None
-    return os.open(key, _DIR_FLAGS, dir_fd=spool_fd)
+    fd = os.open(key, _DIR_FLAGS, dir_fd=spool_fd)
+    if identity is not None:
+        claim = {"identity": dict(identity), "claimed_at": time.time()}
+        try:
+            write_new_file(fd, CLAIM_NAME, json.dumps(claim, default=str).encode())
+        except OSError:
+            pass  # without it a later Epilog decides by the directory's age
+    return fd
+
+
+def is_same_job_claim(spool_fd: int, key: str, identity: Mapping[str, object], now: float) -> bool:
+    """Whether the existing ``<key>/`` was claimed by the same job (the other Epilog of it).
+
+    It was when its ``claim.json`` holds the same identity and is younger than
+    :data:`SAME_JOB_SECONDS`; without a readable claim (another Epilog is writing it, or an
+    older oomlens made the directory) when the directory itself is younger than that.
+    Never raises: a directory that cannot be read counts as the same job (nothing is
+    overwritten either way).
+    """
+    try:
+        job_fd = os.open(key, _DIR_FLAGS, dir_fd=spool_fd)
+    except OSError:
+        return True
+    try:
+        claim = _read_small_json(job_fd, CLAIM_NAME)
+        if claim is None:
+            age = now - os.fstat(job_fd).st_mtime
+            return age < SAME_JOB_SECONDS
+    finally:
+        os.close(job_fd)
+    claimed_at = claim.get("claimed_at")
+    if not isinstance(claimed_at, int | float) or now - claimed_at >= SAME_JOB_SECONDS:
+        return False
+    recorded: object = claim.get("identity")
+    return bool(recorded == json.loads(json.dumps(dict(identity), default=str)))
+
+
+def _read_small_json(dir_fd: int, name: str) -> dict[str, Any] | None:
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, _MAX_CLAIM_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(data) if len(data) <= _MAX_CLAIM_BYTES else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def open_job_directory(spool_fd: int, key: str) -> int:

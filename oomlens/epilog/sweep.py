@@ -57,6 +57,7 @@ from oomlens.epilog.worker import (
     WorkerStatus,
     analyze_into,
     run_in_child,
+    workdir_copy_mode,
     write_workdir_copies,
 )
 from oomlens.errors import UsageError
@@ -261,9 +262,10 @@ def _sweep_work(
     """What the analysis process does, as the job's user."""
     job_fields = epilog_record.get("job")
     work_dir = job_fields.get("work_dir") if isinstance(job_fields, dict) else None
-    # The Epilog's copies in the work directory are brought up to date, and only those: the
-    # site may have turned copy_to_workdir off since.
-    update_copies = settings.copy_to_workdir and bool(epilog_record.get("workdir_copies"))
+    # The work directory gets the finished report whenever the site copies reports there (as
+    # the Epilog would have, had it finished): also when the Epilog ran out of time or
+    # deferred the job and so wrote no copy of its own.
+    update_copies = settings.copy_to_workdir
 
     def work(payload: dict[str, Any], send: Send) -> None:
         notes: list[str] = payload["notes"]
@@ -303,6 +305,7 @@ def _sweep_work(
                 analysis.report,
                 analysis.html,
                 notes,
+                mode=workdir_copy_mode(readable, job.uid),
             )
         payload["status"] = WorkerStatus.ANALYZED
 

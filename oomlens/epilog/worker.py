@@ -27,6 +27,7 @@ import pwd
 import resource
 import select
 import signal
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -309,7 +310,8 @@ def _epilog_work(
     if analysis is None:
         return
     if settings.copy_to_workdir:
-        payload["workdir_copies"] = copy_to_workdir(job, analysis, notes)
+        mode = workdir_copy_mode([item.path for item in plan.inputs], job.uid)
+        payload["workdir_copies"] = copy_to_workdir(job, analysis, notes, mode=mode)
     payload["status"] = WorkerStatus.ANALYZED
 
 
@@ -421,15 +423,43 @@ def _limit_memory(limit: int) -> str | None:
     return None
 
 
-def copy_to_workdir(job: JobEnvironment, analysis: EpilogAnalysis, notes: list[str]) -> list[str]:
-    """Write ``oomlens-<job>.json`` (and ``.html``) into the work directory, as the job's user.
+PRIVATE_COPY_MODE = 0o600
+
+
+def workdir_copy_mode(job_files: Sequence[str], uid: int | None) -> int:
+    """The mode for the reports copied into the work directory: that of the job's own files.
+
+    The Epilog cannot see the job's umask, but the files the job made (its output, first)
+    were created under it: a user with ``umask 077`` has a 0600 ``.err``, and the reports,
+    which quote that log, must not be more readable than it.  The first regular file of
+    ``job_files`` owned by ``uid`` decides (read/write bits only); none: 0600.
+    """
+    for path in job_files:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and uid is not None and info.st_uid == uid:
+            return stat.S_IMODE(info.st_mode) & 0o666 | stat.S_IRUSR | stat.S_IWUSR
+    return PRIVATE_COPY_MODE
+
+
+def copy_to_workdir(
+    job: JobEnvironment,
+    analysis: EpilogAnalysis,
+    notes: list[str],
+    *,
+    mode: int = PRIVATE_COPY_MODE,
+) -> list[str]:
+    """Write ``oomlens-<job>.json`` (and ``.html``) into the work directory, as the job's user,
+    with ``mode`` (:func:`workdir_copy_mode`).
 
     Only when this process is the job's user: root never writes into a directory a user
     controls.  Each file is written under a temporary name and renamed into place.  Returns
     the paths written; every problem becomes a note.
     """
     return write_workdir_copies(
-        job.work_dir, job.spool_key, job.uid, analysis.report, analysis.html, notes
+        job.work_dir, job.spool_key, job.uid, analysis.report, analysis.html, notes, mode=mode
     )
 
 
@@ -440,6 +470,8 @@ def write_workdir_copies(
     report: dict[str, Any],
     html: str | None,
     notes: list[str],
+    *,
+    mode: int = PRIVATE_COPY_MODE,
 ) -> list[str]:
     """:func:`copy_to_workdir` for a job known by its work directory, spool key and uid."""
     if not work_dir or key is None:
@@ -467,10 +499,12 @@ def write_workdir_copies(
                 fd = os.open(
                     temporary,
                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o644,
+                    PRIVATE_COPY_MODE,
                     dir_fd=dir_fd,
                 )
                 try:
+                    # Exactly the job's mode, whatever this process' own umask would make of it.
+                    os.fchmod(fd, mode)
                     write_all(fd, data)
                 finally:
                     os.close(fd)

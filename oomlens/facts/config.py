@@ -14,6 +14,7 @@ memory model's job (``oomlens.analysis.zero_model``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -305,7 +306,7 @@ class EffectiveDsConfig:
         return found
 
 
-class Severity(Enum):
+class ConfigSeverity(Enum):
     """How bad a config problem or hazard is."""
 
     ERROR = "error"
@@ -330,7 +331,7 @@ class ValidationProblem:
     key_path: str
     code: str
     message: str
-    severity: Severity
+    severity: ConfigSeverity
     validator: str
     source: SourceRef | None = None
 
@@ -345,7 +346,7 @@ class ConfigHazard:
 
     code: str
     message: str
-    severity: Severity
+    severity: ConfigSeverity
     key_paths: tuple[str, ...] = ()
     sources: tuple[SourceRef, ...] = ()
     bytes_at_stake: int | None = None
@@ -364,7 +365,7 @@ class ConfigReading:
 
     @property
     def is_valid(self) -> bool:
-        return not any(p.severity is Severity.ERROR for p in self.problems)
+        return not any(p.severity is ConfigSeverity.ERROR for p in self.problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,3 +380,31 @@ class DumpedConfig:
     user_config: dict[str, object]
     complete: bool
     problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDocument:
+    """A ds_config as DeepSpeed would load it.
+
+    ``data`` is the decoded top-level object.  ``key_lines`` maps dotted key paths to 1-based
+    lines in ``path`` (empty when the line is unknown, e.g. after an hjson fallback).
+    ``syntax`` is ``json``, ``json+comments``, ``hjson``, ``mapping`` or ``log_dump``.
+    """
+
+    path: str
+    data: dict[str, object]
+    key_lines: Mapping[str, int] = field(default_factory=dict)
+    syntax: str = "json"
+
+    def source(self, key_path: str | None = None) -> SourceRef:
+        """Where ``key_path`` is written (its line when known), else the file itself."""
+        if key_path is None:
+            return SourceRef(self.path)
+        return SourceRef(self.path, self.key_lines.get(key_path))
+
+
+def settings_fields(
+    values: Mapping[str, ConfigValue[Any]], cls: type
+) -> dict[str, ConfigValue[Any]]:
+    """The values of ``cls``'s fields (a settings dataclass) picked out of ``values``."""
+    return {name: values[name] for name in cls.__dataclass_fields__}  # type: ignore[attr-defined]

@@ -49,6 +49,10 @@ _INT_STRING = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
 _PY_WHITESPACE = " \t\n\r\x0b\x0c"
 
 
+_MAX_INT_DIGITS = 4300
+"""Python's (and pydantic-core's) limit on the digits of an integer read from text."""
+
+
 def lax_int(value: object) -> int:
     """pydantic v2 lax ``int`` (what DeepSpeed's integer fields accept)."""
     if isinstance(value, bool):
@@ -76,7 +80,13 @@ def lax_int(value: object) -> int:
                 "int_parsing",
                 "Input should be a valid integer, unable to parse string as an integer",
             )
-        return int(text.split(".")[0].replace("_", ""))
+        digits = text.split(".")[0].replace("_", "")
+        if len(digits.lstrip("+-")) > _MAX_INT_DIGITS:
+            raise CoercionError(
+                "int_parsing_size",
+                "Unable to parse input string as an integer, exceeded maximum size",
+            )
+        return int(digits)
     raise CoercionError("int_type", "Input should be a valid integer")
 
 
@@ -759,3 +769,37 @@ KNOWN_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
         "zero_optimization",
     }
 )
+
+
+_CANONICAL_DTYPES = {
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "int8": "int8",
+    "torch.int8": "int8",
+}
+
+
+def canonical_dtype(value: object) -> str | None:
+    """``"BF16"``, ``"bfloat16"``, ``"torch.bfloat16"`` -> ``"bf16"``; None stays None; anything
+    else comes back lower-cased (DeepSpeed fails on it later, the validator says so)."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    return _CANONICAL_DTYPES.get(text, text)
+
+
+def given_key(fspec: FieldSpec, given: Mapping[str, object]) -> tuple[str | None, object]:
+    """The key (alias first, as pydantic does) under which ``fspec`` is present, and its value."""
+    for key in (fspec.alias, fspec.name):
+        if key is not None and key in given:
+            return key, given[key]
+    return None, None

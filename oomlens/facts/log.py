@@ -133,6 +133,30 @@ class OomMessage:
             return None
         return sum(process.bytes for process in self.other_processes)
 
+    @property
+    def limit(self) -> int | None:
+        """What this process could use: ``allowed`` when a memory fraction is set, else the
+        card's capacity."""
+        return self.allowed if self.allowed is not None else self.total_capacity
+
+    @property
+    def limit_name(self) -> str:
+        return "allowed" if self.allowed is not None else "total capacity"
+
+    @property
+    def reserved(self) -> int | None:
+        """What PyTorch's caching allocator held: allocated plus reserved-but-unallocated."""
+        if self.allocated_by_pytorch is None or self.reserved_unallocated is None:
+            return None
+        return self.allocated_by_pytorch + self.reserved_unallocated
+
+    @property
+    def non_pytorch_self(self) -> int | None:
+        """This process' memory outside the caching allocator (context, NCCL, libraries)."""
+        if self.process_in_use is None or self.reserved is None:
+            return None
+        return self.process_in_use - self.reserved
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:

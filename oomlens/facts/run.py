@@ -1,18 +1,16 @@
 """Everything known about one run: the facts of every input plus the facts derived from them.
 
-``RunFacts`` is what rules read.  It is built once by ``oomlens.session`` and never changed.
+``RunFacts`` is what rules read.  It is derived once by ``oomlens.analysis.run`` and never
+changed.
 Helper methods answer the questions several rules ask (the OOM events of every input, the
 memory limit in force, the world size...), so that no rule re-derives them differently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
-from oomlens.analysis.config_patch import ConfigPatch
-from oomlens.analysis.ranks import RankPicture
-from oomlens.analysis.zero_model import CapacityVerdict, MemoryBudget
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
@@ -24,6 +22,8 @@ from oomlens.facts.log import (
     OomEvent,
     OomKind,
 )
+from oomlens.facts.memory_model import MemoryModelFacts
+from oomlens.facts.ranks import RankPicture
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 
 _SIGKILL_CODES = frozenset({-9, 137, 247})
@@ -58,9 +58,12 @@ class ConfigSource:
 
 @dataclass(frozen=True, slots=True)
 class WorldSizeFact:
+    """The data-parallel world size of the run and where it was learnt (``--gpus``, the
+    launcher's world info, the ranks seen in the log...)."""
+
     value: int
     origin: str
-    source: SourceRef | None
+    source: SourceRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,24 +73,6 @@ class ModelParams:
     total: int
     origin: str
     source: SourceRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryModelFacts:
-    """The ZeRO memory model for this run: what the config implies per GPU and per host for
-    the model's parameter count, compared with the capacity in force, and the config patches
-    it predicts would help (most memory saved first)."""
-
-    budget: MemoryBudget
-    verdicts: tuple[CapacityVerdict, ...]
-    patches: tuple[ConfigPatch, ...]
-    assumptions: tuple[str, ...]
-
-    def verdict(self, kind: str) -> CapacityVerdict | None:
-        for verdict in self.verdicts:
-            if verdict.kind == kind:
-                return verdict
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +98,10 @@ class RunFacts:
     """``--host-memory``, or the log's ``CPU Virtual Memory: used = .. GB, percent = ..%``
     (DeepSpeed's node-wide figure: used / percent)."""
     memory_model: MemoryModelFacts | None = None
+    last_step: int | None = None
+    """The highest training step any log printed."""
+    other_inputs: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+    """Facts of input kinds whose slot has no field of its own, by slot name."""
 
     # ----------------------------------------------------------------- questions rules ask
 

@@ -389,7 +389,7 @@ class MemoryState:
 
 
 @dataclass(frozen=True, slots=True)
-class OomEvent:
+class OomEntry:
     """An ``oom`` trace entry: a request the allocator could not serve.
 
     ``request_bytes`` is what torch recorded: the request rounded (to 512 B or a power-2
@@ -554,7 +554,7 @@ class DeviceAnalysis:
     device: int
     history: HistoryMode
     state: MemoryState
-    oom: OomEvent | None
+    oom: OomEntry | None
     earlier_ooms: int
     live_by_site: tuple[SiteBytes, ...]
     live_by_category: tuple[CategoryBytes, ...]

@@ -1,92 +1,145 @@
-"""Read every input of a run: the per-rank logs, torchelastic error files and kernel logs.
+"""Gather a run's inputs and read each with the reader of its kind.
 
-``read_run(inputs)`` takes what ``discover_run`` found (or ``inputs_of(paths)`` built from
-files given one by one) and reads each file with the reader of its kind, giving each the
-rank its location says.  A file that cannot be read becomes an ``InputError`` in
-``RunLogs.problems``; the others are still read.  Snapshot pickles and ds_config files are
-passed through in ``RunLogs.other`` for their own loaders (never unpickled here).
+``collect_inputs(paths, config=...)`` turns what the user gave (files and run directories) into
+``FoundInput``\\ s, each recognised by content (``oomlens.ingest.detect``), plus the lines for
+what could not be used.  ``read_inputs(found, options)`` reads them kind by kind, in the
+registry's order, each with its kind's reader (``oomlens.ingest.kinds``), and yields one
+``InputRead`` per file: its facts for the kind's slot, or the one-line problem that kept it out.
+Nothing here raises for a bad file; the others are still read.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from oomlens.errors import InputError
-from oomlens.facts.kernel import KernelLogFacts
-from oomlens.facts.log import ErrorFileFacts, LogFacts
-from oomlens.ingest.detect import DiscoveredFile, InputKind, RunInputs, detect_kind
-from oomlens.ingest.elastic import read_error_file
-from oomlens.ingest.log import read_log
-from oomlens.ingest.log.kernel import read_kernel_log
+from oomlens.facts.run import InputReport
+from oomlens.ingest import kinds
+from oomlens.ingest.detect import accept, detect_kind, discover_run
+from oomlens.ingest.kinds import FoundInput, InputKind, ReadOptions, kind
+
+UNREADABLE = "unreadable"
+"""``InputReport.kind`` of a file whose kind could not be told."""
 
 
 @dataclass(frozen=True, slots=True)
-class RunLogs:
-    logs: tuple[LogFacts, ...]
-    error_files: tuple[ErrorFileFacts, ...]
-    kernel_logs: tuple[KernelLogFacts, ...]
-    other: tuple[DiscoveredFile, ...]
-    """Snapshot pickles and ds_config files, for their own loaders."""
-    problems: tuple[InputError, ...]
-    """One per file that could not be read, in input order."""
+class InputRead:
+    """One file read (or not): ``facts`` go to ``kind.slot``; ``report`` lists the file."""
+
+    found: FoundInput
+    facts: tuple[object, ...]
+    report: InputReport
+
+    @property
+    def kind(self) -> InputKind:
+        return self.found.kind
 
 
-def inputs_of(
-    paths: Iterable[str | os.PathLike[str]],
-) -> tuple[tuple[DiscoveredFile, ...], tuple[InputError, ...]]:
-    """Files given one by one, recognised by content.  An unknown kind is a problem, except
-    text without a recognisable marker, which is read as a training log (the user named it)."""
-    files: list[DiscoveredFile] = []
-    problems: list[InputError] = []
+def collect_inputs(
+    paths: Sequence[str | os.PathLike[str]], *, config: str | os.PathLike[str] | None = None
+) -> tuple[list[FoundInput], list[InputReport]]:
+    """The files to read among ``paths`` (run directories are searched), and a report line for
+    each path that gives nothing.  ``config`` is the ds_config named on the command line: it
+    is the run's, whatever else is found."""
+    files: list[FoundInput] = []
+    reports: list[InputReport] = []
     for path in paths:
-        shown = os.fspath(path)
-        try:
-            detection = detect_kind(path)
-        except InputError as exc:
-            problems.append(exc)
-            continue
-        kind = detection.kind
-        if kind is InputKind.UNKNOWN:
-            if detection.reason.startswith("text without"):
-                kind = InputKind.TRAINING_LOG
-            else:
-                problems.append(
-                    InputError(
+        if os.path.isdir(path):
+            try:
+                found = discover_run(path)
+            except InputError as exc:
+                reports.append(InputReport(exc.path, "directory", exc.problem, problem=exc.message))
+                continue
+            if not found.files:
+                shown = os.fspath(path)
+                names = [k.label.split(" ", 1)[1] for k in kinds.KINDS]
+                reports.append(
+                    InputReport(
                         shown,
-                        f"is not an input oomlens reads: {detection.reason}",
-                        "pass a training log, snapshot, ds_config, kernel log or error.json",
+                        "directory",
+                        "nothing recognisable",
+                        problem=f"{shown}: holds no {', '.join(names[:-1])} or {names[-1]}; "
+                        "point oomlens at the run's output directory",
                     )
                 )
+            files.extend(found.files)
+        else:
+            shown = os.fspath(path)
+            try:
+                detection = detect_kind(path)
+            except InputError as exc:
+                reports.append(InputReport(exc.path, UNREADABLE, exc.problem, problem=exc.message))
                 continue
-        files.append(DiscoveredFile(shown, kind, detection.reason, None, None, None, None, None))
-    return tuple(files), tuple(problems)
-
-
-def read_run(inputs: RunInputs | Iterable[DiscoveredFile]) -> RunLogs:
-    """Read the logs, error files and kernel logs among ``inputs``."""
-    files = inputs.files if isinstance(inputs, RunInputs) else tuple(inputs)
-    logs: list[LogFacts] = []
-    error_files: list[ErrorFileFacts] = []
-    kernel_logs: list[KernelLogFacts] = []
-    other: list[DiscoveredFile] = []
-    problems: list[InputError] = []
-    for file in files:
-        rank = file.rank if file.rank is not None else file.local_rank
-        try:
-            if file.kind is InputKind.TRAINING_LOG:
-                logs.append(read_log(file.path, rank=rank))
-            elif file.kind is InputKind.ELASTIC_ERROR:
-                error_files.append(
-                    read_error_file(file.path, rank=file.rank, local_rank=file.local_rank)
+            accepted = accept(detection, named_by_user=True, name=os.path.basename(shown))
+            if accepted is None:
+                problem = InputError(
+                    shown,
+                    f"is not an input oomlens reads: {detection.reason}",
+                    "pass " + ", ".join(k.label for k in kinds.KINDS),
                 )
-            elif file.kind is InputKind.KERNEL_LOG:
-                kernel_logs.append(read_kernel_log(file.path))
-            else:
-                other.append(file)
-        except InputError as exc:
-            problems.append(exc)
-    return RunLogs(
-        tuple(logs), tuple(error_files), tuple(kernel_logs), tuple(other), tuple(problems)
+                reports.append(
+                    InputReport(shown, UNREADABLE, problem.problem, problem=problem.message)
+                )
+                continue
+            files.append(FoundInput(shown, accepted[0], accepted[1]))
+    if config is not None:
+        shown = os.fspath(config)
+        files = [f for f in files if os.path.abspath(f.path) != os.path.abspath(shown)]
+        files.insert(0, FoundInput(shown, kind("ds_config"), "named with --config"))
+    return files, reports
+
+
+def read_inputs(files: Iterable[FoundInput], options: ReadOptions) -> Iterator[InputRead]:
+    """Read ``files`` kind by kind (the registry's order), in their order within a kind."""
+    files = list(files)
+    for input_kind in kinds.KINDS:
+        first: FoundInput | None = None
+        for found in (f for f in files if f.kind is input_kind):
+            if first is not None and input_kind.one_per_run:
+                yield InputRead(
+                    found,
+                    (),
+                    InputReport(
+                        found.path,
+                        input_kind.id,
+                        "ignored",
+                        problem=f"{found.path}: a second {input_kind.id}; only {first.path} is "
+                        f"used ({input_kind.one_per_run})",
+                    ),
+                )
+                continue
+            first = first or found
+            yield read_one(found, options)
+
+
+def read_one(found: FoundInput, options: ReadOptions) -> InputRead:
+    """Read one file with its kind's reader; a failure becomes the report's problem."""
+    kind_id = found.kind.id
+    try:
+        reading = found.kind.read(found, options)
+    except InputError as exc:
+        return InputRead(
+            found, (), InputReport(found.path, kind_id, exc.problem, problem=exc.message)
+        )
+    except OSError as exc:
+        return InputRead(
+            found,
+            (),
+            InputReport(
+                found.path,
+                kind_id,
+                "unreadable",
+                problem=f"{found.path}: cannot be read ({exc.strerror or exc})",
+            ),
+        )
+    report = InputReport(
+        found.path,
+        kind_id,
+        reading.detail,
+        problem=reading.problem,
+        notes=reading.notes,
+        rank=reading.rank,
     )
+    return InputRead(found, reading.facts, report)

@@ -15,10 +15,15 @@ from __future__ import annotations
 import base64
 import hashlib
 from functools import lru_cache
+from typing import TYPE_CHECKING, ClassVar
 
+from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.templates import environment, rule_partials
 from oomlens.render.view import View, build_view
 from oomlens.report import Report
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 STYLE_TEMPLATE = "html/style.css"
 SCRIPT_TEMPLATE = "html/script.js"
@@ -60,6 +65,17 @@ def render_view_html(view: View) -> str:
 def render_html(report: Report, *, redacted: bool = False) -> str:
     """The report as one HTML page (see the module docstring)."""
     return render_view_html(build_view(report, redacted=redacted))
+
+
+class HtmlRenderer(Renderer):
+    format: ClassVar[Format] = Format.HTML
+
+    def render(self, document: Document, options: RenderOptions) -> str:
+        assert isinstance(document, Report)  # the registry sends only reports
+        return render_view_html(build_view(document, redacted=options.redacted))
+
+
+RENDERER = HtmlRenderer()
 
 
 def load_templates() -> None:

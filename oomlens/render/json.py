@@ -9,13 +9,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from oomlens.analysis.ranks import RankStatus
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent
-from oomlens.report import SCHEMA_VERSION, Report
-from oomlens.rules.base import Diagnosis, Evidence, Fix
+from oomlens.facts.memory_model import CapacityVerdict, Device
+from oomlens.facts.ranks import RankStatus
+from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.render.whatif import whatif_to_dict
+from oomlens.report import (
+    CHECK_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    CheckReport,
+    Diagnosis,
+    Evidence,
+    Fix,
+    Report,
+    WhatIfReport,
+)
+from oomlens.untrusted import strip_controls
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 MAX_OOM_EVENTS = 64
 """Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""
@@ -67,7 +82,7 @@ def diagnosis_to_dict(d: Diagnosis) -> dict[str, Any]:
         "evidence": [_evidence(e) for e in d.evidence],
         "fix": [_fix(f) for f in d.fixes],
         "missing": list(d.missing),
-        "figures": _plain(dict(d.figures)),
+        "figures": {name: _plain(figure.value) for name, figure in d.figures.items()},
     }
 
 
@@ -120,10 +135,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     facts = report.facts
     picture = facts.ranks
     events = facts.oom_events()
-    last_step = max(
-        (log.steps.max_step for log in facts.logs if log.steps.max_step is not None), default=None
-    )
-    return {
+    document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "oomlens_version": report.oomlens_version,
         "verdict": report.verdict.value,
@@ -142,7 +154,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "run": {
             "world_size": facts.world_size.value if facts.world_size else None,
             "world_size_origin": facts.world_size.origin if facts.world_size else None,
-            "last_step": last_step,
+            "last_step": facts.last_step,
             "config_origin": facts.config.origin if facts.config else None,
             "snapshots": len(facts.snapshots),
         },
@@ -159,7 +171,137 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             for i in facts.inputs
         ],
     }
+    stripped: dict[str, Any] = _stripped(document)
+    return stripped
+
+
+def _stripped(value: Any) -> Any:
+    """``value`` with every string cleaned of control and bidi characters (log text ends up in
+    terminals and pages that read this JSON); keys included."""
+    if isinstance(value, str):
+        return strip_controls(value)
+    if isinstance(value, dict):
+        return {strip_controls(str(k)): _stripped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stripped(item) for item in value]
+    return value
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report_to_dict(report), indent=2, ensure_ascii=False) + "\n"
+    return RENDERER.render(report, RenderOptions())
+
+
+def check_to_dict(check: CheckReport) -> dict[str, Any]:
+    """``oomlens check``'s report as JSON-ready builtins (versioned like the analysis's)."""
+    result = check.preflight
+
+    def verdict(v: CapacityVerdict) -> dict[str, Any]:
+        return {
+            "kind": v.kind,
+            "capacity_bytes": v.capacity_bytes,
+            "required_bytes": v.required_bytes,
+            "headroom_bytes": v.headroom_bytes,
+            "fits": v.fits,
+            "peak_phase": v.peak_phase,
+            "overflow_component": v.overflow_component.code if v.overflow_component else None,
+            "overflow_phase": v.overflow_phase,
+            "overflow_bytes": v.overflow_bytes,
+        }
+
+    payload: dict[str, Any] = {
+        "schema_version": CHECK_SCHEMA_VERSION,
+        "oomlens_version": check.oomlens_version,
+        "config": result.document.path,
+        "validator": result.validator,
+        "valid": result.valid,
+        "problems": [
+            {
+                "key_path": p.key_path,
+                "code": p.code,
+                "message": p.message,
+                "line": p.source.line if p.source else None,
+            }
+            for p in result.problems
+        ],
+        "effective": {k: v for k, v in result.effective.settings().items() if _json_safe(v)},
+        "batch": None
+        if result.batch is None
+        else {
+            "ok": result.batch.ok,
+            "error": result.batch.error,
+            "derived": None
+            if result.batch.derived is None
+            else {
+                "train_batch_size": result.batch.derived.train_batch_size,
+                "train_micro_batch_size_per_gpu": result.batch.derived.micro_batch_per_gpu,
+                "gradient_accumulation_steps": result.batch.derived.gradient_accumulation_steps,
+            },
+            "corrections": [c.patch.merge_patch() for c in result.batch.corrections],
+        },
+        "budget": None
+        if result.budget is None
+        else {
+            "gpu_peak_bytes": result.budget.gpu_peak_bytes,
+            "host_peak_bytes": result.budget.host_peak_bytes,
+            "pinned_per_host_bytes": result.budget.pinned_per_host(),
+            "components": [
+                {
+                    "code": c.code,
+                    "device": c.device.value,
+                    "phase": c.phase.value,
+                    "bytes": c.bytes,
+                    "per": "host" if c.per_host else ("gpu" if c.device is Device.GPU else "rank"),
+                    "pinned": c.pinned,
+                    "basis": c.basis.value,
+                    "formula": c.formula,
+                    "key_paths": list(c.key_paths),
+                }
+                for c in result.budget.components
+            ],
+        },
+        "verdicts": [verdict(v) for v in result.verdicts],
+        "hazards": [
+            {
+                "code": h.code,
+                "severity": h.severity.value,
+                "message": h.message,
+                "key_paths": list(h.key_paths),
+            }
+            for h in result.hazards
+        ],
+        "patches": [
+            {
+                "summary": p.summary,
+                "merge_patch": p.merge_patch(),
+                "gpu_bytes_saved": p.gpu_bytes_saved,
+                "host_bytes_delta": p.host_bytes_delta,
+                "pinned_bytes_delta": p.pinned_bytes_delta,
+                "cost": p.cost,
+            }
+            for p in result.patches
+        ],
+        "notes": list(result.notes),
+        "failed": result.failed,
+    }
+    return payload
+
+
+def _json_safe(value: object) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+class JsonRenderer(Renderer):
+    format: ClassVar[Format] = Format.JSON
+
+    def render(self, document: Document, options: RenderOptions) -> str:
+        data: dict[str, Any]
+        if isinstance(document, CheckReport):
+            data = check_to_dict(document)
+        elif isinstance(document, WhatIfReport):
+            data = _stripped(whatif_to_dict(document))
+        else:
+            data = report_to_dict(document)
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+RENDERER = JsonRenderer()

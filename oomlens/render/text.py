@@ -8,15 +8,20 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
-import re
+from typing import TYPE_CHECKING, ClassVar
 
 import click
 
-from oomlens.report import Report, Verdict
-from oomlens.rules.base import Diagnosis, Fix
+from oomlens.render.check_text import check_text
+from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.render.whatif import whatif_text
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict, WhatIfReport
 from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
+
 _VERDICT_COLOUR = {
     Verdict.GPU_OOM: "red",
     Verdict.HOST_OOM: "red",
@@ -31,7 +36,7 @@ SHOWN_EVIDENCE = 4
 
 def clean(text: str) -> str:
     """Untrusted text made safe for a terminal: control and bidi characters removed."""
-    return _CONTROL.sub("", text)
+    return strip_controls(text)
 
 
 def _fix_lines(fix: Fix) -> list[str]:
@@ -106,3 +111,17 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         lines.append("Inputs that could not be used:")
         lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
     return "\n".join(lines).rstrip() + "\n"
+
+
+class TextRenderer(Renderer):
+    format: ClassVar[Format] = Format.TEXT
+
+    def render(self, document: Document, options: RenderOptions) -> str:
+        if isinstance(document, CheckReport):
+            return check_text(document) + "\n"
+        if isinstance(document, WhatIfReport):
+            return whatif_text(document)
+        return render_text(document, colour=options.colour)
+
+
+RENDERER = TextRenderer()

@@ -14,34 +14,37 @@ Contracts:
   says it in words), and every chart has at most ``MAX_POINTS`` points per line, so the report's
   size does not grow with the inputs';
 * building a view never raises on odd facts (a missing number just leaves its cell empty).
+
+The charts' geometry is ``oomlens.render.charts``, the config and budget part
+``oomlens.render.config_view``, the bounded pieces they share ``oomlens.render.bounded``.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from oomlens.analysis.zero_model import Device
-from oomlens.facts import SourceRef
-from oomlens.facts.config import ConfigValue, show_value
-from oomlens.facts.log import MemorySeries, OomEvent, OomKind
-from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
+from oomlens.facts.log import OomEvent, OomKind, StepSample
+from oomlens.render.bounded import MAX_SHORT_TEXT, Capped, Fact, cap, pct, plain, size, text, where
+from oomlens.render.charts import LineChart, SnapshotView, series_chart, snapshot_views
+from oomlens.render.config_view import BudgetView, ConfigView, config_view, oom_budget, zero_budget
 from oomlens.render.templates import rule_partials
-from oomlens.render.text import clean
-from oomlens.report import SCHEMA_VERSION, Report, Verdict
-from oomlens.rules.base import Diagnosis, Evidence, Fix
+from oomlens.report import (
+    SCHEMA_VERSION,
+    Diagnosis,
+    Evidence,
+    Figure,
+    Fix,
+    Report,
+    RuleDoc,
+    Unit,
+    Verdict,
+)
 from oomlens.units import format_size
 
-T = TypeVar("T")
-S = TypeVar("S")
-
-MAX_TEXT = 2000
-"""Characters of one untrusted string (a log line, a config value, a frame)."""
-MAX_SHORT_TEXT = 300
 MAX_EVIDENCE = 12
 MAX_FIXES = 6
 MAX_MISSING = 12
@@ -49,79 +52,12 @@ MAX_RANK_ROWS = 64
 MAX_OOM_ROWS = 16
 MAX_INPUT_ROWS = 100
 MAX_INPUT_NOTES = 5
-MAX_CONFIG_ROWS = 60
-MAX_CONFIG_PROBLEMS = 30
-MAX_RAW_CONFIG_CHARS = 20_000
 MAX_FRAMES = 40
 MAX_TAIL_LINES = 20
 MAX_TAIL_LOGS = 3
-MAX_SERIES = 8
-"""Ranks drawn in one memory chart (two lines each)."""
-MAX_POINTS = 300
-"""Points of one chart line; longer series are downsampled keeping each stretch's maximum."""
-MAX_TIMELINES = 4
-MAX_SEGMENT_ROWS = 20
-MAX_BARS = 10
 MAX_OTHER_PROCESSES = 16
-MAX_BUDGET_ROWS = 30
-
-# -------------------------------------------------------------------------------- basics
-
-
-@dataclass(frozen=True, slots=True)
-class Capped(Generic[T]):
-    """At most a bound of items, and how many there were."""
-
-    items: tuple[T, ...]
-    total: int
-
-    @property
-    def more(self) -> int:
-        return self.total - len(self.items)
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-
-def cap(source: Sequence[S], limit: int, make: Callable[[S], T]) -> Capped[T]:
-    """The first ``limit`` items of ``source`` made into views (only those are built)."""
-    return Capped(tuple(make(item) for item in source[:limit]), len(source))
-
-
-def text(value: object, limit: int = MAX_TEXT) -> str:
-    """Untrusted text for display: control and bidi characters removed, capped, one line
-    breaks kept (templates show multi-line text in ``<pre>``)."""
-    raw = clean(str(value)).replace("\r", "")
-    if len(raw) <= limit:
-        return raw
-    return f"{raw[:limit]}… ({len(raw) - limit:,} more characters not shown)"
-
-
-def size(value: int | float | None) -> str:
-    return "" if value is None else format_size(value)
-
-
-def _where(ref: SourceRef | None) -> str:
-    return text(ref.describe(), MAX_SHORT_TEXT) if ref is not None else ""
-
-
-def _pct(value: float) -> str:
-    return f"{value:.0%}"
-
 
 # -------------------------------------------------------------------------------- banner
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    label: str
-    value: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,25 +99,12 @@ def _first_sentence(message: str, limit: int = 240) -> str:
     return text(head, limit)
 
 
-def _step_before(report: Report, rank: int | None, ref: SourceRef | None) -> str | None:
+def _step(sample: StepSample | None) -> str | None:
     """The last training step printed before the failure, and where."""
-    best = None
-    for log in report.facts.logs:
-        candidates = [
-            s for s in log.steps.last_by_rank if rank is not None and s.source.rank == rank
-        ]
-        sample = candidates[0] if candidates else log.steps.last
-        if sample is None or sample.step is None:
-            continue
-        if ref is not None and sample.source.path == ref.path and ref.line is not None:
-            if sample.source.line is not None and sample.source.line > ref.line:
-                continue
-        if best is None or sample.step > (best.step or 0):
-            best = sample
-    if best is None:
+    if sample is None or sample.step is None:
         return None
-    total = f" of {best.total}" if best.total else ""
-    return f"step {best.step}{total} (last progress line, {_where(best.source)})"
+    total = f" of {sample.total}" if sample.total else ""
+    return f"step {sample.step}{total} (last progress line, {where(sample.source)})"
 
 
 def _oom_what(event: OomEvent) -> str:
@@ -207,25 +130,19 @@ def _oom_what(event: OomEvent) -> str:
 
 
 def _banner(report: Report) -> Banner:
-    facts = report.facts
-    picture = facts.ranks
+    picture = report.facts.ranks
     rows: list[Fact] = []
-    failed_ref: SourceRef | None = None
-    failed_rank: int | None = None
-    when: datetime | None = None
-    exact = True
     phase: str | None = None
-    first = facts.first_gpu_oom() if report.verdict is Verdict.GPU_OOM else None
-    if first is not None:
+    failure = report.failure
+    if failure is not None and failure.event is not None:
+        first = failure.event
         m = first.message
         rows.append(Fact("What died", _oom_what(first)))
-        failed_ref, failed_rank = first.source, first.rank
-        when, exact = first.timestamp, first.timestamp_exact
         phase = first.phase.value.replace("_", " ")
         if m.device is not None:
             rows.append(Fact("Device", f"{m.backend or 'GPU'} {m.device}"))
-    elif report.verdict is Verdict.HOST_OOM and facts.kernel_oom_kills():
-        kill = facts.kernel_oom_kills()[0]
+    elif failure is not None and failure.kill is not None:
+        kill = failure.kill
         scope = "memory cgroup limit" if kill.cgroup else "machine's memory"
         rows.append(
             Fact(
@@ -233,10 +150,8 @@ def _banner(report: Report) -> Banner:
                 text(f"{kill.process_name} (pid {kill.pid}), killed by the kernel for the {scope}"),
             )
         )
-        failed_ref, when = kill.source, kill.timestamp
-    elif picture.first_failed is not None:
-        status = picture.first_failed
-        failed_ref, failed_rank, when = status.first_source, status.rank, status.first_time
+    elif failure is not None and failure.status is not None:
+        status = failure.status
         detail = status.outcome.replace("_", " ")
         if status.exceptions:
             exc = status.exceptions[0]
@@ -245,15 +160,14 @@ def _banner(report: Report) -> Banner:
         elif status.signal:
             detail = f"{detail} ({status.signal})"
         rows.append(Fact("What died", text(detail, 400)))
-    if failed_ref is not None:
-        rows.append(Fact("Where", _where(failed_ref)))
-    if failed_rank is None and picture.first_failed is not None:
-        failed_rank = picture.first_failed.rank
-    if failed_rank is not None:
-        rows.append(Fact("Rank", str(failed_rank)))
-    if when is not None:
-        rows.append(Fact("When", when.isoformat(sep=" ") + ("" if exact else " (or just after)")))
-    step = _step_before(report, failed_rank, failed_ref)
+    if failure is not None and failure.source is not None:
+        rows.append(Fact("Where", where(failure.source)))
+    if failure is not None and failure.rank is not None:
+        rows.append(Fact("Rank", str(failure.rank)))
+    if failure is not None and failure.time is not None:
+        when = failure.time.isoformat(sep=" ")
+        rows.append(Fact("When", when + ("" if failure.time_exact else " (or just after)")))
+    step = _step(failure.step) if failure is not None else None
     if step is not None:
         rows.append(Fact("Step", step))
     if phase and phase != "unknown":
@@ -288,7 +202,7 @@ def _banner(report: Report) -> Banner:
         reason=text(report.verdict_reason, 600),
         headline=headline,
         top_id=top.id if top is not None else None,
-        top_confidence=_pct(top.confidence) if top is not None else None,
+        top_confidence=pct(top.confidence) if top is not None else None,
         facts=tuple(rows),
     )
 
@@ -338,8 +252,12 @@ class DiagnosisView:
     fixes: Capped[FixView]
     missing: Capped[str]
     figures: tuple[Fact, ...]
-    explanation: str | None
-    """The rule's own explanation (``Rule.explanation``); None for ids that are not rules."""
+    explanation: str
+    """What the diagnosis means and why it happens (declared with its rule)."""
+    reading: str
+    """How to read the evidence ('' when it needs no saying)."""
+    verify: str
+    """How to tell the fix worked."""
     partial: str
     """The template that renders it: ``rules/<id>.html`` (``rules/_rule.html`` when missing)."""
 
@@ -349,7 +267,7 @@ def _evidence(item: Evidence) -> EvidenceView:
     return EvidenceView(
         kind=item.kind.value,
         text=text(item.text),
-        where=_where(item.source),
+        where=where(item.source),
         line=item.source.line if item.source is not None else None,
         rank=item.source.rank if item.source is not None else None,
         note=text(item.note, 600),
@@ -370,7 +288,7 @@ def _env_lines(environment: dict[str, str]) -> str | None:
 def _fix(index: int, item: Fix) -> FixView:
     patch = None
     if item.config_patch is not None:
-        patch = text(json.dumps(_plain(item.config_patch), indent=2, default=str), 8000)
+        patch = text(json.dumps(plain(item.config_patch), indent=2, default=str), 8000)
     return FixView(
         index=index,
         summary=text(item.summary, 1000),
@@ -383,41 +301,19 @@ def _fix(index: int, item: Fix) -> FixView:
     )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _figure_value(name: str, value: object) -> str:
+def _figure_value(figure: Figure) -> str:
+    value = figure.value
     if value is None:
         return "unknown"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int | float) and (name.endswith("bytes") or name in _BYTE_FIGURES):
+    if figure.unit is Unit.BYTES and isinstance(value, int | float):
         return f"{format_size(value)} ({int(value):,} B)"
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, int):
         return f"{value:,}"
     return text(value, MAX_SHORT_TEXT)
-
-
-_BYTE_FIGURES = frozenset(
-    {
-        "tried_to_allocate",
-        "allocated_by_pytorch",
-        "reserved_unallocated",
-        "free",
-        "total_capacity",
-        "allowed",
-        "process_in_use",
-        "other_processes",
-        "largest_free_block",
-    }
-)
 
 
 def partial_for(rule_id: str) -> str:
@@ -427,14 +323,7 @@ def partial_for(rule_id: str) -> str:
     return "rules/_rule.html"
 
 
-def _explanation(rule_id: str) -> str | None:
-    from oomlens.rules.engine import rule_by_id
-
-    rule = rule_by_id(rule_id)
-    return rule.explanation if rule is not None else None
-
-
-def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
+def _diagnosis(index: int, d: Diagnosis, doc: RuleDoc | None, cuts: list[str]) -> DiagnosisView:
     evidence = cap(d.evidence, MAX_EVIDENCE, _evidence)
     if evidence.more:
         cuts.append(f"{d.id}: {evidence.more} more evidence items not shown (all are in the JSON)")
@@ -445,7 +334,7 @@ def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
         id=text(d.id, 80),
         title=text(d.title, 200),
         severity=d.severity.label,
-        confidence=_pct(d.confidence),
+        confidence=pct(d.confidence),
         confidence_value=d.confidence,
         summary=text(d.summary, 1500),
         rank=d.rank,
@@ -453,9 +342,11 @@ def _diagnosis(index: int, d: Diagnosis, cuts: list[str]) -> DiagnosisView:
         fixes=fixes,
         missing=cap(d.missing, MAX_MISSING, lambda m: text(m, 1000)),
         figures=tuple(
-            Fact(text(k, 80).replace("_", " "), _figure_value(k, v)) for k, v in d.figures.items()
+            Fact(text(k, 80).replace("_", " "), _figure_value(v)) for k, v in d.figures.items()
         )[:24],
-        explanation=_explanation(d.id),
+        explanation=doc.explanation if doc is not None else "",
+        reading=doc.reading if doc is not None else "",
+        verify=doc.verify if doc is not None else "",
         partial=partial_for(d.id),
     )
 
@@ -503,7 +394,7 @@ def _ranks(report: Report) -> RankTable:
             exitcode="" if s.exitcode is None else str(s.exitcode),
             signal=text(s.signal or "", 40),
             when=s.first_time.isoformat(sep=" ") if s.first_time else "",
-            where=_where(s.first_source),
+            where=where(s.first_source),
             is_first=first is not None and s is first,
         ),
     )
@@ -517,7 +408,7 @@ def _ranks(report: Report) -> RankTable:
         launcher_exits=cap(
             picture.launcher_exits,
             8,
-            lambda e: f"exit code {e.return_code} ({_where(e.source)})",
+            lambda e: f"exit code {e.return_code} ({where(e.source)})",
         ),
     )
 
@@ -554,7 +445,7 @@ def _oom_rows(events: Sequence[OomEvent]) -> Capped[OomRow]:
             free=size(e.message.free),
             limit=size(e.message.allowed or e.message.total_capacity),
             when=e.timestamp.isoformat(sep=" ") if e.timestamp else "",
-            where=_where(e.source),
+            where=where(e.source),
         ),
     )
 
@@ -621,7 +512,7 @@ def _traceback_excerpt(report: Report) -> Excerpt | None:
     elif tb.cut:
         lines.append(Line("", "(the log ends here: the traceback was cut before its exception)"))
     note = "the first failing rank's traceback" if tb.chained is False else "a chained traceback"
-    return Excerpt(title=title, where=_where(tb.source), lines=tuple(lines), note=note)
+    return Excerpt(title=title, where=where(tb.source), lines=tuple(lines), note=note)
 
 
 def _tails(report: Report, cuts: list[str]) -> tuple[Excerpt, ...]:
@@ -640,941 +531,6 @@ def _tails(report: Report, cuts: list[str]) -> tuple[Excerpt, ...]:
     if len(logs) > MAX_TAIL_LOGS:
         cuts.append(f"the last lines of {len(logs) - MAX_TAIL_LOGS} more logs are not shown")
     return tuple(found)
-
-
-# -------------------------------------------------------------------------------- charts
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    pos: float
-    label: str
-
-
-@dataclass(frozen=True, slots=True)
-class Polyline:
-    label: str
-    points: str
-    """``x,y x,y ...`` in chart coordinates: numbers only."""
-    style: int
-    """Palette index (0..7), one per rank or device."""
-    dashed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Marker:
-    x: float
-    y: float
-    label: str
-
-
-@dataclass(frozen=True, slots=True)
-class HLine:
-    y: float
-    label: str
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesSummary:
-    label: str
-    samples: str
-    first: str
-    last: str
-    maximum: str
-    growth: str
-
-
-@dataclass(frozen=True, slots=True)
-class LineChart:
-    anchor: str
-    title: str
-    caption: str
-    width: int
-    height: int
-    left: int
-    top: int
-    right: int
-    bottom: int
-    lines: tuple[Polyline, ...]
-    x_ticks: tuple[Tick, ...]
-    y_ticks: tuple[Tick, ...]
-    x_label: str
-    hlines: tuple[HLine, ...]
-    markers: tuple[Marker, ...]
-    summaries: tuple[SeriesSummary, ...]
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class Bar:
-    label: str
-    detail: str
-    value: str
-    width: float
-    """Bar length in chart units (0..``BarChart.bar_width``)."""
-    style: str
-    y: float
-
-
-@dataclass(frozen=True, slots=True)
-class BarChart:
-    anchor: str
-    title: str
-    caption: str
-    width: int
-    height: int
-    label_width: int
-    bar_width: int
-    bars: tuple[Bar, ...]
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    label: str
-    value: str
-    x: float
-    width: float
-    style: str
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentRow:
-    label: str
-    y: float
-    total_width: float
-    live_width: float
-    free_width: float
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentMap:
-    anchor: str
-    title: str
-    caption: str
-    width: int
-    height: int
-    summary: tuple[Part, ...]
-    legend: tuple[Fact, ...]
-    rows: tuple[SegmentRow, ...]
-    row_top: float
-    note: str
-    request: str
-    """The failed request against the largest free block, in words (when known)."""
-
-
-CHART_WIDTH = 760
-CHART_HEIGHT = 260
-_LEFT, _RIGHT, _TOP, _BOTTOM = 78, 16, 14, 34
-
-
-def downsample(
-    values: Sequence[tuple[float, float]], limit: int = MAX_POINTS
-) -> list[tuple[float, float]]:
-    """At most ``limit`` points: the first, the last, and each stretch's maximum between."""
-    if len(values) <= limit:
-        return list(values)
-    inner = limit - 2
-    stretch = (len(values) - 2) / inner
-    out = [values[0]]
-    for index in range(inner):
-        start = 1 + int(index * stretch)
-        end = max(start + 1, 1 + int((index + 1) * stretch))
-        out.append(max(values[start:end], key=lambda point: point[1]))
-    out.append(values[-1])
-    return out
-
-
-def nice_step(span: float, ticks: int = 5) -> float:
-    """A round step (1, 2, 2.5, 5 x 10^k; for bytes, powers of two of GiB/MiB) for an axis."""
-    if span <= 0:
-        return 1.0
-    raw = span / ticks
-    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 1.0
-    if raw < 1:
-        power = 1.0
-        while power > raw:
-            power /= 10
-        magnitude = power
-    for factor in (1, 2, 2.5, 5, 10):
-        if factor * magnitude >= raw:
-            return factor * magnitude
-    return 10 * magnitude
-
-
-def _byte_step(span: float, ticks: int = 5) -> float:
-    raw = span / ticks
-    step = 1.0
-    while step < raw:
-        step *= 2
-    return step
-
-
-class _Scale:
-    def __init__(self, low: float, high: float, out_low: float, out_high: float) -> None:
-        if high <= low:
-            high = low + 1
-        self.low, self.high, self.out_low, self.out_high = low, high, out_low, out_high
-
-    def __call__(self, value: float) -> float:
-        ratio = (value - self.low) / (self.high - self.low)
-        return round(self.out_low + ratio * (self.out_high - self.out_low), 1)
-
-
-def _line_chart(
-    anchor: str,
-    title: str,
-    caption: str,
-    series: Sequence[tuple[str, int, bool, Sequence[tuple[float, float]]]],
-    x_label: str,
-    x_format: Any,
-    limit: tuple[int, str] | None,
-    markers: Sequence[tuple[float, float, str]],
-    summaries: Sequence[SeriesSummary],
-    note: str,
-) -> LineChart | None:
-    drawn = [
-        (label, style, dashed, downsample(points))
-        for label, style, dashed, points in series
-        if points
-    ]
-    if not drawn:
-        return None
-    xs = [x for _, _, _, pts in drawn for x, _ in pts] + [m[0] for m in markers]
-    ys = [y for _, _, _, pts in drawn for _, y in pts] + [m[1] for m in markers]
-    if limit is not None:
-        ys.append(limit[0])
-    x_low, x_high = min(xs), max(xs)
-    y_high = max(ys) * 1.05 or 1.0
-    step = _byte_step(y_high)
-    y_high = step * (int(y_high / step) + (0 if y_high % step == 0 else 1))
-    width, height = CHART_WIDTH, CHART_HEIGHT
-    sx = _Scale(x_low, x_high, _LEFT, width - _RIGHT)
-    sy = _Scale(0, y_high, height - _BOTTOM, _TOP)
-    lines = tuple(
-        Polyline(
-            label=label,
-            points=" ".join(f"{sx(x)},{sy(y)}" for x, y in pts),
-            style=style % 8,
-            dashed=dashed,
-        )
-        for label, style, dashed, pts in drawn
-    )
-    y_ticks = []
-    value = 0.0
-    while value <= y_high + 1e-9:
-        y_ticks.append(Tick(sy(value), format_size(value)))
-        value += step
-    x_step = nice_step(x_high - x_low)
-    first_tick = x_low if x_step == 0 else (x_low // x_step) * x_step
-    x_ticks: list[Tick] = []
-    tick = first_tick
-    while tick <= x_high + 1e-9 and len(x_ticks) < 12:
-        if tick >= x_low - 1e-9:
-            x_ticks.append(Tick(sx(tick), x_format(tick)))
-        tick += x_step
-    hlines: tuple[HLine, ...] = ()
-    if limit is not None:
-        hlines = (HLine(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}"),)
-    return LineChart(
-        anchor=anchor,
-        title=title,
-        caption=caption,
-        width=width,
-        height=height,
-        left=_LEFT,
-        top=_TOP,
-        right=width - _RIGHT,
-        bottom=height - _BOTTOM,
-        lines=lines,
-        x_ticks=tuple(x_ticks),
-        y_ticks=tuple(y_ticks),
-        x_label=x_label,
-        hlines=hlines,
-        markers=tuple(Marker(sx(x), sy(y), label) for x, y, label in markers),
-        summaries=tuple(summaries),
-        note=note,
-    )
-
-
-def _oom_limit(report: Report, rank: int | None = None) -> tuple[int, str] | None:
-    events = report.facts.gpu_oom_events()
-    for event in events:
-        if rank is not None and event.rank not in (None, rank):
-            continue
-        m = event.message
-        if m.allowed is not None:
-            return m.allowed, "allowed"
-        if m.total_capacity is not None:
-            return m.total_capacity, "capacity"
-    return None
-
-
-def _series_chart(report: Report, cuts: list[str]) -> LineChart | None:
-    series = [s for s in report.facts.memory_series() if s.samples]
-    if not series:
-        return None
-    shown = series[:MAX_SERIES]
-    if len(series) > MAX_SERIES:
-        cuts.append(f"memory chart: {len(series) - MAX_SERIES} more ranks' series not drawn")
-    samples = [sample for s in shown for sample in s.samples]
-    if all(sample.timestamp is not None for sample in samples):
-        origin = min(sample.timestamp for sample in samples)  # type: ignore[type-var]
-
-        def x_of(sample: Any) -> float:
-            return float((sample.timestamp - origin).total_seconds())
-
-        x_label = f"seconds since {origin.isoformat(sep=' ', timespec='seconds')}"  # type: ignore[union-attr]
-
-        def x_format(v: float) -> str:
-            return f"{v:g}s"
-    elif all(sample.step is not None for sample in samples):
-
-        def x_of(sample: Any) -> float:
-            return float(sample.step)
-
-        x_label = "training step"
-
-        def x_format(v: float) -> str:
-            return f"{v:g}"
-    else:
-
-        def x_of(sample: Any) -> float:
-            return float(sample.source.line or 0)
-
-        x_label = "log line"
-
-        def x_format(v: float) -> str:
-            return f"{v:,.0f}"
-
-    lines = []
-    summaries = []
-    notes = []
-    for index, s in enumerate(shown):
-        name = _series_name(s)
-        allocated = [(x_of(p), float(p.allocated)) for p in s.samples]
-        reserved = [(x_of(p), float(p.reserved)) for p in s.samples]
-        lines.append((f"{name} allocated (MA)", index, False, allocated))
-        lines.append((f"{name} reserved (CA)", index, True, reserved))
-        summaries.append(_summary(name, s))
-        if s.total_samples > len(s.samples):
-            notes.append(
-                f"{name}: {len(s.samples):,} of {s.total_samples:,} samples kept by the reader"
-            )
-        if len(s.samples) > MAX_POINTS:
-            notes.append(f"{name}: drawn with {MAX_POINTS} points")
-    if notes:
-        cuts.extend(f"memory chart: {n}" for n in notes)
-    rank = shown[0].rank if len(shown) == 1 else None
-    return _line_chart(
-        "chart-memory",
-        "Memory over time (DeepSpeed see_memory_usage)",
-        "Allocated (MA, solid) and reserved (CA, dashed) GPU memory per rank, as DeepSpeed "
-        "printed it; the red line is the limit the OOM message reported.",
-        lines,
-        x_label,
-        x_format,
-        _oom_limit(report, rank),
-        (),
-        summaries,
-        "; ".join(notes),
-    )
-
-
-def _series_name(s: MemorySeries) -> str:
-    name = "rank ?" if s.rank is None else f"rank {s.rank}"
-    if s.host:
-        name += f" on {text(s.host, 60)}"
-    return name
-
-
-def _summary(name: str, s: MemorySeries) -> SeriesSummary:
-    growth = ""
-    if s.allocated.slope is not None and s.total_samples > 1:
-        growth = f"{format_size(s.allocated.slope)} per sample"
-    return SeriesSummary(
-        label=name,
-        samples=f"{s.total_samples:,}",
-        first=size(s.allocated.first),
-        last=size(s.allocated.last),
-        maximum=size(s.max_allocated.maximum),
-        growth=growth,
-    )
-
-
-def _device_name(snapshot: SnapshotAnalysis, device: DeviceAnalysis) -> str:
-    rank = f"rank {snapshot.source.rank}, " if snapshot.source.rank is not None else ""
-    base = snapshot.source.path.replace("\\", "/").rsplit("/", 1)[-1]
-    return text(f"{base} ({rank}device {device.device})", 200)
-
-
-def _timeline_chart(
-    report: Report, index: int, snapshot: SnapshotAnalysis, device: DeviceAnalysis
-) -> LineChart | None:
-    timeline = device.timeline
-    if timeline is None or not timeline.samples:
-        return None
-    timed = all(p.time_us is not None for p in timeline.samples)
-    if timed:
-        origin = timeline.samples[0].time_us or 0
-
-        def x_of(point: Any) -> float:
-            return float(point.time_us - origin) / 1000.0
-
-        x_label = "milliseconds since the first recorded event"
-
-        def x_format(v: float) -> str:
-            return f"{v:g}"
-    else:
-
-        def x_of(point: Any) -> float:
-            return float(point.index)
-
-        x_label = "allocator event"
-
-        def x_format(v: float) -> str:
-            return f"{v:,.0f}"
-
-    active = [(x_of(p), float(p.active_bytes)) for p in timeline.samples]
-    reserved = [(x_of(p), float(p.reserved_bytes)) for p in timeline.samples]
-    markers = []
-    if device.oom is not None:
-        markers.append((x_of(timeline.end), float(timeline.end.active_bytes), "OOM"))
-    name = _device_name(snapshot, device)
-    return _line_chart(
-        f"chart-timeline-{index}",
-        f"Allocator timeline: {name}",
-        "Live (allocated and pending-free, solid) and reserved (dashed) bytes replayed from the "
-        "snapshot's recorded history; the red line is the limit the OOM message reported.",
-        [("live", index, False, active), ("reserved", index, True, reserved)],
-        x_label,
-        x_format,
-        _oom_limit(report, snapshot.source.rank),
-        markers,
-        (),
-        f"{timeline.entries:,} recorded events ({timeline.allocs:,} allocations, "
-        f"{timeline.frees:,} frees); drawn with {len(timeline.samples)} points, each its "
-        "stretch's maximum"
-        + (
-            f"; {timeline.unmatched_frees:,} frees of blocks allocated before recording began"
-            if timeline.unmatched_frees
-            else ""
-        ),
-    )
-
-
-_SEGMENT_WIDTH = 760
-_SEGMENT_LABEL = 250
-
-
-def _segment_map(
-    index: int, snapshot: SnapshotAnalysis, device: DeviceAnalysis
-) -> SegmentMap | None:
-    state = device.state
-    if state.reserved_bytes <= 0:
-        return None
-    parts_spec = [
-        ("allocated", state.allocated_bytes, "live"),
-        ("pending free", state.pending_free_bytes, "pending"),
-        ("free, cannot be released", state.unreleasable_free_bytes, "stuck"),
-        ("free, releasable", state.releasable_free_bytes, "releasable"),
-        ("free, expandable", state.expandable_free_bytes, "expandable"),
-    ]
-    total = float(state.reserved_bytes)
-    x = 0.0
-    parts = []
-    for label, value, style in parts_spec:
-        if value <= 0:
-            continue
-        width = round(_SEGMENT_WIDTH * value / total, 1)
-        parts.append(Part(label, format_size(value), round(x, 1), width, style))
-        x += width
-    segments = device.pinned_segments[:MAX_SEGMENT_ROWS]
-    biggest = max((s.total_size for s in segments), default=1) or 1
-    scale = (_SEGMENT_WIDTH - _SEGMENT_LABEL - 10) / biggest
-    row_top = 70.0
-    rows = []
-    for row_index, segment in enumerate(segments):
-        rows.append(
-            SegmentRow(
-                label=(
-                    f"{format_size(segment.free_bytes)} free of {format_size(segment.total_size)}"
-                ),
-                y=row_top + row_index * 18,
-                total_width=round(segment.total_size * scale, 1),
-                live_width=round(segment.allocated_bytes * scale, 1),
-                free_width=round(segment.free_bytes * scale, 1),
-                detail=(
-                    f"{format_size(segment.allocated_bytes)} live in {segment.live_blocks} of "
-                    f"{segment.blocks} blocks, {format_size(segment.free_bytes)} free (largest "
-                    f"free block {format_size(segment.largest_free_block)}), {segment.pool.value} "
-                    f"pool, stream {segment.stream}"
-                ),
-            )
-        )
-    height = int(row_top + len(rows) * 18 + 10)
-    request = ""
-    oom = device.oom
-    if oom is not None and oom.snapshot_at_oom:
-        verdict = "would have fit" if oom.fits_largest_free_block else "did not fit"
-        request = (
-            f"The failed request needed a {format_size(oom.alloc_size_bytes)} block; the largest "
-            f"free block of its pool and stream was {format_size(oom.largest_free_block)} "
-            f"({verdict}), with {format_size(oom.free_bytes)} free in total."
-        )
-    note = ""
-    if state.unreleasable_segments > len(segments):
-        note = (
-            f"{state.unreleasable_segments:,} segments hold free space that cannot be released; "
-            f"the {len(segments)} with the most of it are drawn"
-        )
-    return SegmentMap(
-        anchor=f"segments-{index}",
-        title=f"Segment map: {_device_name(snapshot, device)}",
-        caption=(
-            f"Reserved {format_size(state.reserved_bytes)} in {state.segments:,} segments "
-            f"({state.blocks:,} blocks, {state.live_blocks:,} live). Free space inside a segment "
-            "that still holds a live block cannot be returned to the driver, nor used for a "
-            "request larger than its largest free block."
-        ),
-        width=_SEGMENT_WIDTH,
-        height=height,
-        summary=tuple(parts),
-        legend=tuple(Fact(p.label, p.value) for p in parts),
-        rows=tuple(rows),
-        row_top=row_top,
-        note=note,
-        request=request,
-    )
-
-
-_CATEGORY_WORDS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "activations": "activations",
-    "zero3_gathered_params": "ZeRO-3 gathered parameters",
-    "zero_buckets": "ZeRO buckets",
-    "temporaries": "temporaries",
-    "workspace": "library workspace",
-    "unknown": "unrecognised stack",
-}
-_BAR_LABEL, _BAR_WIDTH = 300, 330
-
-
-def _bar_chart(
-    anchor: str, title: str, caption: str, rows: Sequence[tuple[str, str, int, str]], note: str
-) -> BarChart | None:
-    if not rows:
-        return None
-    biggest = max(value for _, _, value, _ in rows) or 1
-    bars = tuple(
-        Bar(
-            label=label,
-            detail=detail,
-            value=format_size(value),
-            width=round(_BAR_WIDTH * value / biggest, 1),
-            style=style,
-            y=float(8 + index * 26),
-        )
-        for index, (label, detail, value, style) in enumerate(rows)
-    )
-    return BarChart(
-        anchor=anchor,
-        title=title,
-        caption=caption,
-        width=_BAR_LABEL + _BAR_WIDTH + 110,
-        height=int(16 + len(bars) * 26),
-        label_width=_BAR_LABEL,
-        bar_width=_BAR_WIDTH,
-        bars=bars,
-        note=note,
-    )
-
-
-def _site_bars(index: int, snapshot: SnapshotAnalysis, device: DeviceAnalysis) -> BarChart | None:
-    sites = device.live_by_site[:MAX_BARS]
-    rows = []
-    for site in sites:
-        label = "no recorded stack" if site.site is None else text(site.site.describe(), 400)
-        detail = (
-            f"{site.blocks:,} blocks; {site.common_size_blocks:,} of "
-            f"{format_size(site.common_size)}; "
-            f"{_CATEGORY_WORDS.get(site.category.value, site.category.value)}"
-        )
-        if site.site is not None:
-            detail = (
-                f"{text(site.site.filename, 500)}:{site.site.line} in {text(site.site.name, 300)}; "
-                + detail
-            )
-        rows.append((label, detail, site.bytes, site.category.value))
-    more = len(device.live_by_site) - len(sites)
-    return _bar_chart(
-        f"sites-{index}",
-        f"Live memory by call site: {_device_name(snapshot, device)}",
-        "Bytes still allocated when the snapshot was taken, grouped by the first frame of user "
-        "code in each allocation's stack.",
-        rows,
-        f"{more} more call sites not shown" if more > 0 else "",
-    )
-
-
-def _category_bars(
-    index: int, snapshot: SnapshotAnalysis, device: DeviceAnalysis
-) -> BarChart | None:
-    rows = [
-        (
-            _CATEGORY_WORDS.get(c.category.value, c.category.value),
-            f"{c.blocks:,} blocks; {c.confidence.value} confidence: {text(c.evidence, 400)}",
-            c.bytes,
-            c.category.value,
-        )
-        for c in device.live_by_category[:MAX_BARS]
-    ]
-    return _bar_chart(
-        f"categories-{index}",
-        f"Live memory by category: {_device_name(snapshot, device)}",
-        "What the live bytes probably are, inferred from the frames of their allocation stacks.",
-        rows,
-        "",
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotView:
-    name: str
-    where: str
-    history: str
-    stacks: str
-    settings: str
-    figures: tuple[Fact, ...]
-    timeline: LineChart | None
-    segments: SegmentMap | None
-    sites: BarChart | None
-    categories: BarChart | None
-    notes: tuple[str, ...]
-
-
-def _snapshots(report: Report, cuts: list[str]) -> tuple[SnapshotView, ...]:
-    pairs = list(report.facts.snapshot_devices())
-    if len(pairs) > MAX_TIMELINES:
-        cuts.append(f"{len(pairs) - MAX_TIMELINES} more snapshot devices not drawn")
-    views = []
-    for index, (snapshot, device) in enumerate(pairs[:MAX_TIMELINES]):
-        state = device.state
-        figures = [
-            Fact("reserved", size(state.reserved_bytes)),
-            Fact("allocated", size(state.allocated_bytes)),
-            Fact("free inside segments with live blocks", size(state.unreleasable_free_bytes)),
-            Fact("segments holding such free space", f"{state.unreleasable_segments:,}"),
-            Fact("largest free block", size(state.largest_free_block)),
-            Fact("rounding waste in allocated blocks", size(state.internal_waste_bytes)),
-        ]
-        if device.oom is not None:
-            figures.append(
-                Fact(
-                    "failed request",
-                    f"{format_size(device.oom.alloc_size_bytes)} ({device.oom.pool.value} pool)",
-                )
-            )
-        if device.leak is not None:
-            figures.append(
-                Fact(
-                    "growth per iteration",
-                    f"{format_size(device.leak.bytes_per_iteration)} over "
-                    f"{device.leak.iterations} iterations",
-                )
-            )
-        settings = snapshot.allocator_settings
-        views.append(
-            SnapshotView(
-                name=_device_name(snapshot, device),
-                where=_where(snapshot.source),
-                history=snapshot.history.value.replace("_", " "),
-                stacks=snapshot.stacks.value.replace("_", " "),
-                settings=text(settings.raw_config or "(defaults)", 400)
-                if settings
-                else "not recorded",
-                figures=tuple(figures),
-                timeline=_timeline_chart(report, index, snapshot, device),
-                segments=_segment_map(index, snapshot, device),
-                sites=_site_bars(index, snapshot, device),
-                categories=_category_bars(index, snapshot, device),
-                notes=tuple(text(n, 200).replace("_", " ") for n in device.notes[:8]),
-            )
-        )
-    return tuple(views)
-
-
-# -------------------------------------------------------------------------------- config, budget
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigRow:
-    key: str
-    value: str
-    origin: str
-    where: str
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class ProblemRow:
-    severity: str
-    key: str
-    message: str
-    where: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigView:
-    origin: str
-    where: str
-    rows: Capped[ConfigRow]
-    auto_keys: str
-    problems: Capped[ProblemRow]
-    hazards: Capped[ProblemRow]
-    notes: Capped[str]
-    raw_json: str | None
-    raw_cut: str
-
-
-def _config_row(value: ConfigValue[Any]) -> ConfigRow:
-    return ConfigRow(
-        key=text(value.key_path, 200),
-        value=text(show_value(value.value), MAX_SHORT_TEXT),
-        origin=value.origin.value.replace("_", " "),
-        where=_where(value.source),
-        note=text(value.note, 300),
-    )
-
-
-def _config(report: Report) -> ConfigView | None:
-    source = report.facts.config
-    if source is None:
-        return None
-    reading = source.reading
-    effective = reading.effective
-    values = effective.all_values()
-    ordered = [v for v in values if v.is_explicit] + [v for v in values if not v.is_explicit]
-    raw = None
-    raw_cut = ""
-    if reading.raw:
-        dumped = json.dumps(_plain(reading.raw), indent=2, default=str, ensure_ascii=False)
-        if len(dumped) > MAX_RAW_CONFIG_CHARS:
-            raw_cut = f"{len(dumped) - MAX_RAW_CONFIG_CHARS:,} more characters not shown"
-            dumped = dumped[:MAX_RAW_CONFIG_CHARS]
-        raw = text(dumped, MAX_RAW_CONFIG_CHARS)
-    return ConfigView(
-        origin=source.origin.replace("_", " ").replace("+", " + "),
-        where=_where(effective.source),
-        rows=cap(ordered, MAX_CONFIG_ROWS, _config_row),
-        auto_keys=", ".join(text(k, 200) for k in effective.auto_keys[:30]),
-        problems=cap(
-            reading.problems,
-            MAX_CONFIG_PROBLEMS,
-            lambda p: ProblemRow(
-                p.severity.value, text(p.key_path, 200), text(p.message, 600), _where(p.source)
-            ),
-        ),
-        hazards=cap(
-            reading.hazards,
-            MAX_CONFIG_PROBLEMS,
-            lambda h: ProblemRow(
-                h.severity.value,
-                text(", ".join(h.key_paths), 300),
-                text(h.message, 600)
-                + (f" ({format_size(h.bytes_at_stake)} at stake)" if h.bytes_at_stake else ""),
-                ", ".join(_where(s) for s in h.sources[:3]),
-            ),
-        ),
-        notes=cap(reading.notes, MAX_CONFIG_PROBLEMS, lambda n: text(n, 600)),
-        raw_json=raw,
-        raw_cut=raw_cut,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetRow:
-    name: str
-    where: str
-    phase: str
-    bytes: str
-    formula: str
-
-
-@dataclass(frozen=True, slots=True)
-class OomBudget:
-    """The memory picture the OOM message itself gives: what filled the limit."""
-
-    where: str
-    limit: str
-    limit_name: str
-    parts: tuple[Part, ...]
-    rows: tuple[Fact, ...]
-    width: int
-    request_x: float | None
-    request_width: float | None
-    request: str
-    limit_x: float
-
-
-@dataclass(frozen=True, slots=True)
-class ZeroBudget:
-    summary: str
-    rows: Capped[BudgetRow]
-    gpu_peak: str
-    host_peak: str
-    assumptions: tuple[str, ...]
-    verdicts: tuple[Fact, ...]
-    """Each device's peak against its capacity."""
-    patches: tuple[Fact, ...]
-    """The config patches the model predicts would help, most memory saved first."""
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetView:
-    at_oom: OomBudget | None
-    zero: ZeroBudget | None
-    zero_missing: str
-    """Why there is no ZeRO model budget, when there is none."""
-
-
-_BUDGET_WIDTH = 760
-
-
-def _oom_budget(report: Report) -> OomBudget | None:
-    event = report.facts.first_gpu_oom()
-    if event is None:
-        return None
-    m = event.message
-    limit = m.allowed if m.allowed is not None else m.total_capacity
-    if limit is None or m.allocated_by_pytorch is None:
-        return None
-    limit_name = "allowed (memory fraction)" if m.allowed is not None else "total capacity"
-    spec: list[tuple[str, int, str]] = [("allocated by PyTorch", m.allocated_by_pytorch, "live")]
-    if m.reserved_unallocated:
-        spec.append(("reserved by PyTorch, unallocated", m.reserved_unallocated, "stuck"))
-    reserved = m.allocated_by_pytorch + (m.reserved_unallocated or 0)
-    if m.process_in_use is not None and m.process_in_use > reserved and m.allowed is None:
-        spec.append(
-            (
-                "this process outside PyTorch (context, NCCL...)",
-                m.process_in_use - reserved,
-                "context",
-            )
-        )
-    if m.other_processes_total and m.allowed is None:
-        spec.append(("other processes", m.other_processes_total, "other"))
-    scale = max(limit, sum(v for _, v, _ in spec) + (m.tried_to_allocate or 0))
-    x = 0.0
-    parts = []
-    for label, value, style in spec:
-        width = round(_BUDGET_WIDTH * value / scale, 1)
-        parts.append(Part(label, format_size(value), round(x, 1), width, style))
-        x += width
-    rows = [Fact(p.label, p.value) for p in parts]
-    request = ""
-    request_x = request_width = None
-    if m.tried_to_allocate is not None:
-        request_x = round(x, 1)
-        request_width = max(2.0, round(_BUDGET_WIDTH * m.tried_to_allocate / scale, 1))
-        request = f"the failed request: {format_size(m.tried_to_allocate)}"
-        rows.append(Fact("tried to allocate", format_size(m.tried_to_allocate)))
-    rows.append(Fact(limit_name, format_size(limit)))
-    if m.free is not None:
-        rows.append(Fact("free on the device (all processes)", format_size(m.free)))
-    return OomBudget(
-        where=_where(event.source),
-        limit=format_size(limit),
-        limit_name=limit_name,
-        parts=tuple(parts),
-        rows=tuple(rows),
-        width=_BUDGET_WIDTH,
-        request_x=request_x,
-        request_width=request_width,
-        request=request,
-        limit_x=round(_BUDGET_WIDTH * limit / scale, 1),
-    )
-
-
-def _zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
-    """The ZeRO memory model the analysis built (``RunFacts.memory_model``), for display."""
-    facts = report.facts
-    if facts.config is None:
-        return None, ""
-    model = facts.memory_model
-    if model is None:
-        if facts.params is None:
-            return None, (
-                "the parameter count is unknown: pass --params (e.g. --params 1.3B) to get the "
-                "ZeRO memory model's per-GPU and per-host budget"
-            )
-        return None, "the memory model could not be built for this config"
-    budget = model.budget
-    rows = cap(
-        budget.components,
-        MAX_BUDGET_ROWS,
-        lambda c: BudgetRow(
-            name=text(c.name, 200),
-            where=("GPU" if c.device is Device.GPU else "host")
-            + (" (per host)" if c.per_host else ""),
-            phase=c.phase.value,
-            bytes=format_size(c.bytes),
-            formula=text(c.formula, 300),
-        ),
-    )
-    summary = (
-        f"ZeRO stage {budget.stage}, {budget.precision.value}, "
-        f"{budget.model.total_params:,} parameters ({text(budget.model.source, 100)}), "
-        f"{budget.topology.world_size} rank(s), {budget.topology.ranks_per_host} per host"
-    )
-    verdicts = tuple(
-        Fact(
-            f"{v.kind} capacity {format_size(v.capacity_bytes)} ({text(v.capacity_source, 100)})",
-            (
-                f"fits: peak {format_size(v.required_bytes)} ({text(v.peak_phase, 60)}), "
-                f"{format_size(v.headroom_bytes)} left"
-                if v.fits
-                else f"does not fit: peak {format_size(v.required_bytes)}, "
-                f"{format_size(v.overflow_bytes)} over"
-                + (f" from {text(v.overflow_phase, 60)}" if v.overflow_phase else "")
-                + (
-                    f" ({text(v.overflow_component.name, 120)})"
-                    if v.overflow_component is not None
-                    else ""
-                )
-            ),
-        )
-        for v in model.verdicts
-    )
-    patches = tuple(
-        Fact(
-            text(p.summary, 300),
-            "; ".join(
-                part
-                for part in (
-                    f"saves {format_size(p.gpu_bytes_saved)} per GPU" if p.gpu_bytes_saved else "",
-                    f"cost: {text(p.cost, 200)}" if p.cost else "",
-                )
-                if part
-            ),
-        )
-        for p in model.patches[:6]
-    )
-    return (
-        ZeroBudget(
-            summary=summary,
-            rows=rows,
-            gpu_peak=format_size(budget.gpu_peak()),
-            host_peak=format_size(budget.host_peak()),
-            assumptions=tuple(text(a, 400) for a in (*budget.assumptions, *model.assumptions)[:10]),
-            verdicts=verdicts,
-            patches=patches,
-        ),
-        "",
-    )
 
 
 # -------------------------------------------------------------------------------- inputs, blind
@@ -1655,7 +611,7 @@ def _blind_spots(report: Report) -> BlindSpots | None:
         MAX_OTHER_PROCESSES,
         lambda p: Fact(f"process {p.pid}", format_size(p.bytes)),
     )
-    return BlindSpots(figures=tuple(figures), other_processes=others, where=_where(event.source))
+    return BlindSpots(figures=tuple(figures), other_processes=others, where=where(event.source))
 
 
 # -------------------------------------------------------------------------------- the view
@@ -1691,7 +647,9 @@ class View:
 def build_view(report: Report, *, redacted: bool = False) -> View:
     """The display model of ``report`` (see the module docstring for its contracts)."""
     cuts: list[str] = []
-    diagnoses = tuple(_diagnosis(i, d, cuts) for i, d in enumerate(report.diagnoses, 1))
+    diagnoses = tuple(
+        _diagnosis(i, d, report.docs.get(d.id), cuts) for i, d in enumerate(report.diagnoses, 1)
+    )
     events = report.facts.oom_events()
     oom_rows = _oom_rows(events)
     if oom_rows.more:
@@ -1702,7 +660,7 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
     inputs = _inputs(report)
     if inputs.more:
         cuts.append(f"{inputs.more:,} more inputs not listed")
-    config = _config(report)
+    config = config_view(report)
     if config is not None and config.rows.more:
         cuts.append(f"{config.rows.more} more config settings not listed")
     if config is not None and config.raw_cut:
@@ -1713,8 +671,8 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
                 f"{text(log.path, 200)}: the reader kept a bounded list of {kind}; "
                 f"{count:,} not kept"
             )
-    at_oom = _oom_budget(report)
-    zero, zero_missing = _zero_budget(report)
+    at_oom = oom_budget(report)
+    zero, zero_missing = zero_budget(report)
     missing = cap(report.missing, MAX_MISSING * 2, lambda m: text(m, 1000))
     world = report.facts.world_size
     return View(
@@ -1724,8 +682,8 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
         oom_events=oom_rows,
         traceback=_traceback_excerpt(report),
         tails=_tails(report, cuts),
-        memory_chart=_series_chart(report, cuts),
-        snapshots=_snapshots(report, cuts),
+        memory_chart=series_chart(report, cuts),
+        snapshots=snapshot_views(report, cuts),
         config=config,
         budget=BudgetView(at_oom=at_oom, zero=zero, zero_missing=zero_missing),
         inputs=inputs,

@@ -1,12 +1,15 @@
-"""``oomlens whatif`` output: a terminal table and the JSON document (README, "What-if").
+"""``oomlens whatif``'s report (``WhatIfReport``): the JSON renderer's half and the text
+renderer's half for it (README, "What-if"); picked through ``oomlens.render.registry`` like
+every other document.
 
 ``whatif_to_dict`` is the JSON contract (``schema_version`` 1.0; keys are only ever added):
 sizes in bytes, event indices into the device's trace (``-1``: before its first event).
+``whatif_text`` is the terminal table.  Both strip control and bidi characters from what the
+snapshot supplies (its path, the recorded setting's text).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from oomlens.facts.whatif import (
@@ -16,9 +19,10 @@ from oomlens.facts.whatif import (
     ReplayResult,
     SelfCheck,
     TraceCoverage,
-    WhatIf,
 )
+from oomlens.report import WhatIfReport
 from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
 
 WHATIF_SCHEMA_VERSION = "1.0"
 
@@ -98,10 +102,13 @@ def _prediction(prediction: Prediction, check: SelfCheck) -> dict[str, Any]:
     }
 
 
-def whatif_to_dict(whatif: WhatIf) -> dict[str, Any]:
-    """The JSON document of one what-if run."""
+def whatif_to_dict(report: WhatIfReport) -> dict[str, Any]:
+    """The JSON document of one what-if run (strings not yet stripped: the JSON renderer
+    strips every string it writes)."""
+    whatif = report.whatif
     return {
         "schema_version": WHATIF_SCHEMA_VERSION,
+        "oomlens_version": report.oomlens_version,
         "snapshot": whatif.source.path,
         "device": whatif.device,
         "recorded": {
@@ -116,10 +123,6 @@ def whatif_to_dict(whatif: WhatIf) -> dict[str, Any]:
             _prediction(prediction, whatif.self_check) for prediction in whatif.predictions
         ],
     }
-
-
-def render_whatif_json(whatif: WhatIf) -> str:
-    return json.dumps(whatif_to_dict(whatif), indent=2) + "\n"
 
 
 # ---------------------------------------------------------------------------------- text
@@ -177,8 +180,9 @@ def _check_line(check: SelfCheck) -> str:
     return f"self-check: FAILED ({figures}); first difference: {check.first_mismatch}"
 
 
-def render_whatif_text(whatif: WhatIf) -> str:
+def whatif_text(report: WhatIfReport) -> str:
     """The terminal summary: the recording, the self-check, one row per setting."""
+    whatif = report.whatif
     coverage = whatif.coverage
     recorded = whatif.recorded
     lines = [
@@ -242,4 +246,4 @@ def render_whatif_text(whatif: WhatIf) -> str:
         lines.append("")
         lines.append("not a forecast where:")
         lines.extend(notes)
-    return "\n".join(lines) + "\n"
+    return strip_controls("\n".join(lines) + "\n")

@@ -8,14 +8,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from oomlens.analysis.zero_model import CapacityVerdict
+from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.kernel import KernelOomKill
-from oomlens.facts.log import LogFacts, OomEvent, OomKind, Phase
+from oomlens.facts.log import LogFacts, OomEvent, OomKind, OomMessage, Phase
+from oomlens.facts.memory_model import CapacityVerdict
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
-from oomlens.rules.base import Evidence, EvidenceKind, Fix
+from oomlens.rules.thresholds import Thresholds
 from oomlens.units import format_size
 
 MODEL_STATE_CATEGORIES = frozenset(
@@ -46,69 +47,18 @@ def quote(text: str, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-@dataclass(frozen=True, slots=True)
-class OomNumbers:
-    """The figures of one allocator OOM message, with the limit that was in force."""
-
-    event: OomEvent
-    request: int | None
-    allocated: int | None
-    reserved_unallocated: int | None
-    free: int | None
-    total: int | None
-    allowed: int | None
-    process_in_use: int | None
-    others: int | None
-
-    @property
-    def limit(self) -> int | None:
-        """What this process could use: ``allowed`` when a memory fraction is set, else the
-        card's capacity."""
-        return self.allowed if self.allowed is not None else self.total
-
-    @property
-    def limit_name(self) -> str:
-        return "allowed" if self.allowed is not None else "total capacity"
-
-    @property
-    def reserved(self) -> int | None:
-        if self.allocated is None or self.reserved_unallocated is None:
-            return None
-        return self.allocated + self.reserved_unallocated
-
-    @property
-    def non_pytorch_self(self) -> int | None:
-        """This process' memory outside the caching allocator (context, NCCL, libraries)."""
-        if self.process_in_use is None or self.reserved is None:
-            return None
-        return self.process_in_use - self.reserved
-
-    def as_figures(self) -> dict[str, int | float | str | None]:
-        return {
-            "tried_to_allocate": self.request,
-            "allocated_by_pytorch": self.allocated,
-            "reserved_unallocated": self.reserved_unallocated,
-            "free": self.free,
-            "total_capacity": self.total,
-            "allowed": self.allowed,
-            "process_in_use": self.process_in_use,
-            "other_processes": self.others,
-        }
-
-
-def oom_numbers(event: OomEvent) -> OomNumbers:
-    m = event.message
-    return OomNumbers(
-        event=event,
-        request=m.tried_to_allocate,
-        allocated=m.allocated_by_pytorch,
-        reserved_unallocated=m.reserved_unallocated,
-        free=m.free,
-        total=m.total_capacity,
-        allowed=m.allowed,
-        process_in_use=m.process_in_use,
-        others=m.other_processes_total,
-    )
+def oom_figures(m: OomMessage) -> dict[str, Figure]:
+    """The figures of an allocator OOM message, under the message's own names."""
+    return {
+        "tried_to_allocate": in_bytes(m.tried_to_allocate),
+        "allocated_by_pytorch": in_bytes(m.allocated_by_pytorch),
+        "reserved_unallocated": in_bytes(m.reserved_unallocated),
+        "free": in_bytes(m.free),
+        "total_capacity": in_bytes(m.total_capacity),
+        "allowed": in_bytes(m.allowed),
+        "process_in_use": in_bytes(m.process_in_use),
+        "other_processes": in_bytes(m.other_processes_total),
+    }
 
 
 def allocator_oom(facts: RunFacts) -> OomEvent | None:
@@ -362,3 +312,86 @@ def kernel_kill_evidence(kill: KernelOomKill, note: str) -> Evidence:
         kill.source,
         note,
     )
+
+
+_GATHER_FRAMES = frozenset(
+    {
+        "fetch_sub_module",
+        "_all_gather",
+        "all_gather_coalesced",
+        "_all_gather_params",
+        "__all_gather_params",
+        "_fetch_sub_module_impl",
+    }
+)
+
+
+def near_full(n: OomMessage, thresholds: Thresholds) -> bool:
+    if n.limit is None or n.allocated_by_pytorch is None:
+        return False
+    request = n.tried_to_allocate or 0
+    return n.allocated_by_pytorch + request >= thresholds.capacity_near_full_fraction * n.limit
+
+
+def little_stuck(n: OomMessage, thresholds: Thresholds) -> bool:
+    if n.reserved_unallocated is None or n.limit is None:
+        return True
+    return n.reserved_unallocated < max(
+        thresholds.fragmentation_min_unallocated_bytes,
+        thresholds.fragmentation_min_unallocated_fraction * n.limit,
+    )
+
+
+def in_zero3_gather(event: OomEvent) -> bool:
+    if event.traceback is None:
+        return False
+    return any(f.function in _GATHER_FRAMES for f in event.traceback.frames)
+
+
+def capacity_evidence(event: OomEvent, n: OomMessage) -> Evidence:
+    return oom_evidence(
+        event,
+        f"allocated {size(n.allocated_by_pytorch)} of {size(n.limit)} {n.limit_name}, only "
+        f"{size(n.reserved_unallocated)} cached: the live tensors themselves filled the card",
+    )
+
+
+def others_dominate(n: OomMessage, thresholds: Thresholds) -> bool:
+    return (
+        n.other_processes_total is not None
+        and n.total_capacity is not None
+        and n.other_processes_total >= thresholds.others_dominate_fraction * n.total_capacity
+    )
+
+
+def leaf_key(value: ConfigValue[Any]) -> str:
+    return value.key_path.rsplit(".", 1)[-1]
+
+
+def host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | None]:
+    """Evidence that host memory ran out, a confidence for it, and the pinned bytes the kernel
+    saw (shmem-rss) per killed process."""
+    evidence: list[Evidence] = []
+    confidence = 0.0
+    shmem: int | None = None
+    kills = facts.kernel_oom_kills()
+    for kill in kills[:2]:
+        evidence.append(
+            kernel_kill_evidence(kill, "page-locked (pinned) host buffers are counted as shmem-rss")
+        )
+        if kill.shmem_rss:
+            shmem = max(shmem or 0, kill.shmem_rss)
+    if kills:
+        confidence = 0.75
+    killed_at = facts.sigkilled_at()
+    if killed_at is not None:
+        evidence.append(
+            Evidence(
+                EvidenceKind.LOG,
+                f"a rank was killed with SIGKILL ({killed_at})",
+                None,
+                "what the OOM killer does; no Python traceback is left",
+            )
+        )
+        confidence = max(confidence, 0.5)
+    return evidence, confidence, shmem

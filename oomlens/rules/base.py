@@ -1,114 +1,100 @@
-"""What a rule is and what it returns.
+"""What a rule is: its declaration, once, and its evaluation.
 
-A rule reads only facts (``oomlens.facts`` and the derived facts of ``oomlens.analysis``) and
-returns ``Diagnosis`` objects.  A diagnosis says what killed the run, how sure oomlens is
-(``confidence`` 0..1), cites every piece of evidence it rests on, says what evidence is missing,
-and proposes fixes that are never already in force.  Each rule module owns its id, title,
-explanation and fix wording; the HTML partial ``templates/rules/<id>.html`` renders it.
+A rule is one module of ``oomlens.rules`` that defines ``RULE``, an instance of a ``Rule``
+subclass (the engine finds it; nothing lists it).  Its ``spec`` (a ``RuleSpec``) declares, in
+one place, the rule's id, title, severity, the named thresholds it reads
+(``oomlens.rules.thresholds``), its explanation for readers and how to tell its fix worked.
+``evaluate`` reads only facts (``oomlens.facts``, derived by ``oomlens.analysis``) and returns
+diagnoses made with ``spec.diagnose``, which fills the id, title and severity and keeps the
+confidence within 0..1.  The HTML partial ``templates/rules/<id>.html`` is the rule's card.
+
+Confidence arithmetic: each rule starts from the weight of its main evidence and adds or
+subtracts for evidence that supports or weighs against it; those weights are the rule's
+judgement, calibrated on the crash corpus (``fixtures/crash_logs``), and live in the rule's
+code next to the evidence they weigh.  Thresholds, the values facts are compared with, are
+named in ``Thresholds`` and can be changed from a settings file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-from oomlens.facts import SourceRef
+from oomlens.diagnosis import Diagnosis, Evidence, Figure, Fix, RuleDoc, Severity
 
 if TYPE_CHECKING:
     from oomlens.facts.run import RunFacts
     from oomlens.rules.thresholds import Thresholds
 
-
-class Severity(IntEnum):
-    """How bad the finding is for the run, independent of how sure we are."""
-
-    INFO = 0
-    LOW = 1
-    MEDIUM = 2
-    HIGH = 3
-    CRITICAL = 4
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-class EvidenceKind(StrEnum):
-    LOG = "log"
-    SNAPSHOT = "snapshot"
-    CONFIG = "config"
-    KERNEL = "kernel"
-    ERROR_FILE = "error_file"
-    DERIVED = "derived"
-    """A number oomlens computed from other evidence (the arithmetic is in ``text``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """One cited fact: where it is, what it says (quoted, bounded), and why it matters."""
-
-    kind: EvidenceKind
-    text: str
-    """The quoted line, config key = value, snapshot figure or computed figure."""
-    source: SourceRef | None = None
-    note: str = ""
-    """Why this supports (or weakens) the diagnosis."""
-    supports: bool = True
-    """False for evidence that speaks against the diagnosis (kept to show the weighing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fix:
-    """A change to make, with what it saves and what it costs.
-
-    ``config_patch`` is a JSON merge patch (RFC 7396) for the ds_config; ``environment`` maps
-    variables to values; ``command`` is a command-line change in words or a literal argument.
-    """
-
-    summary: str
-    config_patch: Mapping[str, Any] | None = None
-    environment: Mapping[str, str] = field(default_factory=dict)
-    command: str | None = None
-    predicted_saving_bytes: int | None = None
-    cost: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    """A rule's conclusion about the run."""
-
-    id: str
-    title: str
-    severity: Severity
-    confidence: float
-    summary: str
-    evidence: tuple[Evidence, ...]
-    fixes: tuple[Fix, ...] = ()
-    missing: tuple[str, ...] = ()
-    """Evidence that would settle it, phrased as what to capture next time."""
-    rank: int | None = None
-    """The rank the diagnosis is about, when it is about one."""
-    figures: Mapping[str, int | float | str | None] = field(default_factory=dict)
-    """Named numbers behind the summary (bytes, counts), for reports and JSON."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.confidence <= 1.0:
-            raise ValueError(f"confidence {self.confidence} outside 0..1 for {self.id}")
-
-
-class Rule(Protocol):
-    """A rule: reads facts, returns zero or more diagnoses. Must not raise on odd facts."""
-
-    id: ClassVar[str]
-    title: ClassVar[str]
-    explanation: ClassVar[str]
-    """What the diagnosis means and why it happens, for readers of the report."""
-
-    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterable[Diagnosis]: ...
+VERIFY_DEFAULT = (
+    "re-run with the same inputs captured and run oomlens again: this diagnosis should be gone "
+    "or its figures much smaller."
+)
 
 
 def clamp(value: float, low: float = 0.0, high: float = 1.0) -> float:
     """Confidence arithmetic stays within [low, high]."""
     return max(low, min(high, value))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """A rule's declaration (see the module docstring)."""
+
+    id: str
+    title: str
+    severity: Severity
+    explanation: str
+    """What the diagnosis means and why it happens, for readers of the report (plain text)."""
+    verify: str = VERIFY_DEFAULT
+    """How to tell the fix worked (plain text)."""
+    reading: str = ""
+    """How to read the evidence, when it needs saying (plain text)."""
+    thresholds: tuple[str, ...] = ()
+    """The ``Thresholds`` it compares facts with, by name."""
+    precedence: int = 1000
+    """Diagnoses equally likely and equally severe are listed in this order (lowest first)."""
+
+    @property
+    def doc(self) -> RuleDoc:
+        return RuleDoc(self.id, self.title, self.explanation, self.verify, self.reading)
+
+    def diagnose(
+        self,
+        *,
+        confidence: float,
+        summary: str,
+        evidence: Sequence[Evidence],
+        fixes: Sequence[Fix] = (),
+        missing: Sequence[str] = (),
+        rank: int | None = None,
+        figures: Mapping[str, Figure] | None = None,
+        title: str | None = None,
+        severity: Severity | None = None,
+    ) -> Diagnosis:
+        """A diagnosis of this rule: its id, its title and severity unless given, and
+        ``confidence`` clamped to 0..1."""
+        return Diagnosis(
+            id=self.id,
+            title=self.title if title is None else title,
+            severity=self.severity if severity is None else severity,
+            confidence=clamp(confidence),
+            summary=summary,
+            evidence=tuple(evidence),
+            fixes=tuple(fixes),
+            missing=tuple(missing),
+            rank=rank,
+            figures=dict(figures or {}),
+        )
+
+
+class Rule(ABC):
+    """A rule: reads facts, returns zero or more diagnoses. Must not raise on odd facts."""
+
+    spec: ClassVar[RuleSpec]
+
+    @abstractmethod
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterable[Diagnosis]:
+        """The rule's diagnoses of ``facts``."""

@@ -44,12 +44,38 @@ class Thresholds:
     leak_min_growth_bytes_per_sample: int = 4 * MIB
     leak_min_total_growth_fraction: float = 0.10
     """Total growth over the series, as a fraction of the limit."""
-    leak_min_monotonic_fraction: float = 0.80
-    """Share of consecutive samples that must grow (a leak grows step after step)."""
+    leak_min_total_growth_bytes: int = 512 * MIB
+    """...or, when the limit is unknown, at least this many bytes."""
+    leak_linearity_tolerance: float = 0.4
+    """The growth may differ from slope x samples by this fraction (a leak grows about the same
+    every step; a one-time jump does not fit a line)."""
+    leak_end_tolerance: float = 0.03
+    """The series must end within this fraction of its maximum and start within it of its
+    minimum (a warm-up that levels off, or a drop at the end, is not a leak)."""
+    leak_min_piled_fraction: float = 0.10
+    """In a snapshot, equal blocks from one call site holding this fraction of live memory are
+    the kept objects of a leak seen elsewhere."""
     prefetch_overshoot_factor: float = 4.0
     """A stage-3 working-set knob this many times its DeepSpeed default is 'raised'."""
-    cache_flush_warning_min: int = 1
-    """DeepSpeed allocator cache flush warnings at or above this count signal pressure."""
+    gathered_params_min_fraction: float = 0.25
+    """Gathered ZeRO-3 parameters holding this fraction of live memory (snapshot) fill the card."""
+    activations_min_fraction: float = 0.5
+    """Memory allocated in forward passes holding this fraction of live memory (snapshot):
+    activations dominate."""
+    model_states_min_fraction: float = 0.7
+    """Parameters, gradients and optimizer state holding this fraction of live memory
+    (snapshot) fill the card..."""
+    model_states_max_fraction: float = 0.3
+    """...and below this fraction they do not explain an OOM in the optimizer step."""
+    model_states_against_activations_fraction: float = 0.6
+    """Model states holding this fraction of live memory speak against activations."""
+    model_states_snapshot_fraction: float = 0.5
+    """A snapshot-only optimizer-state OOM with model states at this fraction or more."""
+    others_dominate_fraction: float = 0.5
+    """Other processes holding this fraction of the card: they, not this process, filled it."""
+    other_process_self_match_bytes: int = 2 * GIB
+    """One listed process within this of what PyTorch reserved is this process under its host
+    pid (containers), not another one."""
     min_confidence_to_report: float = 0.15
     """Diagnoses below this confidence are dropped from the report."""
 

@@ -8,16 +8,12 @@ parent, so they import lazily and return plain data (dicts, strings, booleans).
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import oomlens
-
-_TEXT_LOG_SUFFIXES = (".log", ".out", ".err", ".stdout", ".stderr")
 
 
 def analyze_run(
@@ -32,15 +28,13 @@ def analyze_run(
     files are recorded in the report.
     """
     from oomlens.render.json import report_to_dict
+    from oomlens.render.registry import Format, render
     from oomlens.session import AnalysisOptions, analyze
 
     report = analyze(
         list(inputs), config=config, options=AnalysisOptions(prefer_deepspeed=deepspeed)
     )
-    html: str | None = None
-    if want_html and html_available():
-        # Looked up by name: the HTML renderer may be absent from this oomlens.
-        html = str(importlib.import_module("oomlens.render.html").render_html(report))
+    html = render(report, Format.HTML) if want_html and html_available() else None
     return report_to_dict(report), html
 
 
@@ -59,26 +53,20 @@ def preload(*, deepspeed: bool) -> None:
 
 def html_available() -> bool:
     """Whether per-run HTML reports can be rendered by this oomlens."""
-    return importlib.util.find_spec("oomlens.render.html") is not None
+    from oomlens.render.registry import Format, available
+
+    return available(Format.HTML)
 
 
 def is_training_log(path: str) -> bool:
-    """Whether ``path`` is a training log by its content, the way run discovery decides it.
+    """Whether ``path`` is a training log by its content, the way run discovery decides it
+    (``oomlens.ingest.detect.accept``: a text file without any marker still counts when its
+    name says it is a log).  Raises ``InputError`` when the file cannot be opened."""
+    from oomlens.ingest.detect import accept, detect_kind
+    from oomlens.ingest.kinds import kind
 
-    A text file without any training-log marker still counts when its name says it is a log
-    (a quiet healthy run prints nothing a marker would catch).  Raises ``InputError`` when the
-    file cannot be opened.
-    """
-    from oomlens.ingest.detect import InputKind, detect_kind
-
-    detection = detect_kind(path)
-    if detection.kind is InputKind.TRAINING_LOG:
-        return True
-    return (
-        detection.kind is InputKind.UNKNOWN
-        and detection.reason.startswith("text without")
-        and _strip_compression(os.path.basename(path).lower()).endswith(_TEXT_LOG_SUFFIXES)
-    )
+    accepted = accept(detect_kind(path), name=os.path.basename(path))
+    return accepted is not None and accepted[0] is kind("training_log")
 
 
 def analyzer_id() -> str:
@@ -96,10 +84,3 @@ def analyzer_id() -> str:
         digest.update(relative.encode() + b"\0")
         digest.update(source.read_bytes() + b"\0")
     return f"oomlens {oomlens.__version__} {digest.hexdigest()[:16]}"
-
-
-def _strip_compression(name: str) -> str:
-    for suffix in (".gz", ".bz2", ".xz", ".zst"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name

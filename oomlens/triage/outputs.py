@@ -37,8 +37,9 @@ from oomlens import __version__
 from oomlens.errors import InputError, UsageError
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
 from oomlens.triage.table import COLUMNS, normalize
-from oomlens.triage.worker import write_atomically
+from oomlens.triage.worker import current_umask, write_atomically
 from oomlens.units import format_size
+from oomlens.untrusted import neutralize_formula, restore_formula
 
 TABLE_FORMATS = {
     ".csv": "csv",
@@ -111,6 +112,10 @@ def read_table(path: str) -> pandas.DataFrame:
     try:
         if kind == "csv":
             frame = pandas.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+            for name in frame.columns:
+                frame[name] = frame[name].map(
+                    lambda cell: restore_formula(cell) if isinstance(cell, str) else cell
+                )
         elif kind == "jsonl":
             frame = pandas.DataFrame.from_records(_read_jsonl(path), columns=list(COLUMNS))
         elif kind == "parquet":
@@ -134,7 +139,17 @@ def read_table(path: str) -> pandas.DataFrame:
 
 
 def _write_csv(table: pandas.DataFrame, path: str) -> None:
-    write_atomically(path, table.to_csv(index=False, lineterminator="\n").encode("utf-8"))
+    """CSV is opened in spreadsheets: a text cell that would start a formula (a run directory
+    named ``=HYPERLINK(...)``, a frame ``@SUM(1+1)``) gets a leading apostrophe, which
+    :func:`read_table` takes off again.  (The other formats are typed data for programs and keep
+    the text as it is; every format's text is already free of control characters.)"""
+    guarded = table.copy()
+    for name, dtype in COLUMNS.items():
+        if dtype == "string":
+            guarded[name] = guarded[name].map(
+                lambda cell: cell if _missing(cell) else neutralize_formula(str(cell))
+            )
+    write_atomically(path, guarded.to_csv(index=False, lineterminator="\n").encode("utf-8"))
 
 
 def _missing(value: object) -> bool:
@@ -226,6 +241,8 @@ def _write_via_temporary(path: str, write: Callable[[str], None]) -> None:
     os.unlink(temporary)
     try:
         write(temporary)
+        # SQLite creates its files 0644 whatever the umask says; every output follows the umask.
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

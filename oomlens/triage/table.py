@@ -23,11 +23,13 @@ import regex
 
 from oomlens.triage.store import StoredResult
 from oomlens.triage.walk import RunSpec
+from oomlens.untrusted import one_line
 
 COLUMNS: dict[str, str] = {
     "run": "string",
     "path": "string",
     "time": "string",
+    "time_source": "string",
     "verdict": "string",
     "diagnosis": "string",
     "title": "string",
@@ -49,8 +51,11 @@ COLUMNS: dict[str, str] = {
     "report": "string",
     "error": "string",
 }
-"""Column name -> pandas dtype.  ``time`` is ISO 8601 UTC (``2026-11-30T06:59:01Z``): the
-newest modification time among the run's files.  Byte counts are bytes.  ``capacity`` is what
+"""Column name -> pandas dtype.  ``time`` is when the run failed, as its own log says (the first
+failed rank's first failure, else its first OOM message: ISO 8601 in the log's clock, with the
+offset when the log printed one), else the newest modification time among the run's files (ISO
+8601 UTC, ``2026-11-30T06:59:01Z``); ``time_source`` says which (``log`` or ``file``).  Every text
+cell is one line without control or bidi characters.  Byte counts are bytes.  ``capacity`` is what
 the process was allowed (the ``allowed`` clause when torch printed one, else the card's total).
 ``figures`` is the top diagnosis' named numbers as a JSON object.  ``report`` is the path of the
 run's HTML report, ``error`` why the run could not be analyzed."""
@@ -111,18 +116,43 @@ def _record(row: RunRow) -> dict[str, Any]:
     record["run"] = run.name
     record["path"] = run.path
     record["time"] = _iso(run.mtime_ns)
+    record["time_source"] = "file"
     record["report"] = result.report_file
     record["error"] = result.error
     report = result.report
     if report is None:
         record["verdict"] = "unknown"
         record["group"] = group_label("unknown", None, None, None)
-        return record
-    record.update(summarize_report(report))
-    record["group"] = group_label(
-        record["verdict"], record["diagnosis"], record["knob"], record["call_site"]
-    )
-    return record
+    else:
+        record.update(summarize_report(report))
+        logged = _failure_time(report)
+        if logged is not None:
+            record["time"], record["time_source"] = logged, "log"
+        record["group"] = group_label(
+            record["verdict"], record["diagnosis"], record["knob"], record["call_site"]
+        )
+    return {
+        name: one_line(value) if isinstance(value, str) else value for name, value in record.items()
+    }
+
+
+def _failure_time(report: Mapping[str, Any]) -> str | None:
+    """When the run failed by its own log: the first failed rank's first failure, else the
+    earliest OOM message with a time stamp."""
+    ranks = report.get("ranks")
+    ranks = ranks if isinstance(ranks, Mapping) else {}
+    first = _integer(ranks.get("first_failed"))
+    for status in _list(ranks.get("ranks")):
+        if isinstance(status, Mapping) and first is not None and status.get("rank") == first:
+            moment = _text(status.get("first_time"))
+            if moment:
+                return moment
+    stamps = [
+        str(event["timestamp"])
+        for event in _list(report.get("oom_events"))
+        if isinstance(event, Mapping) and isinstance(event.get("timestamp"), str)
+    ]
+    return min(stamps) if stamps else None
 
 
 def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,11 +188,22 @@ def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
     out["capacity"] = _integer(event.get("allowed")) or _integer(event.get("total_capacity"))
     out["free"] = _integer(event.get("free"))
     out["knob"] = _knob(top)
-    out["call_site"] = _call_site(_text(event.get("phase_evidence")))
+    out["call_site"] = _call_site(_culprit_site(top) or _text(event.get("phase_evidence")))
     out["problems"] = sum(
         1 for i in _list(report.get("inputs")) if isinstance(i, Mapping) and i.get("problem")
     )
     return out
+
+
+def _culprit_site(diagnosis: Mapping[str, Any]) -> str | None:
+    """For a leak, the call site where memory piled up (the failing allocation is usually an
+    innocent bystander): runs that leak from the same line group together."""
+    if diagnosis.get("id") != "memory_leak":
+        return None
+    figures = diagnosis.get("figures")
+    if not isinstance(figures, Mapping):
+        return None
+    return _text(figures.get("growth_site")) or _text(figures.get("piled_site"))
 
 
 def group_label(

@@ -26,41 +26,23 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import regex
-
 from oomlens.errors import InputError, UsageError
+from oomlens.ingest.kinds import kind, kind_by_name
+from oomlens.ingest.layout import (
+    DEEPSPEED_RANK_LOG,
+    SLURM_OUTPUT,
+    TEXT_LOG_SUFFIXES,
+    TORCHRUN_ATTEMPT_DIR,
+    TORCHRUN_FILES,
+    not_an_input,
+    skipped_dir,
+    without_compression,
+)
 
 MAX_DEPTH = 32
 
-SKIP_DIRS = frozenset(
-    {
-        "__pycache__",
-        "node_modules",
-        "venv",
-        "site-packages",
-        "wandb",
-    }
-)
-"""Directories never searched (besides hidden ones, whose names start with a dot)."""
-
-_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
-_LOG_SUFFIXES = (".log", ".out", ".err", ".txt", ".stdout", ".stderr")
-_INPUT_SUFFIXES = (".pickle", ".pkl", ".json", ".events")
-_NOT_INPUT_SUFFIXES = (
-    ".png", ".jpg", ".jpeg", ".gif", ".svg", ".ico", ".pdf", ".so", ".o", ".a", ".pyc", ".whl",
-    ".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".npy", ".npz", ".h5", ".onnx", ".tar",
-    ".zip", ".parquet", ".arrow", ".msgpack", ".py", ".sh", ".md", ".ipynb", ".html", ".css",
-    ".js", ".lock", ".wandb", ".tfevents", ".db", ".sqlite", ".sqlite-wal", ".sqlite-shm",
-)  # fmt: skip
-"""Names no run-input reader takes; they are neither examined nor part of a run's identity
-(a multi-GB checkpoint next to the logs must not be hashed)."""
-
-_TORCHRUN_RANK_DIR = regex.compile(r"attempt_\d{1,6}")
-_TORCHRUN_FILES = frozenset({"stdout.log", "stderr.log", "error.json"})
-_DEEPSPEED_RANK_LOG = regex.compile(r"\d{14}_rank\d{1,6}\.log")
-_SLURM_OUTPUT = regex.compile(
-    r"(?P<stem>.{0,200}?)(?P<sep>[._-])(?P<job>\d{1,12}(?:_\d{1,9})?)\.(?:out|err)"
-)
+_LOG_SUFFIXES = (*TEXT_LOG_SUFFIXES, ".txt")
+"""Names a training log may have for the walk (besides none at all); content decides."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +166,7 @@ def _list_tree(top: str, skipped: list[tuple[str, str]]) -> dict[str, _Dir]:
                 continue
             name = entry.name
             if stat.S_ISDIR(info.st_mode):
-                if name.startswith(".") or name in SKIP_DIRS:
+                if skipped_dir(name):
                     continue
                 if depth + 1 > MAX_DEPTH:
                     skipped.append((entry.path, f"deeper than {MAX_DEPTH} levels"))
@@ -202,36 +184,21 @@ def _list_tree(top: str, skipped: list[tuple[str, str]]) -> dict[str, _Dir]:
 
 
 def _may_be_input(name: str) -> bool:
-    lower = name.lower()
-    if lower.endswith(_NOT_INPUT_SUFFIXES) and not lower.endswith(_LOG_SUFFIXES + (".json",)):
-        return False
-    return not lower.startswith(".")
-
-
-_KERNEL_LOG_NAMES = regex.compile(r"(?:kernel|kern|dmesg|syslog|messages)(?:[._-].*)?")
+    return not name.startswith(".") and not not_an_input(name)
 
 
 def log_by_name(name: str) -> bool | None:
     """True when a file's name makes it a training log for the walk, None when only its
-    content can tell (``.txt``, no suffix, and names of kernel and system logs)."""
-    lower = name.lower()
-    for suffix in _COMPRESSION_SUFFIXES:
-        if lower.endswith(suffix):
-            lower = lower[: -len(suffix)]
-            break
-    if _KERNEL_LOG_NAMES.fullmatch(lower):
+    content can tell (``.txt``, no suffix, and the names of kernel and system logs)."""
+    if kind_by_name(without_compression(name)) is kind("kernel_log"):
         return None
-    if lower.endswith((".log", ".out", ".err", ".stdout", ".stderr")):
+    if without_compression(name).endswith(TEXT_LOG_SUFFIXES):
         return True
     return None
 
 
 def _may_be_log(name: str) -> bool:
-    lower = name.lower()
-    for suffix in _COMPRESSION_SUFFIXES:
-        if lower.endswith(suffix):
-            lower = lower[: -len(suffix)]
-            break
+    lower = without_compression(name)
     return lower.endswith(_LOG_SUFFIXES) or "." not in lower
 
 
@@ -246,16 +213,16 @@ def _runs_in_tree(
         names = {os.path.basename(f.path) for f in listing.files}
         parent = os.path.dirname(path)
         if (
-            names & _TORCHRUN_FILES
+            names & TORCHRUN_FILES
             and os.path.basename(path).isdigit()
-            and _TORCHRUN_RANK_DIR.fullmatch(os.path.basename(parent))
+            and TORCHRUN_ATTEMPT_DIR.fullmatch(os.path.basename(parent))
         ):
             run_dir = os.path.dirname(parent)
             log_dir = os.path.dirname(run_dir)
             if log_dir in tree:
                 torchrun_runs.add(run_dir)
                 layout_dirs.add(log_dir)
-        if any(_DEEPSPEED_RANK_LOG.fullmatch(name) for name in names):
+        if any(DEEPSPEED_RANK_LOG.fullmatch(name) for name in names):
             layout_dirs.add(path)
     layout_inside = {
         path for path in tree if any(a in torchrun_runs for a in _ancestors(path, top, self=True))
@@ -270,7 +237,7 @@ def _runs_in_tree(
             f
             for f in listing.files
             if _may_be_log(os.path.basename(f.path))
-            and not _DEEPSPEED_RANK_LOG.fullmatch(os.path.basename(f.path))
+            and not DEEPSPEED_RANK_LOG.fullmatch(os.path.basename(f.path))
             and is_log(f)
         ]
         if logs:
@@ -332,14 +299,9 @@ def _ancestors(path: str, top: str, *, self: bool) -> Iterable[str]:
 
 
 def _holds_run_files(listing: _Dir) -> bool:
-    """A snapshot, a config, a kernel log or cgroup counters next to a per-rank layout."""
-    for entry in listing.files:
-        name = os.path.basename(entry.path).lower()
-        if name.endswith((".pickle", ".pkl")) or name in ("memory.events", "kernel.log"):
-            return True
-        if name.endswith(".json") and "config" in name:
-            return True
-    return False
+    """A file named like another input kind's (a snapshot, a config, a kernel log) next to a
+    per-rank layout: the directory holds the run's other files."""
+    return any(kind_by_name(os.path.basename(entry.path)) is not None for entry in listing.files)
 
 
 def _is_within(path: str, directory: str) -> bool:
@@ -389,7 +351,7 @@ def _slurm_jobs(logs: list[FileEntry]) -> dict[str, list[FileEntry]]:
     """SLURM output files by job (``slurm-12_3.out`` is job ``slurm-12_3``); empty if none."""
     jobs: dict[str, list[FileEntry]] = {}
     for entry in logs:
-        match = _SLURM_OUTPUT.fullmatch(os.path.basename(entry.path))
+        match = SLURM_OUTPUT.fullmatch(os.path.basename(entry.path))
         if match is None:
             continue
         job = f"{match['stem']}{match['sep']}{match['job']}"

@@ -64,6 +64,13 @@ def analyze_task(task: AnalysisTask) -> AnalysisResult:
     return AnalysisResult(report, error, report_file, problem, time.perf_counter() - started)
 
 
+def current_umask() -> int:
+    """This process' umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Write ``path`` so that it holds either its old content or all of ``data``, never a part.
 
@@ -72,6 +79,8 @@ def write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=".oomlens-", suffix=".tmp", dir=directory)
     try:
+        # mkstemp makes 0600; an output is a normal file, readable as the user's umask says.
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.replace(temporary, path)

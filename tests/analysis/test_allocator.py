@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oomlens.analysis.allocator import (
-    AnalysisOptions,
+    AllocatorOptions,
     allocation_size,
     analyze_snapshot,
     division_table,
@@ -33,6 +33,7 @@ from oomlens.facts.snapshot import (
     MemoryCategory,
     Pool,
     SnapshotAnalysis,
+    StackDepth,
 )
 from oomlens.ingest.snapshot import load_snapshot
 from oomlens.ingest.snapshot.layout import build_snapshot
@@ -50,7 +51,7 @@ EXPANDABLE_DEVICE_FREE = 149014315008
 
 
 def _analyze(
-    data: Any, path: str = "snapshot.pickle", options: AnalysisOptions | None = None
+    data: Any, path: str = "snapshot.pickle", options: AllocatorOptions | None = None
 ) -> SnapshotAnalysis:
     snapshot = build_snapshot(
         data, source=SourceRef(path), protocol=4, compressed=False, file_bytes=0, pickle_bytes=0
@@ -542,7 +543,7 @@ def bench() -> Any:
 def test_leak_found_from_annotations(bench: Any, stacks: str) -> None:
     data = bench.generate_snapshot(3 * MiB, stacks=stacks, leak_per_iteration=40)
 
-    device = _only(_analyze(data, options=AnalysisOptions(top_n=500)))
+    device = _only(_analyze(data, options=AllocatorOptions(top_n=500)))
 
     assert device.iterations is not None and device.iterations.source == "annotations"
     assert device.leak is not None
@@ -587,10 +588,32 @@ def test_synthetic_snapshot_round_trips_through_the_loader(bench: Any, tmp_path:
     path = tmp_path / "synthetic_rank1.pickle"
     path.write_bytes(pickle.dumps(data, protocol=4))
 
-    analysis = analyze_snapshot(load_snapshot(path), AnalysisOptions(top_n=5))
+    analysis = analyze_snapshot(load_snapshot(path), AllocatorOptions(top_n=5))
 
     device = analysis.devices[0]
     assert analysis.source.rank == 1
     assert len(device.live_by_site) <= 5 and len(device.top_blocks) <= 5
     assert device.timeline is not None and len(device.timeline.samples) <= 257
     assert device.timeline.end.active_bytes == device.state.active_bytes
+
+
+def test_corpus_shaped_bench_snapshot_is_a_valid_deep_stack_recording(
+    bench: Any, tmp_path: Path
+) -> None:
+    # The issue-15 benchmark input: copies of the corpus's real recordings with real native
+    # unwinds in front of their stacks.  It must pass every check of the loader (no object
+    # repeated, every field typed as torch writes it) and read as a stacks='all' recording.
+    data = bench.generate_corpus_snapshot(2 * MiB, stacks="all")
+    path = tmp_path / "corpus_shaped_rank0.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+
+    snapshot = load_snapshot(path)
+    analysis = analyze_snapshot(snapshot)
+
+    assert snapshot.stacks is StackDepth.PYTHON_AND_NATIVE
+    assert snapshot.devices == (0,)
+    assert 1 * MiB < snapshot.pickle_bytes < 4 * MiB
+    assert snapshot.trace_entry_count > 3 * snapshot.block_count > 0
+    device = analysis.devices[0]
+    assert device.oom is not None and device.earlier_ooms == 0  # only the last copy keeps its OOM
+    assert device.timeline is not None and device.timeline.allocs > 1000

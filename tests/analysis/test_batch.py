@@ -11,16 +11,17 @@ from hypothesis import strategies as st
 
 from oomlens.analysis.batch import (
     BatchTriple,
-    WorldSize,
     assert_batch,
     batch_hazards,
     check_batch,
     derive_batch,
     with_derived_batch,
 )
+from oomlens.analysis.ds_resolve import resolve_effective_config
 from oomlens.analysis.ds_validation import validate_with_oomlens
-from oomlens.facts.config import Origin, Severity
-from oomlens.ingest.ds_config import document_from_mapping, resolve_effective_config
+from oomlens.facts.config import ConfigSeverity, Origin
+from oomlens.facts.run import WorldSizeFact
+from oomlens.ingest.ds_config import document_from_mapping
 
 
 def _effective(train: Any = None, micro: Any = None, gas: Any = None, **extra: Any):
@@ -78,7 +79,7 @@ def test_derivation_and_assertion_are_deepspeeds(train: Any, micro: Any, gas: An
 
 def test_floor_division_mismatch_from_the_reference() -> None:
     # train=32, micro=3, world=4: gas = 32 // 3 // 4 = 2, then 32 != 3 * 2 * 4
-    check = check_batch(_effective(32, 3), WorldSize(4, "--gpus"))
+    check = check_batch(_effective(32, 3), WorldSizeFact(4, "--gpus"))
     assert check.error == (
         "AssertionError: Check batch related parameters. train_batch_size is not equal to "
         "micro_batch_per_gpu * gradient_acc_step * world_size 32 != 3 * 2 * 4"
@@ -89,7 +90,7 @@ def test_floor_division_mismatch_from_the_reference() -> None:
 
 
 def test_train_below_world_size_gives_micro_zero() -> None:
-    check = check_batch(_effective(4), WorldSize(8, "--gpus"))
+    check = check_batch(_effective(4), WorldSizeFact(8, "--gpus"))
     assert check.error == "AssertionError: Micro batch size per gpu: 0 has to be greater than 0"
     assert (
         check.error_code == "batch_nonpositive"
@@ -98,7 +99,7 @@ def test_train_below_world_size_gives_micro_zero() -> None:
 
 
 def test_auto_fails_like_deepspeed_alone() -> None:
-    check = check_batch(_effective("auto", 4), WorldSize(2, "--gpus"))
+    check = check_batch(_effective("auto", 4), WorldSizeFact(2, "--gpus"))
     assert check.error_code == "batch_type_error" and check.error_key == "train_batch_size"
     assert check.error.startswith("TypeError: ")
     assert check.corrections == ()
@@ -106,13 +107,13 @@ def test_auto_fails_like_deepspeed_alone() -> None:
 
 def test_derived_micro_batch_is_reported_with_its_division() -> None:
     # GIVEN train_batch_size and gradient_accumulation_steps only (the corpus' accum_derived shape)
-    check = check_batch(_effective(64, gas=2), WorldSize(2, "launcher world info"))
+    check = check_batch(_effective(64, gas=2), WorldSizeFact(2, "launcher world info"))
     # THEN DeepSpeed derives a micro batch of 16 per GPU, and says how
     assert check.ok and check.derived == BatchTriple(64, 16, 2)
     assert check.derivations == ("train_micro_batch_size_per_gpu = 64 // 2 // 2 = 16",)
     assert not check.floor_loss
     (hazard,) = batch_hazards(check)
-    assert hazard.code == "derived_micro_batch" and hazard.severity is Severity.MEDIUM
+    assert hazard.code == "derived_micro_batch" and hazard.severity is ConfigSeverity.MEDIUM
     assert "derives 16 per GPU at 2 GPUs" in hazard.message
     # AND the corrections keep the global batch with a smaller, explicit micro batch
     assert [c.triple for c in check.corrections] == [BatchTriple(64, 8, 4), BatchTriple(64, 4, 8)]
@@ -123,13 +124,13 @@ def test_derived_micro_batch_is_reported_with_its_division() -> None:
         "gradient_accumulation_steps": 4,
     }
     # a written micro batch is no hazard
-    assert batch_hazards(check_batch(_effective(64, 16, 2), WorldSize(2, "--gpus"))) == []
+    assert batch_hazards(check_batch(_effective(64, 16, 2), WorldSizeFact(2, "--gpus"))) == []
 
 
 def test_corrections_pass_deepspeeds_assertion_and_say_what_they_change() -> None:
     # GIVEN a triple written for 4 GPUs, run on 8
     effective = _effective(32, 4, 2)
-    check = check_batch(effective, WorldSize(8, "--gpus"))
+    check = check_batch(effective, WorldSizeFact(8, "--gpus"))
     assert check.error_code == "batch_mismatch"
     # THEN every correction is accepted at 8 GPUs
     assert check.corrections
@@ -160,7 +161,7 @@ def effective_raw(train: int, micro: int, gas: int) -> dict[str, int]:
 
 
 def test_corrections_do_not_raise_the_micro_batch_when_keeping_the_global_batch() -> None:
-    check = check_batch(_effective(48, 3, 1), WorldSize(8, "--gpus"))
+    check = check_batch(_effective(48, 3, 1), WorldSizeFact(8, "--gpus"))
     keep_train = [c for c in check.corrections if c.keeps == "train_batch_size"]
     assert keep_train
     assert all(c.triple.micro_batch_per_gpu <= 3 for c in keep_train)
@@ -169,18 +170,18 @@ def test_corrections_do_not_raise_the_micro_batch_when_keeping_the_global_batch(
 
 
 def test_with_derived_batch_marks_derived_values() -> None:
-    effective = with_derived_batch(_effective(64, gas=2), WorldSize(2, "--gpus"))
+    effective = with_derived_batch(_effective(64, gas=2), WorldSizeFact(2, "--gpus"))
     micro = effective.batch.micro_batch_per_gpu
     assert micro.value == 16 and micro.origin is Origin.DERIVED
     assert "64 // 2 // 2" in micro.note
     assert effective.batch.train_batch_size.origin is Origin.USER
     untouched = _effective("auto", 4)
-    assert with_derived_batch(untouched, WorldSize(2, "--gpus")) is untouched
+    assert with_derived_batch(untouched, WorldSizeFact(2, "--gpus")) is untouched
 
 
 @given(st.integers(1, 512), st.integers(1, 16), st.integers(1, 8), st.integers(1, 64))
 def test_every_correction_is_consistent(train: int, micro: int, gas: int, ws: int) -> None:
-    check = check_batch(_effective(train, micro, gas), WorldSize(ws, "--gpus"))
+    check = check_batch(_effective(train, micro, gas), WorldSizeFact(ws, "--gpus"))
     for correction in check.corrections:
         t = correction.triple
         assert t.train_batch_size == t.micro_batch_per_gpu * t.gradient_accumulation_steps * ws

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from oomlens.analysis.batch import WorldSize, check_batch, with_derived_batch
+from oomlens.analysis.batch import check_batch, with_derived_batch
+from oomlens.analysis.ds_resolve import resolve_effective_config
 from oomlens.analysis.ds_validation import validate
-from oomlens.ingest.ds_config import (
-    read_ds_config,
-    resolve_effective_config,
-    scan_log_for_config_dumps,
-)
+from oomlens.facts.run import WorldSizeFact
+from oomlens.ingest.ds_config import read_ds_config, scan_log_for_config_dumps
 
 CORPUS = Path(__file__).parents[2] / "fixtures" / "crash_logs"
 CASES = sorted(p.parent for p in CORPUS.glob("*/ds_config.json")) if CORPUS.is_dir() else []
@@ -57,7 +55,7 @@ def test_config_file_and_log_dump_agree(case: Path) -> None:
         assert dump.complete, dump.problems
         effective = dump.effective()
         assert effective.world_size is not None
-        world = WorldSize(int(effective.world_size.value), "config dump")
+        world = WorldSizeFact(int(effective.world_size.value), "config dump")
         assert with_derived_batch(file_effective, world).settings() == effective.settings()
         assert dump.user_config is not None
         assert set(dump.user_config.data) == set(doc.data)
@@ -73,5 +71,5 @@ def test_batch_errors_in_the_log_are_predicted_from_the_file(case: Path) -> None
     doc = read_ds_config(case / "ds_config.json")
     problems = [p for p in validate(doc, world_size=world) if p.code.startswith("batch_")]
     assert sorted({p.message for p in problems}) == raised
-    check = check_batch(resolve_effective_config(doc), WorldSize(world, "run.json"))
+    check = check_batch(resolve_effective_config(doc), WorldSizeFact(world, "run.json"))
     assert (check.error is None) == (not raised)

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     find_config_hazards,
     validate,
     validate_with_deepspeed,
     validate_with_oomlens,
 )
-from oomlens.facts.config import Severity
+from oomlens.facts.config import ConfigDocument, ConfigSeverity
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
@@ -29,13 +30,7 @@ from oomlens.facts.ds_schema import (
     ZERO,
     ModelSpec,
 )
-from oomlens.ingest.ds_config import (
-    ConfigDocument,
-    ResolutionContext,
-    document_from_mapping,
-    read_ds_config,
-    resolve_effective_config,
-)
+from oomlens.ingest.ds_config import document_from_mapping, read_ds_config
 
 ASSETS = Path(__file__).parents[1] / "assets" / "ds_configs"
 REAL = {p.name: read_ds_config(p) for p in sorted(ASSETS.glob("*.json"))}
@@ -347,27 +342,28 @@ def _doc_hazards(doc: ConfigDocument, integration: str | None = None) -> dict[st
 def test_misspelled_zero_optimization_is_called_out_as_stage_0() -> None:
     data = MUTATIONS["misspelled_zero"](REAL["dse_megatron_zero2.json"].data)
     hazard = _hazards(data)["misspelled_top_level_key"]
-    assert hazard.severity is Severity.HIGH
+    assert hazard.severity is ConfigSeverity.HIGH
     assert "'zero_optimisation'" in hazard.message and "stage 0" in hazard.message
     assert hazard.key_paths == ("zero_optimisation",)
 
 
 def test_unknown_key_without_a_close_match_is_info() -> None:
     hazard = _hazards({"train_batch_size": 8, "my_custom_setting": 1})["unknown_top_level_key"]
-    assert hazard.severity is Severity.INFO
+    assert hazard.severity is ConfigSeverity.INFO
 
 
 def test_auto_outside_hf_explains_the_consequences() -> None:
     doc = REAL["hf_transformers_ds_config_zero3.json"]
     direct = _doc_hazards(doc, integration="deepspeed")["auto_outside_hf"]
-    assert direct.severity is Severity.HIGH
+    assert direct.severity is ConfigSeverity.HIGH
     assert "TypeError" in direct.message and "fp32" in direct.message
     assert "zero_optimization.reduce_bucket_size" in direct.message
     unknown = _doc_hazards(doc)["auto_outside_hf"]
-    assert unknown.severity is Severity.LOW
+    assert unknown.severity is ConfigSeverity.LOW
     under_hf = _doc_hazards(doc, integration="hf")
     assert (
-        "auto_outside_hf" not in under_hf and under_hf["auto_unresolved"].severity is Severity.INFO
+        "auto_outside_hf" not in under_hf
+        and under_hf["auto_unresolved"].severity is ConfigSeverity.INFO
     )
 
 
@@ -380,7 +376,7 @@ def test_stage_auto_falls_back_to_stage_0() -> None:
 
 def test_fp32_fallback_and_deprecated_keys() -> None:
     found = _doc_hazards(REAL["deepspeed_autotuning_template_zero3.json"])
-    assert found["fp32_fallback"].severity is Severity.LOW
+    assert found["fp32_fallback"].severity is ConfigSeverity.LOW
     deprecated = _doc_hazards(REAL["hf_transformers_ds_config_zero3.json"])["deprecated_key"]
     assert deprecated.key_paths == ("zero_optimization.stage3_gather_fp16_weights_on_model_save",)
     text = (ASSETS / "hf_transformers_ds_config_zero3.json").read_text().splitlines()
@@ -390,11 +386,11 @@ def test_fp32_fallback_and_deprecated_keys() -> None:
 
 def test_engine_start_failures_are_hazards() -> None:
     nvme = _hazards({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})
-    assert nvme["nvme_without_path"].severity is Severity.HIGH
+    assert nvme["nvme_without_path"].severity is ConfigSeverity.HIGH
     odd = _hazards({"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e8 + 1}})
     assert "allgather_bucket_size_odd" in odd
     below = _hazards({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
-    assert below["offload_param_below_stage3"].severity is Severity.MEDIUM
+    assert below["offload_param_below_stage3"].severity is ConfigSeverity.MEDIUM
     assert "offload_param_below_stage3" not in _hazards(
         {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
     )

@@ -9,17 +9,10 @@ from typing import Any
 
 import pytest
 
+from oomlens.analysis.ds_resolve import resolve_effective_config
 from oomlens.analysis.ds_validation import validate_with_oomlens
 from oomlens.analysis.zero_model import (
-    DEFAULT_PROCESS_BASELINE_BYTES,
     POW2_ROUNDING_FACTOR,
-    ActivationShape,
-    Basis,
-    Capacity,
-    Device,
-    ModelSize,
-    Phase,
-    Topology,
     build_budget,
     candidate_patches,
     compare_with_capacity,
@@ -33,8 +26,18 @@ from oomlens.analysis.zero_model import (
     pinned_allocation,
     sub_group_sizes,
 )
-from oomlens.facts.config import Severity
-from oomlens.ingest.ds_config import document_from_mapping, resolve_effective_config
+from oomlens.facts.config import ConfigSeverity
+from oomlens.facts.memory_model import (
+    DEFAULT_PROCESS_BASELINE_BYTES,
+    ActivationShape,
+    Basis,
+    BudgetPhase,
+    Capacity,
+    Device,
+    ModelSize,
+    Topology,
+)
+from oomlens.ingest.ds_config import document_from_mapping
 
 P7B = 7_000_000_000
 LARGEST = 131_072_000  # a 32000 x 4096 embedding
@@ -159,7 +162,7 @@ def test_zero3_bf16_without_offload_component_by_component() -> None:
         "forward/backward": 15_000_000_000 + 2 * (681_072_000 + LARGEST + 1_000_000_000),
         "optimizer step": 20_250_000_000,
     }
-    assert budget.gpu_peak() == 20_250_000_000
+    assert budget.gpu_peak_bytes == 20_250_000_000
     assert budget.gpu_model_states() == 15_000_000_000
     assert budget.pinned_per_host() == 0
 
@@ -194,7 +197,7 @@ def test_optimizer_offload_moves_states_to_pinned_and_pageable_host_memory() -> 
         EIGHT,
     )
     assert unpinned.pinned_per_host() == 0
-    assert budget.host_peak() - unpinned.host_peak() == 8 * (6 * 2**30 - 6 * PART)
+    assert budget.host_peak_bytes - unpinned.host_peak_bytes == 8 * (6 * 2**30 - 6 * PART)
 
 
 def test_partial_offload_ratio_splits_master_and_states() -> None:
@@ -220,7 +223,7 @@ def test_param_offload_flat_buffer_is_pinned_whatever_pin_memory_says() -> None:
     flat = budget.component("host_param_flat")
     assert flat.pinned and flat.bytes == 2**30  # pow2(2 B x 437.5e6)
     init_copy = budget.component("host_param_init_copy")
-    assert init_copy.phase is Phase.INIT and not init_copy.pinned
+    assert init_copy.phase is BudgetPhase.INIT and not init_copy.pinned
     frozen = budget.component("host_frozen_params")
     assert not frozen.pinned and frozen.bytes == 2 * (P7B // 8 - P7B // 2 // 8)
     assert budget.component("param_partition") is None
@@ -269,7 +272,7 @@ def test_checkpoint_save_needs_the_16bit_model_on_one_host() -> None:
         _eff({"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}), MODEL, EIGHT
     )
     save = budget.component("save_16bit_state_dict")
-    assert save.per_host and save.bytes == 2 * P7B and save.phase is Phase.CHECKPOINT_SAVE
+    assert save.per_host and save.bytes == 2 * P7B and save.phase is BudgetPhase.CHECKPOINT_SAVE
 
 
 # -- capacity ------------------------------------------------------------------------------------
@@ -300,7 +303,7 @@ def test_host_and_pinned_verdicts() -> None:
     assert not verdicts["host"].fits and not verdicts["pinned"].fits
     assert verdicts["pinned"].required_bytes == budget.pinned_per_host()
     hazards = {h.code: h for h in memory_hazards(_eff(zero), budget, verdicts.values())}
-    assert hazards["pinned_memory_exhaustion"].severity is Severity.HIGH
+    assert hazards["pinned_memory_exhaustion"].severity is ConfigSeverity.HIGH
     assert "exit code -9" in hazards["host_memory_exhaustion"].message
 
 
@@ -316,11 +319,11 @@ def test_memory_hazards_for_overshoot_and_model_states() -> None:
     budget = build_budget(eff, MODEL, EIGHT)
     verdicts = compare_with_capacity(budget, Capacity(gpu_bytes=12 * 2**30))
     hazards = {h.code: h for h in memory_hazards(eff, budget, verdicts)}
-    assert hazards["prefetch_overshoot"].severity is Severity.HIGH
+    assert hazards["prefetch_overshoot"].severity is ConfigSeverity.HIGH
     assert (
         "zero_optimization.stage3_prefetch_bucket_size" in hazards["prefetch_overshoot"].key_paths
     )
-    assert hazards["gpu_overflow"].severity is Severity.HIGH
+    assert hazards["gpu_overflow"].severity is ConfigSeverity.HIGH
     assert "model_states_too_large" not in hazards
     # without a capacity the knobs far above their defaults are still worth a word
     assert memory_hazards(eff, budget)[0].code == "prefetch_overshoot"
@@ -379,8 +382,8 @@ def test_patches_are_valid_and_their_savings_are_what_the_patched_config_gives(
             patch.summary
         )
         after = build_budget(resolve_effective_config(document_from_mapping(patched)), MODEL, EIGHT)
-        assert patch.gpu_bytes_saved == before.gpu_peak() - after.gpu_peak(), patch.summary
-        assert patch.host_bytes_delta == after.host_peak() - before.host_peak()
+        assert patch.gpu_bytes_saved == before.gpu_peak_bytes - after.gpu_peak_bytes, patch.summary
+        assert patch.host_bytes_delta == after.host_peak_bytes - before.host_peak_bytes
         assert patch.pinned_bytes_delta == after.pinned_per_host() - before.pinned_per_host()
         for change in patch.changes:
             assert change.new != change.old  # never re-proposes a value in force
@@ -485,15 +488,15 @@ def test_pinned_zero_init_partitions_stay_in_torchs_pinned_cache() -> None:
     zero = {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
     budget = build_budget(_eff(zero), MODEL, EIGHT)
     init_copy = budget.component("host_param_init_copy")
-    assert init_copy.pinned and init_copy.phase is Phase.PERSISTENT
+    assert init_copy.pinned and init_copy.phase is BudgetPhase.PERSISTENT
     assert init_copy.basis is Basis.ESTIMATE
     unpinned = {
         "stage": 3,
         "offload_param": {"device": "cpu", "pin_memory": False},
         "offload_optimizer": {"device": "cpu", "pin_memory": False},
     }
-    pinned_peak = budget.host_peak()
-    unpinned_peak = build_budget(_eff(unpinned), MODEL, EIGHT).host_peak()
+    pinned_peak = budget.host_peak_bytes
+    unpinned_peak = build_budget(_eff(unpinned), MODEL, EIGHT).host_peak_bytes
     # pinning costs the cached zero.Init partitions plus the power-of-two rounding
     rounding = (2**32 - 4 * PART) + (2**31 - 2 * PART)
     assert pinned_peak - unpinned_peak == 8 * (int(2 * PART * POW2_ROUNDING_FACTOR) + rounding)
@@ -553,12 +556,12 @@ def test_pinned_hazard_says_whether_unpinned_would_fit() -> None:
         EIGHT,
     )
     # GIVEN a host between the unpinned and the pinned peaks
-    cap = (budget.host_peak() + unpinned.host_peak()) // 2
+    cap = (budget.host_peak_bytes + unpinned.host_peak_bytes) // 2
     verdicts = compare_with_capacity(budget, Capacity(host_bytes=cap))
     hazard = next(
         h for h in memory_hazards(eff, budget, verdicts) if h.code == "pinned_memory_exhaustion"
     )
-    assert hazard.severity is Severity.HIGH
+    assert hazard.severity is ConfigSeverity.HIGH
     assert (
         "with pin_memory false the host would peak at" in hazard.message
         and "and fit" in hazard.message
@@ -572,7 +575,10 @@ def test_process_baseline_is_a_host_component_per_rank() -> None:
     eff = _eff({"stage": 3})
     with_baseline = build_budget(eff, MODEL, EIGHT)
     without = build_budget(eff, MODEL, EIGHT, process_baseline_bytes=0)
-    assert with_baseline.host_peak() - without.host_peak() == 8 * DEFAULT_PROCESS_BASELINE_BYTES
+    assert (
+        with_baseline.host_peak_bytes - without.host_peak_bytes
+        == 8 * DEFAULT_PROCESS_BASELINE_BYTES
+    )
     assert without.component("host_process_baseline") is None
 
 

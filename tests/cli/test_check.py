@@ -259,3 +259,47 @@ def test_host_baseline_option(capsys, tmp_path: Path) -> None:
     code, out, _ = run(capsys, *args, "--host-baseline", "4GiB")
     assert json.loads(out)["budget"]["host_peak_bytes"] == base + 2 * 4 * 2**30
     assert code == 0
+
+
+@pytest.mark.parametrize("validator", ["oomlens", "deepspeed"])
+def test_a_value_of_4301_digits_is_invalid_and_named(capsys, tmp_path: Path, validator) -> None:
+    if validator == "deepspeed":
+        pytest.importorskip("deepspeed")
+    config = {**ZERO3, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "9" * 4301}}
+    code, out, err = run(capsys, write(tmp_path, config), "--validator", validator)
+    assert code == 4, err
+    assert "zero_optimization.stage3_prefetch_bucket_size" in out
+    assert "internal error" not in err
+
+
+@pytest.mark.parametrize("gas", [2_000_000_000, 2**63])
+@pytest.mark.parametrize("command", ["check", "analyze"])
+def test_a_text_micro_batch_is_refused_without_being_repeated(
+    capsys, tmp_path: Path, gas: int, command: str
+) -> None:
+    # DeepSpeed computes micro * gas * world_size whatever the types: "A" * 2e9 is a 2 GB
+    # string (and "A" * 2**63 an OverflowError) before its assertion fails.
+    import tracemalloc
+
+    config = write(
+        tmp_path, {"train_micro_batch_size_per_gpu": "A", "gradient_accumulation_steps": gas}
+    )
+    log = tmp_path / "train.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n")
+    args = [config, "--gpus", "2"] if command == "check" else [str(log), config, "--format", "json"]
+    tracemalloc.start()
+    try:
+        with pytest.raises(SystemExit) as info:
+            main([command, *args])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    out, err = capsys.readouterr()
+    assert "internal error" not in err
+    assert peak < 200 * 2**20
+    if command == "check":
+        assert info.value.code == 4
+        assert "train_micro_batch_size_per_gpu: TypeError" in out
+    else:
+        assert info.value.code == 0
+        assert json.loads(out)["verdict"] == "gpu_oom"

@@ -8,19 +8,9 @@ import re
 
 import pytest
 
-from oomlens.cli.check import CheckResult, failed, run_check
-from tests._corpus import CORPUS_DIR, case_dir, case_names, manifest
-
-# The scenario model (fixtures/crash_logs/_scenarios/model.py, GPTConfig.named and num_params):
-# name -> (d_model, n_layer); vocabulary 32000; lm_head and tok_emb are the largest layers.
-SIZES = {
-    "125m": (768, 12),
-    "350m": (1024, 24),
-    "760m": (1536, 24),
-    "1.3b": (2048, 24),
-    "2.7b": (2560, 32),
-}
-VOCAB = 32000
+from oomlens.analysis.preflight import Preflight
+from oomlens.session import check_config
+from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, manifest
 
 #: Diagnoses a config check can and must catch before launch.
 CONFIG_DIAGNOSES = {
@@ -39,32 +29,9 @@ CASES = (
 pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
 
 
-def check_case(name: str) -> CheckResult:
-    m = manifest(name)
-    command = m["command"]
-    model = re.search(r"--model (\S+)", command)
-    assert model is not None
-    seq = re.search(r"--seq-len (\d+)", command)
-    seq_len = int(seq.group(1)) if seq else 1024  # train_zero3.py's default
-    gpus = re.search(r"--num_gpus (\d+)", command)
-    assert gpus is not None
-    hidden, layers = SIZES[model.group(1)]
-    params = layers * (12 * hidden**2 + 13 * hidden) + 2 * VOCAB * hidden + seq_len * hidden
-    gpu_gib = m["environment"].get("EMULATE_GPU_MEMORY_GIB")
-    cap = m["measured"].get("cgroup", {}).get("memory.max", "max")
-    return run_check(
-        str(case_dir(name) / "ds_config.json"),
-        params=params,
-        largest_layer=VOCAB * hidden,
-        hidden_size=hidden,
-        gpus=int(gpus.group(1)),
-        gpu_memory=int(float(gpu_gib) * 2**30) if gpu_gib else None,
-        host_memory=None if cap == "max" else int(cap),
-        seq_len=seq_len,
-        layers=layers,
-        vocab_size=VOCAB,
-        validator="oomlens",
-    )
+def check_case(name: str) -> Preflight:
+    arguments = check_arguments(name)
+    return check_config(arguments.pop("config_path"), **arguments, validator="oomlens").preflight
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -72,10 +39,10 @@ def test_check_fails_exactly_the_configs_that_crashed_for_a_config_reason(name: 
     expected = manifest(name)["expected"]
     should_fail = expected["verdict"] != "no_failure" and expected["diagnosis"] in CONFIG_DIAGNOSES
     result = check_case(name)
-    assert failed(result) == should_fail
+    assert result.failed == should_fail
 
 
-def _gpu(result: CheckResult):  # type: ignore[no-untyped-def]
+def _gpu(result: Preflight):  # type: ignore[no-untyped-def]
     return next(v for v in result.verdicts if v.kind == "gpu")
 
 
@@ -171,7 +138,7 @@ def test_pinned_host_memory_matches_the_kernels_shmem_rss() -> None:
 
 
 def test_capacity_from_the_real_oom_message() -> None:
-    from oomlens.analysis.zero_model import Capacity
+    from oomlens.facts.memory_model import Capacity
 
     oom = manifest("prefetch_overshoot")["measured"]["oom_messages_by_rank"]["0"]
     keys = ("total_capacity", "free", "allocated_by_pytorch", "reserved_unallocated", "allowed")

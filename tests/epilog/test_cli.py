@@ -89,9 +89,21 @@ def test_anything_raised_inside_still_exits_0(
 
 def test_check_prints_the_effective_settings(tmp_path: Path) -> None:
     settings = tmp_path / "epilog.toml"
-    settings.write_text('budget_seconds = 12\nmax_log_bytes = "1 GiB"\n')
+    settings.write_text(
+        f'budget_seconds = 12\nmax_log_bytes = "1 GiB"\nspool_dir = "{tmp_path}/s"\n'
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "oomlens", "epilog", "--check", "--settings", str(settings)],
+        [
+            sys.executable,
+            "-m",
+            "oomlens",
+            "epilog",
+            "--check",
+            "--settings",
+            str(settings),
+            "--as-user",
+            os.environ.get("USER") or "root",
+        ],  # fmt: skip
         env={"PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
@@ -100,11 +112,14 @@ def test_check_prints_the_effective_settings(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert "budget_seconds = 12.0" in done.stdout.splitlines()
     assert 'max_log_bytes = "1.00 GiB"' in done.stdout.splitlines()
-    assert 'spool_dir = "/var/spool/oomlens"' in done.stdout.splitlines()
-    # The output is itself a settings file with the same meaning.
+    assert f'spool_dir = "{tmp_path}/s"' in done.stdout.splitlines()
+    assert any(line.startswith("# ok: spool:") for line in done.stdout.splitlines())
+    # The output is itself a settings file with the same meaning (the defaults it spells out,
+    # such as the work-directory patterns the input kinds give, included).
     echoed = tmp_path / "echoed.toml"
     echoed.write_text(done.stdout)
-    assert load_settings(echoed) == load_settings(settings)
+    assert load_settings(echoed).describe() == load_settings(settings).describe()
+    assert load_settings(echoed).patterns_in_force() == load_settings(settings).patterns_in_force()
 
 
 def test_check_fails_on_a_bad_settings_file(tmp_path: Path) -> None:

@@ -175,6 +175,105 @@ def test_a_job_is_handled_once(tmp_path: Path, job_dir: Path) -> None:
     assert len(_log_lines(tmp_path / "spool")) == 1
 
 
+def _age_claim(spool: Path, key: str, seconds: float) -> None:
+    claim_path = spool / key / "claim.json"
+    claim = json.loads(claim_path.read_text())
+    claim["claimed_at"] -= seconds
+    claim_path.write_text(json.dumps(claim))
+
+
+@pytest.mark.parametrize(
+    ("later_env", "claim_age_s"),
+    [
+        # the controller lost its state: a few minutes later, another job with the same id
+        ({"SLURM_JOB_EXIT_CODE": "512", "SLURM_JOB_EXIT_CODE2": "2:0"}, 60.0),
+        # MaxJobId wrapped: the same script, same directory, same exit, weeks later
+        ({}, 30 * 86400.0),
+    ],
+    ids=["lost-controller-state", "wrapped-ids"],
+)
+def test_a_reused_job_id_gets_its_own_report_and_log_line(
+    tmp_path: Path, job_dir: Path, later_env: dict[str, str], claim_age_s: float
+) -> None:
+    # GIVEN job 41, analyzed
+    spool = tmp_path / "spool"
+    (job_dir / "train.41.log").write_text("x\n")
+    first = _run(tmp_path, _env(job_dir))
+    _age_claim(spool, "41", claim_age_s)
+    earlier = (spool / "41" / "epilog.json").read_bytes()
+    # WHEN a later job gets the same id and fails
+    later = _run(tmp_path, _env(job_dir, **later_env))
+    # THEN it is analyzed into a directory of its own, the earlier job's stays as it was
+    assert (first.action, later.action) == ("analyzed", "analyzed")
+    assert later.job_key is not None and later.job_key.startswith("41.t")
+    assert (spool / "41" / "epilog.json").read_bytes() == earlier
+    assert (spool / later.job_key / "verdict.json").exists()
+    # AND its log line says what happened
+    lines = _log_lines(spool)
+    assert [line["action"] for line in lines] == ["analyzed", "analyzed"]
+    assert lines[1]["report"] == str(spool / later.job_key / "verdict.json")
+    assert "used by an earlier job" in lines[1]["problems"][0]
+
+
+def test_the_other_epilog_of_the_same_job_still_does_nothing_hours_later(
+    tmp_path: Path, job_dir: Path
+) -> None:
+    # A slurmctld Epilog delayed (a busy controller) by an hour is still the same job.
+    (job_dir / "train.41.log").write_text("x\n")
+    _run(tmp_path, _env(job_dir))
+    _age_claim(tmp_path / "spool", "41", 3600.0)
+    env = _env(job_dir, SLURM_SCRIPT_CONTEXT="epilog_slurmctld", SLURM_JOB_NODELIST="n[1-2]")
+    assert _run(tmp_path, env).action == "duplicate"
+    assert sorted(path.name for path in (tmp_path / "spool").iterdir()) == ["41", "epilog.log"]
+
+
+@pytest.mark.parametrize("job_mode", [0o600, 0o640, 0o644])
+def test_workdir_copies_are_no_more_readable_than_the_jobs_output(
+    tmp_path: Path, job_dir: Path, job_mode: int
+) -> None:
+    # GIVEN a job whose output file shows its umask (077 gives 0600)
+    log = job_dir / "train.41.log"
+    log.write_text("x\n")
+    log.chmod(job_mode)
+    # WHEN the Epilog copies its reports into the work directory (as the job's user: here the
+    # job belongs to this user), from a process whose own umask is the usual 022
+    previous = os.umask(0o022)
+    try:
+        outcome = _run(tmp_path, _env(job_dir), settings="copy_to_workdir = true\n")
+    finally:
+        os.umask(previous)
+    # THEN the copies have the job's mode, not 0644
+    assert outcome.action == "analyzed"
+    for name in ("oomlens-41.json", "oomlens-41.html"):
+        assert stat.S_IMODE((job_dir / name).stat().st_mode) == job_mode
+
+
+def test_workdir_copies_are_private_when_the_job_left_no_file_of_its_own(job_dir: Path) -> None:
+    from oomlens.epilog.worker import workdir_copy_mode
+
+    foreign = job_dir / "train.41.log"
+    foreign.write_text("x\n")
+    foreign.chmod(0o644)
+    assert workdir_copy_mode([str(foreign)], os.geteuid() + 1) == 0o600
+    assert workdir_copy_mode([str(job_dir / "missing")], os.geteuid()) == 0o600
+    assert workdir_copy_mode([str(foreign)], os.geteuid()) == 0o644
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_an_output_that_is_not_a_regular_file_is_named_so(
+    tmp_path: Path, job_dir: Path, kind: str
+) -> None:
+    if kind == "fifo":
+        output = job_dir / "train.41.log"
+        os.mkfifo(output)
+    else:
+        output = Path("/dev/zero")
+    outcome = _run(tmp_path, _env(job_dir, SLURM_JOB_STDOUT=str(output)))
+    assert outcome.action == "no_input"
+    notes = " ".join(outcome.record["notes"])
+    assert f"not a regular file: {output}" in notes and "not found" not in notes
+
+
 def test_no_job_id_is_logged_and_skipped(tmp_path: Path, job_dir: Path) -> None:
     env = _env(job_dir)
     del env["SLURM_JOB_ID"]

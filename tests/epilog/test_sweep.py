@@ -274,6 +274,37 @@ def test_sweep_finishes_what_the_epilog_deferred(spool: Path, built_spool: Built
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
+def test_a_job_the_epilog_never_finished_gets_its_work_directory_copy(
+    spool: Path, built_spool: BuiltSpool
+) -> None:
+    # GIVEN job 22, whose Epilog ran out of time (so it wrote no copy), on a site that copies
+    # reports into work directories, and a user whose umask made the job's log 0640
+    work = built_spool.work[TIMED_OUT_JOB]
+    log = work / "train.log"
+    assert "workdir_copies" not in _json(spool / TIMED_OUT_JOB / "epilog.json")
+    log.chmod(0o640)
+    try:
+        # WHEN the sweeper finishes it
+        run = sweep_spool(_settings(spool, copy_to_workdir=True), budget_per_job=60.0)
+        # THEN the user finds the finished reports beside the job's files, as their own, no
+        # more readable than the log they quote
+        assert ("22", "analyzed") in [(o.job_key, o.status) for o in run.outcomes]
+        for name in ("oomlens-22.json", "oomlens-22.html"):
+            info = (work / name).stat()
+            assert info.st_uid == built_spool.user.uid
+            assert stat.S_IMODE(info.st_mode) == 0o640
+        expected = manifest("other_process")["expected"]["diagnosis"]
+        assert _json(work / "oomlens-22.json")["diagnoses"][0]["id"] == expected
+        assert _json(spool / TIMED_OUT_JOB / "sweep.json")["workdir_copies"] == [
+            str(work / "oomlens-22.json"),
+            str(work / "oomlens-22.html"),
+        ]
+    finally:
+        log.chmod(0o644)
+        for name in ("oomlens-22.json", "oomlens-22.html"):
+            (work / name).unlink(missing_ok=True)
+
+
 def test_a_second_sweep_does_nothing(spool: Path) -> None:
     _sweep(spool)
     before = _tree(spool)

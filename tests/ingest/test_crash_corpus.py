@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from oomlens.analysis.ranks import rank_picture
-from oomlens.ingest.detect import InputKind, detect_kind, discover_run
+from oomlens.ingest.detect import detect_kind, discover_run
 from oomlens.ingest.log import read_log
 from oomlens.ingest.log.kernel import read_kernel_log
-from oomlens.ingest.run import read_run
 from tests._corpus import case_dir, case_names, manifest
+from tests.ingest._reading import problems, read_run
 
 CASES = [case_dir(name) for name in case_names()]
 
@@ -22,18 +22,18 @@ CASES = [case_dir(name) for name in case_names()]
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_files_are_recognised_by_content(case: Path) -> None:
     expected = {
-        "train.log": InputKind.TRAINING_LOG,
-        "ds_config.json": InputKind.DS_CONFIG,
-        "kernel.log": InputKind.KERNEL_LOG,
+        "train.log": "training_log",
+        "ds_config.json": "ds_config",
+        "kernel.log": "kernel_log",
     }
     for path in case.iterdir():
         if path.is_dir():
             continue
-        kind = detect_kind(path).kind
+        kind = detect_kind(path).kind_id
         if path.name in expected:
-            assert kind is expected[path.name], path
+            assert kind == expected[path.name], path
         elif path.suffix == ".pickle":
-            assert kind is InputKind.SNAPSHOT_PICKLE, path
+            assert kind == "snapshot_pickle", path
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
@@ -68,8 +68,8 @@ def test_corpus_logs_parse_and_agree_with_the_run(case: Path) -> None:
 def test_corpus_oom_numbers_ranks_and_phases_match_the_manifest(case: Path) -> None:
     record = manifest(case.name)
     expected, measured = record["expected"], record.get("measured", {})
-    run = read_run(discover_run(case))
-    assert not run.problems
+    run = read_run(discover_run(case).files)
+    assert not problems(run)
     picture = rank_picture(run.logs, run.error_files, run.kernel_logs)
     by_rank = {status.rank: status for status in picture.ranks}
     for rank_text, numbers in measured.get("oom_messages_by_rank", {}).items():
@@ -98,7 +98,7 @@ def test_corpus_oom_numbers_ranks_and_phases_match_the_manifest(case: Path) -> N
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> None:
     record = manifest(case.name)
-    run = read_run(discover_run(case))
+    run = read_run(discover_run(case).files)
     ma = record.get("measured", {}).get("see_memory_usage_MA_GB")
     if ma:
         series = [s for log in run.logs for s in log.memory]
@@ -119,7 +119,7 @@ def test_corpus_memory_series_and_exit_codes_match_the_manifest(case: Path) -> N
 
 def _picture(name: str):
     case = case_dir(name)
-    run = read_run(discover_run(case))
+    run = read_run(discover_run(case).files)
     return run, rank_picture(run.logs, run.error_files, run.kernel_logs)
 
 

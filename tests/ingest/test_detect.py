@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.errors import InputError
-from oomlens.ingest.detect import InputKind, detect_kind, discover_run
+from oomlens.ingest.detect import detect_kind, discover_run
 
 ASSETS = Path(__file__).parents[1] / "assets" / "logs"
 LAB = ASSETS / "lab_log_torch2.11_h200.txt"
@@ -40,42 +40,42 @@ def _kernel_lines() -> str:
 @pytest.mark.parametrize(
     ("content", "kind"),
     [
-        (LAB.read_bytes(), InputKind.TRAINING_LOG),
-        (gzip.compress(LAB.read_bytes()), InputKind.TRAINING_LOG),
-        (bz2.compress(LAB.read_bytes()), InputKind.TRAINING_LOG),
-        (ERROR_FILE.read_bytes(), InputKind.ELASTIC_ERROR),
+        (LAB.read_bytes(), "training_log"),
+        (gzip.compress(LAB.read_bytes()), "training_log"),
+        (bz2.compress(LAB.read_bytes()), "training_log"),
+        (ERROR_FILE.read_bytes(), "elastic_error"),
         (
             json.dumps({"message": "OutOfMemoryError: x", "timestamp": 1796014820}).encode(),
-            InputKind.ELASTIC_ERROR,
+            "elastic_error",
         ),
         (
             json.dumps(
                 {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}
             ).encode(),
-            InputKind.DS_CONFIG,
+            "ds_config",
         ),
-        (b'{"train_batch_size": 8, "bf16": {"enabled": true},}', InputKind.DS_CONFIG),
-        (SAMPLE_PICKLE_HEAD + b"\x00" * 64, InputKind.SNAPSHOT_PICKLE),
-        (gzip.compress(SAMPLE_PICKLE_HEAD + b"\x00" * 64), InputKind.SNAPSHOT_PICKLE),
-        (_kernel_lines().encode(), InputKind.KERNEL_LOG),
-        (bytes(range(256)) * 64, InputKind.UNKNOWN),
-        (b"# My project\nSome prose about torch and GPUs.\n", InputKind.UNKNOWN),
-        (b"", InputKind.UNKNOWN),
-        (b"[1, 2, 3]", InputKind.UNKNOWN),
+        (b'{"train_batch_size": 8, "bf16": {"enabled": true},}', "ds_config"),
+        (SAMPLE_PICKLE_HEAD + b"\x00" * 64, "snapshot_pickle"),
+        (gzip.compress(SAMPLE_PICKLE_HEAD + b"\x00" * 64), "snapshot_pickle"),
+        (_kernel_lines().encode(), "kernel_log"),
+        (bytes(range(256)) * 64, "unknown"),
+        (b"# My project\nSome prose about torch and GPUs.\n", "unknown"),
+        (b"", "unknown"),
+        (b"[1, 2, 3]", "unknown"),
     ],
 )
-def test_kind_by_content_not_name(tmp_path: Path, content: bytes, kind: InputKind) -> None:
+def test_kind_by_content_not_name(tmp_path: Path, content: bytes, kind: str) -> None:
     target = tmp_path / "misleading.pickle.log"
     target.write_bytes(content)
     detection = detect_kind(target)
-    assert detection.kind is kind, detection.reason
+    assert detection.kind_id == kind, detection.reason
     assert detection.reason
 
 
 def test_real_snapshot_pickle_is_sniffed_without_loading_it() -> None:
     sample = Path(__file__).parents[1] / "assets" / "detect" / "snapshot_t211_enabled_state.pickle"
     detection = detect_kind(sample)
-    assert detection.kind is InputKind.SNAPSHOT_PICKLE and detection.reason == "pickle protocol 4"
+    assert detection.kind_id == "snapshot_pickle" and detection.reason == "pickle protocol 4"
 
 
 def test_unreadable_input_raises() -> None:
@@ -106,13 +106,13 @@ def test_torchrun_log_dir_is_one_run_with_local_ranks(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     run = discover_run(tmp_path)
     assert run.layout == "torchrun_log_dir"
-    kinds = sorted((f.local_rank, Path(f.path).name, f.kind.value) for f in run.files)
+    kinds = sorted((f.location.local_rank, Path(f.path).name, f.kind.id) for f in run.files)
     assert kinds == [
         (1, "error.json", "elastic_error"),
         (1, "stderr.log", "training_log"),
         (1, "stdout.log", "training_log"),
     ]
-    assert {f.attempt for f in run.files} == {0}
+    assert {f.location.attempt for f in run.files} == {0}
     reasons = {Path(p).name: why for p, why in run.skipped}
     assert (
         reasons["stderr.log"] == "empty"
@@ -129,7 +129,7 @@ def test_deepspeed_each_rank_logs(tmp_path: Path) -> None:
         )
     run = discover_run(tmp_path)
     assert run.layout == "deepspeed_rank_logs"
-    assert sorted(f.rank for f in run.files) == [0, 1]
+    assert sorted(f.location.rank for f in run.files) == [0, 1]
 
 
 def test_directory_with_nothing_recognisable(tmp_path: Path) -> None:

@@ -11,19 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts import SourceRef
 from oomlens.facts.config import Origin, Precision
+from oomlens.facts.run import WorldSizeFact
 from oomlens.ingest._jsonpos import JsonSyntaxError, parse_json_with_positions
 from oomlens.ingest._pyrepr import parse_model_repr, parse_scalar
 from oomlens.ingest.ds_config import (
     ConfigDumpScanner,
-    ResolutionContext,
     document_from_mapping,
     parse_config_dump,
     parse_ds_config_text,
     read_ds_config,
-    resolve_effective_config,
     scan_log_for_config_dumps,
 )
 
@@ -422,13 +422,13 @@ def test_dump_of_hf_config_reads_back_the_config_that_ran() -> None:
 def test_file_and_dump_resolve_to_the_same_effective_config(
     dump_name: str, config_name: str, context: dict
 ) -> None:
-    from oomlens.analysis.batch import WorldSize, with_derived_batch
+    from oomlens.analysis.batch import with_derived_batch
 
     dump_eff = _dump(ASSETS / dump_name).effective()
     file_eff = resolve_effective_config(
         read_ds_config(ASSETS / config_name), ResolutionContext(**context)
     )
-    world = WorldSize(int(dump_eff.world_size.value), "config dump")
+    world = WorldSizeFact(int(dump_eff.world_size.value), "config dump")
     file_settings = with_derived_batch(file_eff, world).settings()
     dump_settings = dump_eff.settings()
     if file_eff.batch.train_batch_size.value == "auto":
@@ -571,7 +571,7 @@ def test_repr_parser_and_scanner_never_raise_on_garbage(text: str) -> None:
 
 
 def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integration() -> None:
-    from oomlens.ingest.ds_config import reconcile_with_dump
+    from oomlens.analysis.ds_resolve import reconcile_with_dump
 
     # GIVEN HF's zero3 config (with "auto") and the dump of the run that used it
     file_eff = resolve_effective_config(
@@ -595,7 +595,7 @@ def test_reconcile_keeps_file_provenance_and_marks_autos_filled_by_the_integrati
 
 
 def test_reconcile_lists_values_changed_after_the_run() -> None:
-    from oomlens.ingest.ds_config import reconcile_with_dump
+    from oomlens.analysis.ds_resolve import reconcile_with_dump
 
     data = read_ds_config(ASSETS / "dse_megatron_zero2.json").data
     edited = {**data, "zero_optimization": {"stage": 2, "reduce_bucket_size": 1e8}}

@@ -10,8 +10,9 @@ import pytest
 
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts.snapshot import HistoryMode, SnapshotLayout, StackDepth
+from oomlens.ingest.layout import rank_from_name
 from oomlens.ingest.snapshot import SnapshotLimits, load_snapshot, looks_like_snapshot_pickle
-from oomlens.ingest.snapshot.layout import rank_from_filename, split_alloc_conf
+from oomlens.ingest.snapshot.layout import split_alloc_conf
 from tests.assets.snapshots import make_variants as variants
 
 REAL = variants.REAL
@@ -171,8 +172,8 @@ def test_rank_comes_from_the_file_name_unless_given(tmp_path: Path) -> None:
     assert load_snapshot(path).source.rank == 3
     assert load_snapshot(path, rank=7, host="node-a").source.rank == 7
     assert load_snapshot(path, host="node-a").source.host == "node-a"
-    assert rank_from_filename("/x/iteration_2_exit/rank12_memory_snapshot.pickle") == 12
-    assert rank_from_filename("/ranked/snapshot.pickle") is None
+    assert rank_from_name("/x/iteration_2_exit/rank12_memory_snapshot.pickle") == 12
+    assert rank_from_name("/ranked/snapshot.pickle") is None
 
 
 def test_looks_like_snapshot_pickle() -> None:
@@ -315,5 +316,26 @@ def test_loaded_objects_are_frozen_out_of_the_cyclic_collector() -> None:
         assert gc.get_freeze_count() > 0
         assert gc.isenabled()
         assert snapshot.block_count == 26
+    finally:
+        gc.unfreeze()
+
+
+def test_unfrozen_objects_go_to_the_oldest_generation_without_a_walk() -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        # WHEN nothing else is frozen: the loaded lists sit in the oldest generation, where
+        # young collections do not walk them, and stay collectable
+        snapshot = load_snapshot(REAL["stacks_all"], freeze_gc=False)
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        assert any(item is snapshot.raw.segments for item in gc.get_objects(generation=2))
+
+        # WHEN a forked worker's parent froze its objects: they stay frozen, untouched
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        again = load_snapshot(REAL["stacks_all"], freeze_gc=False)
+        assert gc.get_freeze_count() == frozen
+        assert again.block_count == snapshot.block_count
     finally:
         gc.unfreeze()

@@ -1,27 +1,29 @@
-"""A real headless Chromium driven through the Chrome DevTools Protocol, for the report tests.
+"""A real headless Chromium driven by Playwright, for the report tests.
 
-No npm, no Playwright download: Debian's ``chromium`` package, started with remote debugging on
-an ephemeral port, and a websocket client (``websocket-client``) speaking CDP in flat session
-mode.  ``Browser.load(path)`` opens one file in a fresh tab with traps installed before any of
-the page's own code runs, and returns everything the page did:
+Playwright for Python (from PyPI) drives Debian's ``chromium`` package (``executable_path``):
+no browser download.  ``Browser.load(path)`` opens one file in a fresh context with traps
+installed before any of the page's own code runs, and returns everything the page did:
 
-* console calls (``Runtime.consoleAPICalled``), uncaught exceptions (``Runtime.exceptionThrown``)
-  and browser log entries (``Log.entryAdded``: CSP violations, failed loads...);
-* every request (``Network.requestWillBeSent``): anything but the file itself left the page;
+* console messages (Chromium reports CSP violations and failed loads there too) and uncaught
+  exceptions;
+* every request: anything but the file itself left the page;
 * the trap record: calls of ``alert``/``prompt``/``confirm``/``print``/``open``/``fetch``/
   ``XMLHttpRequest``/``navigator.sendBeacon``/``eval``/``Function``, and every DOM mutation
   after the document was parsed (a payload that ran and touched the page).
+
+It replaced a hand-written DevTools-protocol client (a websocket and ~200 lines of protocol):
+the same checks, in the tool Python projects use for real-browser tests, and no slower: the 23
+browser tests took 51.8 s and 42.1 s with it against 57.9 s and 43.6 s with the hand-written
+client (alternating runs on the 2-core development machine, under load).  Reading the page's
+state goes through Playwright's DevTools session, because ``page.evaluate`` calls the page's
+own ``window.eval``, which the traps record.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,7 +123,6 @@ class PageResult:
     url: str
     console: list[str] = field(default_factory=list)
     exceptions: list[str] = field(default_factory=list)
-    log_entries: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     traps: list[str] = field(default_factory=list)
     mutations: list[str] = field(default_factory=list)
@@ -137,11 +138,7 @@ class PageResult:
 
     @property
     def errors(self) -> list[str]:
-        return (
-            self.exceptions
-            + [c for c in self.console if c.startswith(("error", "assert"))]
-            + [e for e in self.log_entries if e.startswith("error")]
-        )
+        return self.exceptions + [c for c in self.console if c.startswith(("error", "assert"))]
 
 
 def find_chromium() -> str | None:
@@ -178,95 +175,29 @@ def ensure_chromium() -> str:
     return found
 
 
+_ARGS = ["--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--mute-audio"]
+_TEXT = (
+    "(() => { const c = document.body.cloneNode(true);"
+    " c.querySelectorAll('script,style').forEach(e => e.remove());"
+    " return c.textContent; })()"
+)
+
+
 class Browser:
-    """One headless Chromium for a test session; ``load`` opens each page in a fresh tab."""
+    """One headless Chromium for a test session; ``load`` opens each page in a fresh context."""
 
     def __init__(self, binary: str, *, timeout: float = 30.0) -> None:
-        import websocket  # websocket-client, in the test extra
+        from playwright.sync_api import Error, sync_playwright
 
-        self._profile = tempfile.mkdtemp(prefix="oomlens-chromium-")
-        self._timeout = timeout
-        self._process = subprocess.Popen(
-            [
-                binary,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--remote-debugging-port=0",
-                f"--user-data-dir={self._profile}",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-extensions",
-                "--disable-default-apps",
-                "--no-first-run",
-                "--no-default-browser-check",
-                "--mute-audio",
-                "--hide-scrollbars",
-                "--window-size=1280,1600",
-                "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        port_file = Path(self._profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + timeout
-        while not port_file.exists() or len(port_file.read_text().split("\n")) < 2:
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise BrowserUnavailable("chromium did not open its DevTools port")
-            time.sleep(0.05)
-        port, path = port_file.read_text().split("\n")[:2]
-        self._socket = websocket.create_connection(
-            f"ws://127.0.0.1:{port}{path}", timeout=timeout, suppress_origin=True
-        )
-        self._next_id = 0
-        self._events: list[dict[str, Any]] = []
-
-    # ------------------------------------------------------------------ protocol
-
-    def _send(
-        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
-    ) -> dict[str, Any]:
-        self._next_id += 1
-        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session is not None:
-            message["sessionId"] = session
-        self._socket.send(json.dumps(message))
-        deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline:
-            reply = json.loads(self._socket.recv())
-            if reply.get("id") == self._next_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                result: dict[str, Any] = reply.get("result", {})
-                return result
-            self._events.append(reply)
-        raise TimeoutError(method)
-
-    def _wait_for(self, method: str, session: str) -> None:
-        deadline = time.monotonic() + self._timeout
-        for event in self._events:
-            if event.get("method") == method and event.get("sessionId") == session:
-                return
-        while time.monotonic() < deadline:
-            event = json.loads(self._socket.recv())
-            self._events.append(event)
-            if event.get("method") == method and event.get("sessionId") == session:
-                return
-        raise TimeoutError(method)
-
-    def _evaluate(self, expression: str, session: str) -> Any:
-        reply = self._send(
-            "Runtime.evaluate",
-            {"expression": expression, "returnByValue": True, "awaitPromise": True},
-            session,
-        )
-        if "exceptionDetails" in reply:
-            raise RuntimeError(f"evaluation failed: {reply['exceptionDetails']}")
-        return reply["result"].get("value")
-
-    # ------------------------------------------------------------------ pages
+        self._timeout_ms = timeout * 1000
+        self._playwright = sync_playwright().start()
+        try:
+            self._browser = self._playwright.chromium.launch(
+                executable_path=binary, args=_ARGS, timeout=self._timeout_ms
+            )
+        except Error as exc:
+            self._playwright.stop()
+            raise BrowserUnavailable(f"{binary} did not start under Playwright: {exc}") from exc
 
     def load(
         self,
@@ -278,110 +209,60 @@ class Browser:
         width: int = 1280,
         height: int = 1600,
     ) -> PageResult:
-        """Open ``path`` in a new tab, let it settle, and collect what it did."""
-        target = self._send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self._send("Target.attachToTarget", {"targetId": target, "flatten": True})[
-            "sessionId"
-        ]
-        self._events.clear()
+        """Open ``path`` in a new context, let it settle, and collect what it did."""
+        url = path.resolve().as_uri()
+        result = PageResult(url=url)
+        context = self._browser.new_context(
+            viewport={"width": width, "height": height},
+            color_scheme="dark" if dark else "light",
+        )
         try:
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                self._send(f"{domain}.enable", {}, session)
-            self._send("Page.addScriptToEvaluateOnNewDocument", {"source": TRAPS}, session)
-            self._send(
-                "Emulation.setDeviceMetricsOverride",
-                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
-                session,
+            context.add_init_script(TRAPS)
+            page = context.new_page()
+            page.set_default_timeout(self._timeout_ms)
+            page.on(
+                "console", lambda message: result.console.append(f"{message.type}: {message.text}")
             )
-            self._send(
-                "Emulation.setEmulatedMedia",
-                {
-                    "features": [
-                        {"name": "prefers-color-scheme", "value": "dark" if dark else "light"}
-                    ]
-                },
-                session,
-            )
-            url = path.resolve().as_uri()
-            self._events.clear()
-            self._send("Page.navigate", {"url": url}, session)
-            self._wait_for("Page.loadEventFired", session)
-            time.sleep(settle)  # timers and late handlers a payload may have set
-            result = PageResult(url=url)
-            result.traps = list(
-                self._evaluate("window.__oomlensTraps || ['no traps installed']", session)
-            )
-            result.mutations = list(self._evaluate("window.__oomlensMutations || []", session))
-            result.dom_findings = list(self._evaluate(DOM_AUDIT, session))
-            result.text = self._evaluate(
-                "(() => { const c = document.body.cloneNode(true);"
-                " c.querySelectorAll('script,style').forEach(e => e.remove());"
-                " return c.textContent; })()",
-                session,
-            )
-            result.visible_text = self._evaluate("document.body.innerText", session)
+            page.on("pageerror", lambda error: result.exceptions.append(str(error)))
+            page.on("request", lambda request: result.requests.append(request.url))
+            page.goto(url, wait_until="load")
+            page.wait_for_timeout(settle * 1000)  # timers and late handlers a payload may set
+            # Read through the DevTools protocol: page.evaluate goes through the page's own
+            # window.eval, which the traps record.
+            devtools = context.new_cdp_session(page)
+            result.traps = list(_value(devtools, "window.__oomlensTraps || ['no traps installed']"))
+            result.mutations = list(_value(devtools, "window.__oomlensMutations || []"))
+            result.dom_findings = list(_value(devtools, DOM_AUDIT))
+            result.text = str(_value(devtools, _TEXT))
+            result.visible_text = str(_value(devtools, "document.body.innerText"))
             if screenshot:
-                shot = self._send(
-                    "Page.captureScreenshot",
-                    {"format": "png", "captureBeyondViewport": False},
-                    session,
-                )
-                result.screenshot = base64.b64decode(shot["data"])
-            # drain what arrived meanwhile
-            self._send("Runtime.evaluate", {"expression": "1"}, session)
-            for event in self._events:
-                if event.get("sessionId") != session:
-                    continue
-                method, params = event.get("method"), event.get("params", {})
-                if method == "Runtime.consoleAPICalled":
-                    args = " ".join(
-                        str(a.get("value", a.get("description", "")))
-                        for a in params.get("args", [])
-                    )
-                    result.console.append(f"{params.get('type')}: {args}")
-                elif method == "Runtime.exceptionThrown":
-                    details = params.get("exceptionDetails", {})
-                    result.exceptions.append(
-                        str(details.get("exception", {}).get("description") or details.get("text"))
-                    )
-                elif method == "Log.entryAdded":
-                    entry = params.get("entry", {})
-                    result.log_entries.append(f"{entry.get('level')}: {entry.get('text')}")
-                elif method == "Network.requestWillBeSent":
-                    result.requests.append(params.get("request", {}).get("url", ""))
+                result.screenshot = page.screenshot(type="png")
             return result
         finally:
-            self._send("Target.closeTarget", {"targetId": target})
+            context.close()
 
     def print_pdf(self, path: Path) -> bytes:
         """``path`` printed to PDF (print media, backgrounds off), as a person's browser would."""
-        target = self._send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self._send("Target.attachToTarget", {"targetId": target, "flatten": True})[
-            "sessionId"
-        ]
+        context = self._browser.new_context()
         try:
-            self._send("Page.enable", {}, session)
-            self._events.clear()
-            self._send("Page.navigate", {"url": path.resolve().as_uri()}, session)
-            self._wait_for("Page.loadEventFired", session)
-            reply = self._send("Page.printToPDF", {"printBackground": False}, session)
-            return base64.b64decode(reply["data"])
+            page = context.new_page()
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            return page.pdf(print_background=False)
         finally:
-            self._send("Target.closeTarget", {"targetId": target})
+            context.close()
 
     def close(self) -> None:
         try:
-            if getattr(self, "_socket", None) is not None:
-                self._socket.close()
+            self._browser.close()
         finally:
-            if self._process.poll() is None:
-                self._process.terminate()
-                try:
-                    self._process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
-                    self._process.wait(timeout=10)
-            shutil.rmtree(self._profile, ignore_errors=True)
+            self._playwright.stop()
+
+
+def _value(devtools: Any, expression: str) -> Any:
+    reply = devtools.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    if "exceptionDetails" in reply:
+        raise RuntimeError(f"evaluation failed: {reply['exceptionDetails']}")
+    return reply["result"].get("value")
 
 
 def png_is_not_blank(data: bytes) -> bool:

@@ -1,9 +1,10 @@
 """The HTML report in a real headless Chromium: every corpus case loads offline, cleanly, and
 shows its cause; script-injection payloads in the log, the config and the snapshot never run.
 
-One browser for the session, reports loaded one after another.  Chromium is Debian's package:
-installed by the tests when missing and running as root (as CI does); elsewhere the tests skip
-with the reason, except under CI=true, where a missing browser is a failure.
+One browser for this module, driven by Playwright (``_browser``), reports loaded one after
+another.  Chromium is Debian's package: installed by the tests when missing and running as root
+(as CI does); elsewhere the tests skip with the reason, except under CI=true, where a missing
+browser is a failure.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ pytestmark = pytest.mark.slow
 _CSP_META = re.compile(r'<meta http-equiv="Content-Security-Policy"[^>]*>')
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Module scope: Playwright's driver keeps a thread (asyncio's child watcher) until it
+    # stops, and later tests fork (triage's pool forks only a single-threaded process).
     try:
-        pytest.importorskip("websocket", reason="websocket-client (the test extra) is missing")
+        pytest.importorskip("playwright", reason="playwright (the test extra) is missing")
         binary = ensure_chromium()
         instance = Browser(binary)
     except (BrowserUnavailable, pytest.skip.Exception) as exc:

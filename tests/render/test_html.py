@@ -14,15 +14,17 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+from oomlens.diagnosis import Evidence, EvidenceKind
 from oomlens.facts import SourceRef
 from oomlens.facts.log import MemorySample
+from oomlens.render.charts import MAX_POINTS, downsample
 from oomlens.render.html import MAX_REPORT_BYTES, render_html
-from oomlens.render.markdown import RULE_TEXT_BLOCKS, render_markdown, rule_text
+from oomlens.render.markdown import render_markdown
 from oomlens.render.templates import template_dir
-from oomlens.render.view import MAX_EVIDENCE, MAX_POINTS, build_view, downsample
-from oomlens.report import Report
-from oomlens.rules.base import Evidence, EvidenceKind
-from oomlens.rules.engine import RULES
+from oomlens.render.view import MAX_EVIDENCE, build_view
+from oomlens.report import INSUFFICIENT_EVIDENCE, Report
+from oomlens.rules.base import VERIFY_DEFAULT
+from oomlens.rules.engine import INTERNAL_ERROR, RULES, docs
 from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import case_dir, case_names, manifest
 from tests.render._hostile import XSS_PAYLOADS, hostile_run
@@ -41,17 +43,23 @@ def corpus_reports() -> dict[str, Report]:
 # ------------------------------------------------------------------------------ templates
 
 
-@pytest.mark.parametrize("rule_id", [rule.id for rule in RULES] + list(NON_RULE_IDS))
-def test_every_diagnosis_id_has_its_partial_with_plain_text_blocks(rule_id: str) -> None:
+ALL_DOCS = {**docs(), INSUFFICIENT_EVIDENCE.id: INSUFFICIENT_EVIDENCE.doc}
+
+
+@pytest.mark.parametrize("rule_id", sorted(ALL_DOCS))
+def test_every_diagnosis_id_has_its_card_and_its_own_plain_words(rule_id: str) -> None:
     partial = template_dir() / "rules" / f"{rule_id}.html"
     assert partial.is_file(), f"add templates/rules/{rule_id}.html for the new rule"
     assert '{% extends "rules/_rule.html" %}' in partial.read_text()
-    verify = rule_text(f"rules/{rule_id}.html", "verify")
-    assert verify and verify != rule_text("rules/_rule.html", "verify")  # its own words
-    for block in RULE_TEXT_BLOCKS:
-        assert "<" not in rule_text(f"rules/{rule_id}.html", block)  # the Markdown shows it too
-    if rule_id in NON_RULE_IDS:  # no rule class carries their explanation: the partial does
-        assert rule_text(f"rules/{rule_id}.html", "explanation")
+    doc = ALL_DOCS[rule_id]
+    assert doc.explanation and doc.verify and doc.verify != VERIFY_DEFAULT  # its own words
+    for words in (doc.explanation, doc.verify, doc.reading):
+        assert "<" not in words and "{" not in words  # plain text: the Markdown shows it too
+
+
+def test_the_non_rule_ids_are_declared_where_they_are_made() -> None:
+    assert {INTERNAL_ERROR.id, INSUFFICIENT_EVIDENCE.id} == set(NON_RULE_IDS)
+    assert not set(NON_RULE_IDS) & {rule.spec.id for rule in RULES}
 
 
 def test_no_template_or_renderer_marks_untrusted_text_safe() -> None:
@@ -174,7 +182,7 @@ def test_markdown_twin_carries_the_same_sections_without_charts(
     ):
         assert heading in text
     assert report.top is not None and f"(`{report.top.id}`)" in text
-    assert "**After the fix:** " + rule_text(f"rules/{report.top.id}.html", "verify")[:30] in (
+    assert "**After the fix:** " + report.docs[report.top.id].verify[:30] in (
         text.replace("\\", "")
     )
     assert "<svg" not in text and "<script" not in text.lower()

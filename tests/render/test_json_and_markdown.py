@@ -98,3 +98,21 @@ def test_md_code_fence_cannot_be_closed_from_inside() -> None:
     fence = out.split("\n", 1)[0].rstrip("sh")
     assert len(fence) == 5
     assert out.endswith("\n" + fence)
+
+
+def test_json_strings_carry_no_control_or_bidi_characters(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN a crash whose exception text carries a C1 CSI, an ESC sequence, a BEL and a
+    # right-to-left override (text that would read backwards in a terminal)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 7, in <module>\n'
+        "    main()\n"
+        "RuntimeError: CUDA error: device-side assert triggered \u202eevil\x9b31m\x1b[0m\x07\n"
+    )
+    # WHEN it is reported as JSON
+    text = json.dumps(report_to_dict(analyze([str(log)])), ensure_ascii=False)
+    # THEN the exception text is there, its controls are not
+    assert "device-side assert triggered evil31m" in text
+    for character in ("\x9b", "\u202e", "\x1b", "\x07"):
+        assert character not in text

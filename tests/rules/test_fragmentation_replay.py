@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomlens.rules.allocator import REPLAY_FROM_START
+from oomlens.rules.fragmentation import REPLAY_FROM_START
 from oomlens.session import analyze
 from tests._corpus import case_dir
 from tests.analysis.whatif._recording import MiB, record, rounds, small_tensors, write

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from oomlens.facts.run import RunFacts
-from oomlens.rules.allocator import FragmentationRule
+from oomlens.rules.fragmentation import FragmentationRule
 from oomlens.rules.thresholds import Thresholds
 from oomlens.session import analyze, gather_facts
 from tests._corpus import case_dir
@@ -51,8 +51,7 @@ def test_the_snapshot_raises_confidence_over_the_log_alone(case: str, rule_id: s
     log_only = {d.id: d for d in analyze([case_dir(case) / "train.log"]).diagnoses}
     if rule_id == "model_states_too_large":
         log_only = {
-            d.id: d
-            for d in analyze(sorted((case_dir(case) / "rank_logs").glob("*.log"))).diagnoses
+            d.id: d for d in analyze(sorted((case_dir(case) / "rank_logs").glob("*.log"))).diagnoses
         }
     assert with_snapshot[rule_id].confidence > log_only[rule_id].confidence
     snapshot_cited = [e for e in with_snapshot[rule_id].evidence if e.kind.value == "snapshot"]
@@ -71,8 +70,9 @@ def test_a_free_block_big_enough_overturns_fragmentation() -> None:
     facts = gather_facts([case_dir("fragmentation")])
     rule, thresholds = FragmentationRule(), Thresholds()
     before = next(iter(rule.evaluate(facts, thresholds)))
-    after = next(iter(rule.evaluate(_with_snapshot_oom(facts, fits_largest_free_block=True),
-                                    thresholds)))
+    after = next(
+        iter(rule.evaluate(_with_snapshot_oom(facts, fits_largest_free_block=True), thresholds))
+    )
     assert after.confidence < before.confidence - 0.3
     assert any(not e.supports for e in after.evidence)
 
@@ -81,8 +81,9 @@ def test_expandable_segments_already_on_is_never_proposed_again() -> None:
     facts = gather_facts([case_dir("fragmentation")])
     snapshot = facts.snapshots[0]
     assert snapshot.allocator_settings is not None
-    on = replace(snapshot.allocator_settings, expandable_segments=True,
-                 raw_config="expandable_segments:True")
+    on = replace(
+        snapshot.allocator_settings, expandable_segments=True, raw_config="expandable_segments:True"
+    )
     facts_on = replace(facts, snapshots=(replace(snapshot, allocator_settings=on),))
     diagnosis = next(iter(FragmentationRule().evaluate(facts_on, Thresholds())))
     proposed = [f.environment.get("PYTORCH_CUDA_ALLOC_CONF") for f in diagnosis.fixes]

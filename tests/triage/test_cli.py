@@ -88,3 +88,37 @@ def test_no_runs_is_exit_3_and_bad_options_exit_2(
     assert code == 2 and "no such directory" in err
     code, _, err = _run(["triage", "merge", str(tmp_path / "missing.csv")], capsys)
     assert code == 3 and "missing.csv" in err
+
+
+def test_without_outputs_the_store_goes_to_the_cache_not_the_current_directory(
+    archive: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, _, err = _run(["triage", str(archive), "-q"], capsys)
+    assert code == 0, err
+    assert list(here.iterdir()) == []
+    assert (tmp_path / "cache" / "oomlens" / "oomlens-triage.sqlite").is_file()
+    # the second run finds its results there
+    code, _, err = _run(["triage", str(archive)], capsys)
+    assert code == 0 and "0 analyzed, 3 unchanged" in err
+
+
+def test_a_leak_is_grouped_by_where_memory_piled_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The leak's OOM strikes in Adam's step (an innocent allocation); the runs that leak from
+    # the same line of the model must group by that line.
+    copy_case("memory_leak", tmp_path / "runs" / "leak", moment=BASE_TIME)
+    code, _, err = _run(["triage", str(tmp_path / "runs"), "--no-store", "-o",
+                         str(tmp_path / "t.csv"), "-q"], capsys)  # fmt: skip
+    assert code == 0, err
+    row = read_table(str(tmp_path / "t.csv")).iloc[0]
+    assert row["diagnosis"] == "memory_leak"
+    assert row["call_site"] == "model.py:104 in forward"
+    assert row["group"] == "gpu_oom/memory_leak @ model.py:104 in forward"

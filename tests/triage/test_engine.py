@@ -52,10 +52,34 @@ def test_one_row_per_run_with_the_case_s_expected_verdict_and_diagnosis(
         assert pandas.isna(row.error), row.run
 
 
-def test_rows_are_newest_first(clean_run: TriageResult) -> None:
-    times = list(clean_run.table["time"])
+def test_rows_are_newest_first_by_the_runs_own_time(
+    tree: tuple[Path, dict[str, str]], clean_run: TriageResult
+) -> None:
+    root, runs = tree
+    table = clean_run.table
+    times = list(table["time"])
     assert times == sorted(times, reverse=True)
-    assert clean_run.table["run"].iloc[0] == f"2026-12-01/{COPIED_TWICE[-1]}-copy"
+    by_run = {row.run: row for row in table.itertuples()}
+    logged = 0
+    for row in table.itertuples():
+        if row.time_source == "log":
+            # the time the run's own log printed when it failed, not when its files were copied
+            logged += 1
+            clock = row.time[11:19]  # the log prints its own formats of date and time
+            logs = [path for path in (root / row.run).rglob("*") if path.suffix != ".pickle"]
+            assert any(
+                clock in path.read_text(errors="replace") for path in logs if path.is_file()
+            ), row.run
+        else:
+            assert row.time_source == "file" and row.time.endswith("Z"), row.run
+    assert logged >= 5
+    for case in COPIED_TWICE:
+        # a copy made a day later failed when the original did
+        copy, original = by_run[f"2026-12-01/{case}-copy"], by_run[f"cases/{case}"]
+        if copy.time_source == "log":
+            assert copy.time == original.time
+        else:
+            assert copy.time > original.time
 
 
 def test_runs_that_failed_the_same_way_are_one_group(clean_run: TriageResult) -> None:

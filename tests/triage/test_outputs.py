@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sqlite3
+import stat
 from pathlib import Path
 
 import pandas
@@ -129,3 +131,78 @@ def test_a_write_that_fails_leaves_the_old_file(
     assert not (tmp_path / "t.sqlite").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
     assert path.read_text() == "old\n"
+
+
+FORMULA_NAMES = ('=HYPERLINK("attacker.example","open me")', "@SUM(1+1)", "+1-1", "-2+3")
+
+
+@pytest.fixture(scope="module")
+def hostile_table(tmp_path_factory: pytest.TempPathFactory) -> pandas.DataFrame:
+    """Runs named like spreadsheet formulas, one whose log's exception carries terminal
+    escapes (ESC, BEL, C1 CSI) and a bidi override."""
+    root = tmp_path_factory.mktemp("formulas")
+    for n, name in enumerate(FORMULA_NAMES):
+        copy_case("nccl_timeout" if n else "fragmentation", root / name, moment=BASE_TIME + n)
+    dirty = root / "run\x1b[31mred\x07"
+    dirty.mkdir()
+    (dirty / "train.log").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/\x1b]0;pwned\x07tr\u202eain\x9b2J.py", line 7, in train_step\n'
+        "    loss.backward()\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 3.06 MiB is free. Including non-PyTorch memory, "
+        "this process has 79.09 GiB memory in use. Of the allocated memory 77.80 GiB is "
+        "allocated by PyTorch, and 812.40 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    return triage([str(root)], TriageOptions(jobs=2, store=None)).table
+
+
+def test_csv_cells_cannot_start_a_formula_and_merge_reads_them_back(
+    hostile_table: pandas.DataFrame, tmp_path: Path
+) -> None:
+    import csv
+
+    path = tmp_path / "runs.csv"
+    write_table(hostile_table, str(path))
+    with open(path, newline="", encoding="utf-8") as stream:
+        rows = list(csv.DictReader(stream))
+    # every text cell that a spreadsheet would take for a formula is guarded
+    for row in rows:
+        for name, cell in row.items():
+            if cell and outputs.COLUMNS[name] == "string":
+                assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), (name, cell)
+    names = {row["run"] for row in rows}
+    assert {"'" + name for name in FORMULA_NAMES} <= names
+    # and reading the table back (oomlens triage merge) gives the names as they are
+    pandas.testing.assert_frame_equal(read_table(str(path)), hostile_table)
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.parquet", "t.sqlite", "t.html"])
+def test_no_output_carries_control_or_bidi_characters(
+    hostile_table: pandas.DataFrame, tmp_path: Path, name: str
+) -> None:
+    if name.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
+        pytest.skip("pyarrow is not installed")
+    path = tmp_path / name
+    write_table(hostile_table, str(path))
+    if name.endswith((".parquet", ".sqlite")):
+        table = read_table(str(path))
+        text = "".join(str(value) for value in table.astype(str).to_numpy().ravel())
+    else:
+        text = path.read_text(encoding="utf-8")
+    assert "run[31mred" in text  # the escape character is gone: the sequence is inert
+    for character in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert character not in text, (name, repr(character))
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_outputs_follow_the_umask(
+    table: pandas.DataFrame, tmp_path: Path, umask: int, mode: int
+) -> None:
+    previous = os.umask(umask)
+    try:
+        for name in ("t.csv", "t.jsonl", "t.sqlite", "t.html"):
+            write_table(table, str(tmp_path / name))
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+    finally:
+        os.umask(previous)

@@ -13,7 +13,10 @@ Entry points:
   each setting (:mod:`.replay`);
 * :func:`default_ladder(recorded) <default_ladder>`: the settings tried when none are given;
 * :func:`replay_verdict(snapshot, device, change) <replay_verdict>` ->
-  :class:`~oomlens.facts.whatif.ReplayVerdict`: the verdict on one fix, for ``analyze``.
+  :class:`~oomlens.facts.whatif.ReplayVerdict`: the verdict on one fix, for ``analyze``;
+* :func:`with_replays(snapshot, analysis) <with_replays>`: the snapshot's allocator analysis
+  with that verdict on expandable segments for each device that ran out with memory reserved
+  but unallocated (``oomlens.analysis.run`` calls it as it digests a snapshot).
 
 Raises :class:`~oomlens.errors.InputError` when the snapshot has no allocation history to
 replay, or a trace entry is malformed.
@@ -37,7 +40,7 @@ from oomlens.analysis.whatif.replay import ReplayRun, external_releases, replay
 from oomlens.analysis.whatif.rewind import StartState, rewind
 from oomlens.analysis.whatif.selfcheck import self_check
 from oomlens.errors import InputError
-from oomlens.facts.snapshot import HistoryMode, Snapshot
+from oomlens.facts.snapshot import DeviceAnalysis, HistoryMode, Snapshot, SnapshotAnalysis
 from oomlens.facts.whatif import (
     COVERS_UP_TO_OOM,
     COVERS_WHOLE_RUN,
@@ -57,7 +60,13 @@ __all__ = [
     "parse_alloc_conf",
     "replay_verdict",
     "run_whatif",
+    "with_replays",
 ]
+
+REPLAYED_FIX = "expandable_segments:True"
+"""The allocator change ``analyze`` replays for a device that ran out fragmented."""
+REPLAY_MAX_ENTRIES = 2_000_000
+"""``analyze`` replays no longer trace (the replay's time grows with the trace's length)."""
 
 LADDER = (
     "expandable_segments:True",
@@ -337,12 +346,55 @@ def run_whatif(
     )
 
 
+def with_replays(
+    snapshot: Snapshot,
+    analysis: SnapshotAnalysis,
+    *,
+    change: str = REPLAYED_FIX,
+    max_entries: int = REPLAY_MAX_ENTRIES,
+) -> SnapshotAnalysis:
+    """``analysis`` (of ``snapshot``) with :attr:`DeviceAnalysis.replay` set to the verdict on
+    ``change`` for each device that ran out with memory reserved but unallocated (the
+    fragmentation the fix is for) and whose trace has at most ``max_entries`` entries."""
+    devices = tuple(
+        _with_replay(snapshot, device, change, max_entries)
+        for device in analysis.devices
+    )
+    if devices == analysis.devices:
+        return analysis
+    return replace(analysis, devices=devices)
+
+
+def _with_replay(
+    snapshot: Snapshot,
+    device: DeviceAnalysis,
+    change: str,
+    max_entries: int,
+) -> DeviceAnalysis:
+    traces = snapshot.raw.device_traces
+    if (
+        device.oom is None
+        or device.history is not HistoryMode.ALLOC_HISTORY
+        or device.state.reserved_unallocated_bytes <= 0
+        or device.device >= len(traces)
+        or len(traces[device.device]) > max_entries
+    ):
+        return device
+    verdict = replay_verdict(snapshot, device.device, change)
+    return device if verdict is None else replace(device, replay=verdict)
+
+
 def replay_verdict(
-    snapshot: Snapshot, device: int, change: str, *, allowed: int | None = None
+    snapshot: Snapshot,
+    device: int,
+    change: str,
+    *,
+    allowed: int | None = None,
 ) -> ReplayVerdict | None:
     """The replay's verdict on applying ``change`` (e.g. ``expandable_segments:True``) on top
     of the recorded setting of ``device``; None when the snapshot has no history to replay or
-    the change leaves the setting as it was."""
+    the change leaves the setting as it was.  ``allowed`` replays under that limit instead
+    of the recorded one."""
     try:
         chosen = choose_device(snapshot, device)
     except InputError:

@@ -29,7 +29,7 @@ from oomlens.analysis.whatif.allocator_model import (
     SegmentEvent,
 )
 from oomlens.analysis.whatif.rewind import StartState
-from oomlens.ingest.snapshot.unpickler import gc_paused
+from oomlens.gcpause import gc_paused
 
 _SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _RELEASES = frozenset({"segment_free", "segment_unmap"})

@@ -23,8 +23,8 @@ messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
@@ -36,90 +36,48 @@ from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
     BatchAssertion,
-    CacheFlushSummary,
     CacheFlushWarning,
     ClosingSignal,
     ConfigErrorLine,
     DsConfigDump,
     ExceptionEvent,
+    FailureSummary,
     KilledSubprocess,
-    LabelStats,
     LauncherExit,
     LogFacts,
     MemorySample,
-    MemorySeries,
     OomEvent,
     ParamCount,
     PeerFailureSignal,
     Phase,
     ProcessFailure,
     StepSample,
-    StepSeries,
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, kernel, params, steps, torch_oom, torchrun
+from oomlens.ingest.log import deepspeed, steps, torch_oom, torchrun
+from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, OOM, SUMMARY, TB, TERMINATE
+from oomlens.ingest.log.collect import log_facts
+from oomlens.ingest.log.matchers import Line, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
+from oomlens.ingest.log.state import (
+    AnchorScanner,
+    BoundedList,
+    MemoryKeeper,
+    ReaderLimits,
+    StreamState,
+)
 from oomlens.ingest.log.timestamps import leading_timestamp
 from oomlens.ingest.log.traceback import (
     FinishedException,
-    TracebackAssembler,
     classify_phase,
 )
 from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
-TRACEBACK_ANCHORS: tuple[bytes, ...] = (
-    b"Traceback (most recent call last)",
-    b"During handling of the above exception",
-    b"direct cause of the following exception",
-)
-TERMINATE_ANCHORS: tuple[bytes, ...] = (b"terminate called after throwing",)
-
-# One bit per kind of line; a line's bits are those of the anchors found in it.
-TB, OOM, TERMINATE, DS_MEMORY, DS_CPU, FLUSH, CONFIG_DUMP, BATCH, CONFIG_ERROR = (
-    1 << i for i in range(9)
-)
-LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP, PARAMS = (1 << i for i in range(9, 17))
-
-_CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
-    (TB, TRACEBACK_ANCHORS),
-    (TERMINATE | PEER, TERMINATE_ANCHORS),
-    (OOM, torch_oom.ANCHORS),
-    (DS_MEMORY, deepspeed.MEMORY_ANCHORS),
-    (DS_CPU, deepspeed.CPU_ANCHORS),
-    (FLUSH, deepspeed.FLUSH_ANCHORS),
-    (CONFIG_DUMP, deepspeed.CONFIG_DUMP_ANCHORS),
-    (BATCH, deepspeed.BATCH_ANCHORS),
-    (CONFIG_ERROR, deepspeed.CONFIG_ERROR_ANCHORS),
-    (LAUNCHER, deepspeed.LAUNCHER_ANCHORS),
-    (WORLD, deepspeed.WORLD_ANCHORS),
-    (AGENT, torchrun.AGENT_ANCHORS),
-    (SUMMARY, torchrun.SUMMARY_ANCHORS),
-    (PEER, torchrun.PEER_ANCHORS),
-    (KERNEL, kernel.ANCHORS),
-    (STEP, steps.ANCHORS),
-    (PARAMS, params.ANCHORS),
-)
-
-
-def _anchor_table() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
-    bits: dict[bytes, int] = {}
-    for bit, anchors in _CATEGORIES:
-        for anchor in anchors:
-            bits[anchor] = bits.get(anchor, 0) | bit
-    # Longer anchors first: leftmost-first matching then reports the most specific one.
-    ordered = sorted(bits, key=len, reverse=True)
-    return tuple(ordered), tuple(bits[a] for a in ordered)
-
-
-ANCHORS, _ANCHOR_BITS = _anchor_table()
-"""Every literal a line must contain for some matcher to care about it."""
-
 MAX_STREAMS = 4096
 MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
-MAX_LABELS = 64
 _WORLD_PRIORITY = {
     "world_info": 0,
     "dist_world_size": 1,
@@ -129,57 +87,6 @@ _WORLD_PRIORITY = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ReaderLimits:
-    """Bounds on what one log can make the reader keep."""
-
-    max_oom_events: int = 1000
-    max_exceptions: int = 500
-    max_events: int = 2000
-    """Per other list (failures, kernel lines, launcher lines...)."""
-    series_head: int = 32
-    series_middle: int = 192
-    series_tail: int = 32
-
-
-class _AnchorScanner:
-    """Start offsets of anchor matches in a block: Aho-Corasick when available."""
-
-    def __init__(self, anchors: tuple[bytes, ...]) -> None:
-        self._automaton = None
-        try:
-            import ahocorasick_rs
-
-            self._automaton = ahocorasick_rs.BytesAhoCorasick(
-                list(anchors), matchkind=ahocorasick_rs.MatchKind.LeftmostFirst
-            )
-        except ImportError:  # pragma: no cover - exercised where the extra is missing
-            self._pattern = re.compile(b"|".join(b"(" + re.escape(a) + b")" for a in anchors))
-
-    @property
-    def accelerated(self) -> bool:
-        return self._automaton is not None
-
-    def hits(self, data: bytes) -> list[tuple[int, int]]:
-        """``(offset, category bits)`` of every anchor found, in order."""
-        if self._automaton is not None:
-            return [
-                (start, _ANCHOR_BITS[index])
-                for index, start, _ in self._automaton.find_matches_as_indexes(data)
-            ]
-        return [(m.start(), _ANCHOR_BITS[m.lastindex - 1]) for m in self._pattern.finditer(data)]  # type: ignore[operator]
-
-
-_SCANNER: _AnchorScanner | None = None
-
-
-def _scanner() -> _AnchorScanner:
-    global _SCANNER
-    if _SCANNER is None:
-        _SCANNER = _AnchorScanner(ANCHORS)
-    return _SCANNER
-
-
 _GLUED = regex.compile(r"\[(?:rank|default)\d{1,6}\]:")
 _TERMINATE = regex.compile(
     r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'"
@@ -187,103 +94,14 @@ _TERMINATE = regex.compile(
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
 
 
-class _Stream:
-    __slots__ = (
-        "config_dump",
-        "config_lines",
-        "config_ref",
-        "failure_block",
-        "pending_memory",
-        "tb",
-    )
-
-    def __init__(self) -> None:
-        self.tb = TracebackAssembler()
-        self.failure_block: torchrun.FailureBlockParser | None = None
-        self.config_dump: deepspeed.ConfigDumpCollector | None = None
-        self.config_lines: list[tuple[SourceRef, str]] = []
-        self.config_ref: SourceRef | None = None
-        self.pending_memory: (
-            tuple[SourceRef, str | None, deepspeed.MemoryReading, datetime | None, int | None]
-            | None
-        ) = None
-
-    @property
-    def open(self) -> bool:
-        return self.tb.open or self.failure_block is not None or self.config_dump is not None
+_SCANNER: AnchorScanner | None = None
 
 
-class _MemoryKeeper:
-    __slots__ = (
-        "allocated",
-        "cpu",
-        "host",
-        "labels",
-        "max_allocated",
-        "rank",
-        "reserved",
-        "samples",
-    )
-
-    def __init__(self, rank: int | None, host: str | None, limits: ReaderLimits) -> None:
-        self.rank = rank
-        self.host = host
-        self.samples: Thinned[MemorySample] = Thinned(
-            limits.series_head, limits.series_middle, limits.series_tail
-        )
-        self.allocated = RunningStats()
-        self.reserved = RunningStats()
-        self.max_allocated = RunningStats()
-        self.cpu = RunningStats()
-        self.labels: dict[str, tuple[RunningStats, RunningStats]] = {}
-
-    def add(self, sample: MemorySample) -> None:
-        self.samples.add(sample)
-        self.allocated.add(sample.allocated)
-        self.reserved.add(sample.reserved)
-        self.max_allocated.add(sample.max_allocated)
-        if sample.cpu_used is not None:
-            self.cpu.add(sample.cpu_used)
-        if sample.label is not None:
-            stats = self.labels.get(sample.label)
-            if stats is None and len(self.labels) < MAX_LABELS:
-                stats = self.labels[sample.label] = (RunningStats(), RunningStats())
-            if stats is not None:
-                stats[0].add(sample.allocated)
-                stats[1].add(sample.reserved)
-
-    def freeze(self) -> MemorySeries:
-        return MemorySeries(
-            rank=self.rank,
-            host=self.host,
-            samples=self.samples.items(),
-            total_samples=self.samples.count,
-            allocated=self.allocated.freeze(),
-            reserved=self.reserved.freeze(),
-            max_allocated=self.max_allocated.freeze(),
-            cpu_used=self.cpu.freeze() if self.cpu.count else None,
-            by_label=tuple(
-                LabelStats(label, a.freeze(), r.freeze()) for label, (a, r) in self.labels.items()
-            ),
-        )
-
-
-class _Bounded:
-    """A list that keeps ``limit`` items and counts the rest under ``name``."""
-
-    __slots__ = ("dropped", "items", "limit", "name")
-
-    def __init__(self, name: str, limit: int) -> None:
-        self.name = name
-        self.limit = limit
-        self.items: list[object] = []
-        self.dropped = 0
-
-    def add(self, item: object) -> None:
-        if len(self.items) < self.limit:
-            self.items.append(item)
-        else:
-            self.dropped += 1
+def _scanner() -> AnchorScanner:
+    global _SCANNER
+    if _SCANNER is None:
+        _SCANNER = AnchorScanner(ANCHORS, ANCHOR_BITS)
+    return _SCANNER
 
 
 class LogReader:
@@ -307,8 +125,8 @@ class LogReader:
         self.known_hosts: set[str] = set()
         self.local_to_global: dict[tuple[object, ...], int] = {}
         self.pid_local_rank: dict[int, int] = {}
-        self.streams: dict[tuple[object, ...], _Stream] = {}
-        self.open_streams: dict[tuple[object, ...], _Stream] = {}
+        self.streams: dict[tuple[object, ...], StreamState] = {}
+        self.open_streams: dict[tuple[object, ...], StreamState] = {}
         self.ranks_seen: set[int] = set()
         self.hosts_seen: set[str] = set()
         self.prev_tail = b""
@@ -323,21 +141,21 @@ class LogReader:
         self.cut_tracebacks = 0
         self.lines_since_stale_check = 0
         lim = limits.max_events
-        self.oom = _Bounded("oom_events", limits.max_oom_events)
-        self.exceptions = _Bounded("exceptions", limits.max_exceptions)
-        self.batch = _Bounded("batch_assertions", lim)
-        self.config_errors = _Bounded("config_errors", lim)
-        self.launcher_exits = _Bounded("launcher_exits", lim)
-        self.killed = _Bounded("killed_subprocesses", lim)
-        self.closing = _Bounded("closing_signals", lim)
-        self.failures = _Bounded("process_failures", lim)
-        self.summaries = _Bounded("failure_summaries", 64)
-        self.peers = _Bounded("peer_failures", lim)
-        self.kills = _Bounded("kernel_oom_kills", lim)
-        self.invocations = _Bounded("oom_invocations", lim)
-        self.slurm = _Bounded("slurm_oom_kills", lim)
-        self.fatal = _Bounded("fatal_signals", lim)
-        self.memory: dict[tuple[int | None, str | None], _MemoryKeeper] = {}
+        self.oom = BoundedList[OomEvent]("oom_events", limits.max_oom_events)
+        self.exceptions = BoundedList[ExceptionEvent]("exceptions", limits.max_exceptions)
+        self.batch = BoundedList[BatchAssertion]("batch_assertions", lim)
+        self.config_errors = BoundedList[ConfigErrorLine]("config_errors", lim)
+        self.launcher_exits = BoundedList[LauncherExit]("launcher_exits", lim)
+        self.killed = BoundedList[KilledSubprocess]("killed_subprocesses", lim)
+        self.closing = BoundedList[ClosingSignal]("closing_signals", lim)
+        self.failures = BoundedList[ProcessFailure]("process_failures", lim)
+        self.summaries = BoundedList[FailureSummary]("failure_summaries", 64)
+        self.peers = BoundedList[PeerFailureSignal]("peer_failures", lim)
+        self.kills = BoundedList[KernelOomKill]("kernel_oom_kills", lim)
+        self.invocations = BoundedList[OomKillerInvoked]("oom_invocations", lim)
+        self.slurm = BoundedList[SlurmOomKill]("slurm_oom_kills", lim)
+        self.fatal = BoundedList[FatalSignalLine]("fatal_signals", lim)
+        self.memory: dict[tuple[int | None, str | None], MemoryKeeper] = {}
         self.flushes: Thinned[CacheFlushWarning] = Thinned(
             limits.series_head, limits.series_middle, limits.series_tail
         )
@@ -358,6 +176,8 @@ class LogReader:
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
+        self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
+        """The matchers for each combination of line kinds seen (a handful)."""
 
     # --- the pass -------------------------------------------------------------------------
 
@@ -375,8 +195,8 @@ class LogReader:
         self.tail = self._tail(number)
         self._close_all(at_end=True)
         self._fold_summary_ooms()
-        self.oom.items.sort(key=lambda e: e.source.line or 0)  # type: ignore[attr-defined]
-        return self._facts()
+        self.oom.items.sort(key=lambda e: e.source.line or 0)
+        return log_facts(self)
 
     def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> int:
         """Process the block's candidate lines (every line while a stream is open); returns
@@ -447,7 +267,7 @@ class LogReader:
             if progress is not None and progress.kind == "tqdm":
                 number = first_line + int(np.searchsorted(self.block_newlines, start))
                 rank = self._rank_of(prefix)
-                self._add_step(
+                self.add_step(
                     progress,
                     SourceRef(self.path, number, rank, prefix.host or self.layout_host),
                     self.last_time,
@@ -512,13 +332,13 @@ class LogReader:
             )
         return self.layout_rank
 
-    def _stream(self, key: tuple[object, ...]) -> _Stream:
+    def _stream(self, key: tuple[object, ...]) -> StreamState:
         stream = self.streams.get(key)
         if stream is None:
             if len(self.streams) >= MAX_STREAMS:
                 self._close_all(at_end=False)
                 self.streams.clear()
-            stream = self.streams[key] = _Stream()
+            stream = self.streams[key] = StreamState()
         return stream
 
     def _handle_rest(
@@ -550,20 +370,26 @@ class LogReader:
                 return
         if mask:
             message = record.message if record is not None else rest
-            self._match(rest, message, record, ref, when, prefix, stream, key, data, start, mask)
+            wanted = self.takers.get(mask)
+            if wanted is None:
+                wanted = self.takers[mask] = takers(mask)
+            line = Line(rest, message, record, ref, when, prefix, stream, key, data, start, mask)
+            for take in wanted:
+                if take(self, line):
+                    return
 
     def _feed_stream(
-        self, stream: _Stream, key: tuple[object, ...], rest: str, ref: SourceRef, mask: int
+        self, stream: StreamState, key: tuple[object, ...], rest: str, ref: SourceRef, mask: int
     ) -> bool:
         """Feed the stream's state machines; True when the line was consumed by one."""
         if stream.failure_block is not None:
             if stream.failure_block.feed(rest, ref.line):
                 if stream.failure_block.done:
                     self._finish_failure_block(stream)
-                    self._sync_open(key, stream)
+                    self.sync_open(key, stream)
                 return True
             self._finish_failure_block(stream)
-            self._sync_open(key, stream)
+            self.sync_open(key, stream)
         if stream.config_dump is not None:
             consumed = stream.config_dump.feed(rest)
             if (consumed or stream.config_dump.json_closed) and len(
@@ -573,12 +399,12 @@ class LogReader:
             if consumed:
                 return True
             self._finish_config_dump(stream)
-            self._sync_open(key, stream)
+            self.sync_open(key, stream)
         if stream.pending_memory is not None and not mask & DS_CPU:
-            self._flush_memory(stream, None)
+            self.flush_memory(stream, None)
         now = self.last_time
         if stream.tb.open and stream.tb.exception_class is None and rest[:1] not in (" ", "\t", ""):
-            now = self._time_before(self.block_data, self.line_start)  # a likely exception line
+            now = self.time_before(self.block_data, self.line_start)  # a likely exception line
         was_open = stream.tb.open
         finished = stream.tb.feed(rest, ref, now)
         if finished is not None:
@@ -594,131 +420,20 @@ class LogReader:
             if finished is not None:
                 self._finished(finished)
             stream.failure_block = torchrun.FailureBlockParser(ref)
-        self._sync_open(key, stream)
+        self.sync_open(key, stream)
         return False
 
-    def _sync_open(self, key: tuple[object, ...], stream: _Stream) -> None:
+    def sync_open(self, key: tuple[object, ...], stream: StreamState) -> None:
         if stream.open:
             self.open_streams[key] = stream
         else:
             self.open_streams.pop(key, None)
 
-    def _match(
-        self,
-        rest: str,
-        message: str,
-        record: deepspeed.LoggerRecord | None,
-        ref: SourceRef,
-        when: datetime | None,
-        prefix: LinePrefix,
-        stream: _Stream,
-        key: tuple[object, ...],
-        data: bytes,
-        start: int,
-        mask: int,
-    ) -> None:
-        if mask & (OOM | TERMINATE | SUMMARY) and not stream.tb.open and not self.in_traceback:
-            self._standalone_exception(rest, ref, stream, key, data, start, mask)
-        if mask & DS_MEMORY:
-            reading = deepspeed.parse_memory_line(message)
-            if reading is not None:
-                if stream.pending_memory is not None:
-                    self._flush_memory(stream, None)
-                label = self._label_before(data, start, prefix.key)
-                stream.pending_memory = (
-                    ref,
-                    label,
-                    reading,
-                    when or self.last_time,
-                    self.last_step,
-                )
-                cpu = self._cpu_line_after(data, start)
-                if cpu is not None:
-                    self._flush_memory(stream, cpu)
-                return
-        if mask & DS_CPU:
-            cpu = deepspeed.parse_cpu_line(message)
-            if cpu is not None and stream.pending_memory is not None:
-                self._flush_memory(stream, cpu)
-            return
-        if mask & FLUSH:
-            flushes = deepspeed.parse_cache_flush(message)
-            if flushes is not None:
-                self._add_flush(
-                    CacheFlushWarning(ref, flushes, self.last_step, when or self.last_time)
-                )
-            return
-        if mask & CONFIG_DUMP and record is not None and "DeepSpeedEngine configuration" in message:
-            self.config_dumps_seen += 1
-            if self.config_dump is None and stream.config_dump is None:
-                stream.config_dump = deepspeed.ConfigDumpCollector()
-                stream.config_ref = ref
-                stream.config_lines = [(ref, rest)]
-                self._sync_open(key, stream)
-            return
-        if mask & BATCH:
-            numbers = deepspeed.parse_batch_assertion(message)
-            if numbers is not None:
-                self.batch.add(
-                    BatchAssertion(
-                        ref,
-                        numbers.train_batch_size,
-                        numbers.micro_batch_per_gpu,
-                        numbers.gradient_accumulation_steps,
-                        numbers.world_size,
-                        when or self.last_time,
-                    )
-                )
-            return
-        if mask & CONFIG_ERROR:
-            error = deepspeed.parse_config_error(message)
-            if error is not None:
-                self.config_errors.add(ConfigErrorLine(ref, error))
-                return
-        if mask & LAUNCHER:
-            self._launcher(message, ref, when)
-            return
-        if mask & PARAMS and self.param_count is None:
-            counted = params.parse_param_count(message)
-            if counted is not None:
-                self.param_count = ParamCount(counted.total, counted.trainable, counted.origin, ref)
-                return
-        if mask & WORLD:
-            world = deepspeed.parse_world_size(message)
-            if world is not None:
-                self._set_world(world[0], world[1], ref)
-                return
-        if mask & AGENT and self._agent(message, ref, when, data, start):
-            return
-        if mask & PEER:
-            peer = torchrun.parse_peer_failure(message)
-            if peer is not None:
-                kind, text_rank = peer
-                source = (
-                    ref
-                    if ref.rank is not None or text_rank is None
-                    else replace(ref, rank=text_rank)
-                )
-                self.peers.add(
-                    PeerFailureSignal(
-                        source, kind, message[:500], when or self._time_before(data, start, 8)
-                    )
-                )
-        if mask & KERNEL:
-            event = kernel.parse_kernel_line(rest, ref, self.year)
-            if event is not None:
-                self._kernel_event(event)
-                return
-        if mask & STEP:
-            progress = steps.parse_step_line(message)
-            if progress is not None:
-                self._add_step(progress, ref, when or self.last_time)
-
-    def _standalone_exception(
+    def standalone_exception(
         self,
         rest: str,
         ref: SourceRef,
-        stream: _Stream,
+        stream: StreamState,
         key: tuple[object, ...],
         data: bytes,
         start: int,
@@ -730,13 +445,13 @@ class LogReader:
             terminate = _TERMINATE.search(rest)
             if terminate is not None:
                 finished = stream.tb.start_exception(
-                    terminate.group("cls"), rest, ref, self._time_before(data, start)
+                    terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
         elif mask & OOM:
             oom = torch_oom.parse_oom_message(rest)
             if oom is not None:
                 cls = _EXCEPTION_CLASS.search(rest)
-                now = self._time_before(data, start)
+                now = self.time_before(data, start)
                 finished = stream.tb.start_exception(
                     cls.group("cls") if cls else "", rest, ref, now
                 )
@@ -750,7 +465,7 @@ class LogReader:
         ):
             stream.failure_block = torchrun.FailureBlockParser(ref)
         self._finished_maybe(finished)
-        self._sync_open(key, stream)
+        self.sync_open(key, stream)
 
     def _finished_maybe(self, finished: FinishedException | None) -> None:
         if finished is not None:
@@ -819,7 +534,7 @@ class LogReader:
     def _add_oom(self, event: OomEvent) -> None:
         self.oom.add(event)
 
-    def _flush_memory(self, stream: _Stream, cpu: tuple[int, float] | None) -> None:
+    def flush_memory(self, stream: StreamState, cpu: tuple[int, float] | None) -> None:
         pending, stream.pending_memory = stream.pending_memory, None
         if pending is None:
             return
@@ -841,10 +556,10 @@ class LogReader:
         if keeper is None:
             if len(self.memory) >= MAX_STREAMS:
                 return
-            keeper = self.memory[key] = _MemoryKeeper(ref.rank, ref.host, self.limits)
+            keeper = self.memory[key] = MemoryKeeper(ref.rank, ref.host, self.limits)
         keeper.add(sample)
 
-    def _label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
+    def label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
         """The previous line of the same stream (the ``see_memory_usage`` label)."""
         if start > 0 and self.prefix_chars >= 0:
             # Usually the line just before, with the same raw prefix: no need to re-parse it.
@@ -880,7 +595,7 @@ class LogReader:
             return label[:200]
         return None
 
-    def _cpu_line_after(self, data: bytes, start: int) -> tuple[int, float] | None:
+    def cpu_line_after(self, data: bytes, start: int) -> tuple[int, float] | None:
         """The ``CPU Virtual Memory`` line that follows a ``see_memory_usage`` MA line, read
         ahead when it is the next line with the same raw prefix (the scan then skips it)."""
         if self.prefix_chars < 0:
@@ -900,7 +615,7 @@ class LogReader:
             self.consumed_until = stop
         return cpu
 
-    def _time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
+    def time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
         window = data[max(0, start - 16384) : start]
         end = len(window)
         for _ in range(lines):
@@ -915,7 +630,7 @@ class LogReader:
                 return when
         return self.last_time
 
-    def _add_flush(self, warning: CacheFlushWarning) -> None:
+    def add_flush(self, warning: CacheFlushWarning) -> None:
         self.flushes.add(warning)
         self.flush_total += warning.flushes
         self.flush_max = max(self.flush_max, warning.flushes)
@@ -923,7 +638,7 @@ class LogReader:
             self.flush_first = warning
         self.flush_last = warning
 
-    def _launcher(self, message: str, ref: SourceRef, when: datetime | None) -> None:
+    def launcher(self, message: str, ref: SourceRef, when: datetime | None) -> None:
         line = deepspeed.parse_launcher_line(message)
         if line is None:
             return
@@ -937,13 +652,13 @@ class LogReader:
         elif line.kind == "exit" and line.return_code is not None:
             self.launcher_exits.add(LauncherExit(ref, line.return_code, line.local_rank, when))
 
-    def _agent(
+    def agent(
         self, message: str, ref: SourceRef, when: datetime | None, data: bytes, start: int
     ) -> bool:
         line = torchrun.parse_agent_line(message)
         if line is None:
             return False
-        when = when or self._time_before(data, start)
+        when = when or self.time_before(data, start)
         if line.kind == "closing" and line.pid is not None:
             self.closing.add(
                 ClosingSignal(
@@ -976,7 +691,7 @@ class LogReader:
         )
         return True
 
-    def _finish_failure_block(self, stream: _Stream) -> None:
+    def _finish_failure_block(self, stream: StreamState) -> None:
         parser, stream.failure_block = stream.failure_block, None
         if parser is None or parser._rules == 0:
             return
@@ -996,7 +711,7 @@ class LogReader:
                 self._fold_summary_oom(failure)
         ranks = {f.rank for f in summary.failures if f.rank is not None}
         if ranks:
-            self._set_world(max(ranks) + 1, "torchrun_summary", summary.source)
+            self.set_world(max(ranks) + 1, "torchrun_summary", summary.source)
 
     def _fold_summary_oom(self, failure: ProcessFailure) -> None:
         if len(self.summary_ooms) < self.limits.max_events:
@@ -1006,7 +721,7 @@ class LogReader:
         """A failure summary quotes the OOM its worker printed before: fold each quote into
         the latest earlier event with the same message (giving it the summary's rank when it
         had none); a quote with no such event becomes an event of its own."""
-        events: list[OomEvent] = self.oom.items  # type: ignore[assignment]
+        events: list[OomEvent] = self.oom.items
         by_key: dict[tuple[object, ...], list[int]] = {}
         for index, event in enumerate(events):
             by_key.setdefault(self._oom_key(event), []).append(index)
@@ -1048,7 +763,7 @@ class LogReader:
                 else failure.local_rank,
             )
 
-    def _finish_config_dump(self, stream: _Stream) -> None:
+    def _finish_config_dump(self, stream: StreamState) -> None:
         collector, stream.config_dump = stream.config_dump, None
         lines, stream.config_lines = stream.config_lines, []
         if collector is None or stream.config_ref is None or self.config_dump is not None:
@@ -1073,16 +788,16 @@ class LogReader:
                     number = float(value.strip())
                 except ValueError:
                     break
-                self._set_world(
+                self.set_world(
                     int(number) if number.is_integer() else number, "config_dump", stream.config_ref
                 )
                 break
 
-    def _set_world(self, value: int | float, origin: str, ref: SourceRef) -> None:
+    def set_world(self, value: int | float, origin: str, ref: SourceRef) -> None:
         if self.world is None or _WORLD_PRIORITY[origin] < _WORLD_PRIORITY[self.world.origin]:
             self.world = WorldSize(value, origin, ref)
 
-    def _kernel_event(self, event: object) -> None:
+    def kernel_event(self, event: object) -> None:
         if isinstance(event, KernelOomKill):
             self.kills.add(event)
         elif isinstance(event, OomKillerInvoked):
@@ -1092,7 +807,7 @@ class LogReader:
         elif isinstance(event, FatalSignalLine):
             self.fatal.add(event)
 
-    def _add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
+    def add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
         if ref.rank is None and reading.rank is not None:
             ref = replace(ref, rank=reading.rank)
         sample = StepSample(
@@ -1129,7 +844,7 @@ class LogReader:
                 finished = stream.tb.close()
                 if finished is not None:
                     self._finished(finished)
-            self._sync_open(key, stream)
+            self.sync_open(key, stream)
 
     def _close_all(self, *, at_end: bool) -> None:
         for key, stream in list(self.streams.items()):
@@ -1144,102 +859,8 @@ class LogReader:
             if stream.config_dump is not None:
                 self._finish_config_dump(stream)
             if stream.pending_memory is not None:
-                self._flush_memory(stream, None)
+                self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
-
-    def _facts(self) -> LogFacts:
-        stats = self.source.stats
-        notes: list[str] = []
-        if stats.problem:
-            notes.append(stats.problem)
-        if stats.invalid_utf8_lines:
-            notes.append(
-                f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)"
-            )
-        if stats.nul_lines:
-            notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
-        if stats.long_lines:
-            notes.append(
-                f"{stats.long_lines} line(s) longer than "
-                f"{self.source.max_line_bytes} bytes were cut"
-            )
-        if stats.ended_mid_line:
-            notes.append(
-                "the last line has no end of line: the log was cut or its writer died mid-line"
-            )
-        if self.ended_in_traceback:
-            notes.append("the log ends inside a traceback or an exception message")
-        if self.cut_tracebacks:
-            notes.append(f"{self.cut_tracebacks} traceback(s) stopped before their exception line")
-        lists = (
-            self.oom,
-            self.exceptions,
-            self.batch,
-            self.config_errors,
-            self.launcher_exits,
-            self.killed,
-            self.closing,
-            self.failures,
-            self.summaries,
-            self.peers,
-            self.kills,
-            self.invocations,
-            self.slurm,
-            self.fatal,
-        )
-        dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
-        return LogFacts(
-            path=self.path,
-            compression=str(self.source.compression),
-            bytes_read=stats.bytes_read,
-            lines=stats.lines,
-            long_lines=stats.long_lines,
-            invalid_utf8_lines=stats.invalid_utf8_lines,
-            ended_mid_line=stats.ended_mid_line,
-            ended_in_traceback=self.ended_in_traceback,
-            layout_rank=self.layout_rank,
-            oom_events=tuple(self.oom.items),  # type: ignore[arg-type]
-            exceptions=tuple(self.exceptions.items),  # type: ignore[arg-type]
-            memory=tuple(k.freeze() for k in self.memory.values()),
-            cache_flushes=CacheFlushSummary(
-                self.flushes.count,
-                self.flush_total,
-                self.flush_max,
-                self.flush_first,
-                self.flush_last,
-                self.flushes.items(),
-            ),
-            steps=StepSeries(
-                self.step_samples.count,
-                self.step_samples.items(),
-                self.last_step_sample,
-                self.max_step,
-                self.loss.freeze() if self.loss.count else None,
-                tuple(self.last_by_rank.values()),
-            ),
-            config_dump=self.config_dump,
-            config_dumps_seen=self.config_dumps_seen,
-            ds_config_dump=self.parsed_config_dump,
-            batch_assertions=tuple(self.batch.items),  # type: ignore[arg-type]
-            config_errors=tuple(self.config_errors.items),  # type: ignore[arg-type]
-            world_size=self.world,
-            param_count=self.param_count,
-            launcher_exits=tuple(self.launcher_exits.items),  # type: ignore[arg-type]
-            killed_subprocesses=tuple(self.killed.items),  # type: ignore[arg-type]
-            closing_signals=tuple(self.closing.items),  # type: ignore[arg-type]
-            process_failures=tuple(self.failures.items),  # type: ignore[arg-type]
-            failure_summaries=tuple(self.summaries.items),  # type: ignore[arg-type]
-            peer_failures=tuple(self.peers.items),  # type: ignore[arg-type]
-            kernel_oom_kills=tuple(self.kills.items),  # type: ignore[arg-type]
-            oom_invocations=tuple(self.invocations.items),  # type: ignore[arg-type]
-            slurm_oom_kills=tuple(self.slurm.items),  # type: ignore[arg-type]
-            fatal_signals=tuple(self.fatal.items),  # type: ignore[arg-type]
-            ranks_seen=tuple(sorted(self.ranks_seen)),
-            hosts_seen=tuple(sorted(self.hosts_seen)),
-            dropped=dropped,
-            notes=tuple(notes),
-            tail=self.tail,
-        )
 
 
 def _complete_on_its_line(text: str) -> bool:

@@ -12,16 +12,18 @@ Layouts accepted (torch's own readers, ``_memory_viz._read`` and MemoryViz.js, a
 Segments and blocks are checked one by one here (there are at most a few hundred thousand):
 every field the analysis reads must have the type torch writes, or :class:`InputError` names the
 first one that does not (``segments[12].blocks[3].size is a str``).  Trace entries, which can
-number in the millions, are checked by the analysis as it reads them.  Nothing is copied or
-mutated: :class:`RawSnapshot` holds the unpickled lists themselves.
+number in the millions, are checked by the analysis as it reads them.  Before any of that,
+:func:`check_walk` makes sure the walks cost what the file suggests: no segment, block list or
+trace may appear twice (pickle memoization would let a small file repeat one millions of
+times), and the blocks and trace entries to visit stay within :class:`SnapshotLimits`.
+Nothing is copied or mutated: :class:`RawSnapshot` holds the unpickled lists themselves.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from oomlens.errors import InputError
+from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts import SourceRef
 from oomlens.facts.snapshot import (
     AllocatorSettings,
@@ -31,6 +33,7 @@ from oomlens.facts.snapshot import (
     SnapshotLayout,
     StackDepth,
 )
+from oomlens.ingest.snapshot.unpickler import SnapshotLimits
 
 KNOWN_BLOCK_STATES = frozenset(
     {"active_allocated", "active_pending_free", "active_awaiting_free", "inactive"}
@@ -42,18 +45,11 @@ _TOP_LEVEL_KEYS = frozenset(
     {"segments", "device_traces", "allocator_settings", "external_annotations", "traces"}
 )
 _STACK_SCAN_LIMIT = 500
-_RANK_RE = re.compile(r"rank[_\-]?(\d{1,6})", re.IGNORECASE)
 
 _SHAPE_HINT = (
     "this does not look like a torch.cuda.memory._snapshot() pickle; "
     "check that the right file was given"
 )
-
-
-def rank_from_filename(path: str) -> int | None:
-    """The rank in names like ``snapshot_rank3.pickle`` or ``rank3_memory_snapshot.pickle``."""
-    match = _RANK_RE.search(path.replace("\\", "/").rsplit("/", 1)[-1])
-    return int(match.group(1)) if match else None
 
 
 def build_snapshot(
@@ -64,11 +60,15 @@ def build_snapshot(
     compressed: bool,
     file_bytes: int,
     pickle_bytes: int,
+    limits: SnapshotLimits | None = None,
 ) -> Snapshot:
     """Check the shape of unpickled ``data`` and wrap it as a :class:`Snapshot`.
 
     Raises ``InputError`` (naming ``source.path``) when ``data`` is not one of the layouts in
-    the module docstring or a segment/block field has a type torch never writes.
+    the module docstring, a segment/block field has a type torch never writes, or the data
+    repeats a segment, a block list or a trace (see :func:`check_walk`);
+    ``ResourceLimitError`` when walking it would visit more blocks or trace entries than
+    ``limits`` allow (the defaults of :class:`SnapshotLimits` when None).
     """
     where = source.path
     segments: object
@@ -104,6 +104,7 @@ def build_snapshot(
             _SHAPE_HINT,
         )
 
+    check_walk(where, segments, device_traces, limits or SnapshotLimits())
     block_count, block_history = _check_segments(where, segments)
     devices = {segment["device"] for segment in segments}
     trace_entries = 0
@@ -189,10 +190,76 @@ def _int_field(
         raise _bad(where, f"{location}.{key}", f"is negative ({value})")
 
 
+def check_walk(
+    where: str, segments: list[Any], device_traces: list[Any], limits: SnapshotLimits
+) -> None:
+    """Refuse, before any walk, data whose walk would cost more than its file suggests.
+
+    Pickle memoization lets a 300 KB file list one 1,000-block segment 100,000 times: 10^8
+    blocks to walk from one segment's bytes.  torch writes every segment, block list and
+    trace once, so a repeated one (the very same object twice) is refused as crafted, and the
+    blocks and trace entries to visit are counted (one ``len`` per segment and per device, not
+    per block) against ``limits.max_blocks`` / ``limits.max_trace_entries``.
+    """
+    blocks = 0
+    dict_segments = []
+    block_lists = []
+    for segment in segments:
+        if type(segment) is dict:  # _check_segments names any other
+            dict_segments.append(segment)
+            segment_blocks = segment.get("blocks")
+            if type(segment_blocks) is list:
+                block_lists.append(segment_blocks)
+                blocks += len(segment_blocks)
+    entries = sum(len(trace) for trace in device_traces)
+    for items, location in (
+        (dict_segments, "segments[{}]"),
+        (block_lists, "the blocks list of segment {}"),
+        (device_traces, "device_traces[{}]"),
+    ):
+        if len(set(map(id, items))) != len(items):
+            raise _repeated(where, items, location)
+    for count, limit, what, field in (
+        (blocks, limits.max_blocks, "blocks", "max_blocks"),
+        (entries, limits.max_trace_entries, "trace entries", "max_trace_entries"),
+    ):
+        if limit is not None and count > limit:
+            raise ResourceLimitError(
+                where,
+                f"the snapshot holds {count:,} {what}, over the limit of {limit:,} that one "
+                "analysis may walk",
+                f"raise SnapshotLimits.{field} if this is a genuine snapshot",
+            )
+
+
+def _repeated(where: str, items: list[Any], location: str) -> InputError:
+    """Name the first repeated object of ``items`` (``location`` formats an index)."""
+    first: dict[int, int] = {}
+    index = earlier = 0
+    for index, item in enumerate(items):
+        earlier = first.setdefault(id(item), index)
+        if earlier != index:
+            break
+    repeats = len(items) - len(set(map(id, items)))
+    return InputError(
+        where,
+        f"{location.format(index)} is the very same object as {location.format(earlier)} "
+        f"({repeats:,} such repeats): torch writes each once, and walking the repeats could "
+        "cost far more than the file's size, so the file is crafted or corrupt",
+        "check where the file came from and take the snapshot from the job again",
+    )
+
+
 def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
-    """Check every segment and block; return (number of blocks, whether blocks use ``history``)."""
+    """Check every segment and block; return (number of blocks, whether blocks use ``history``).
+
+    The per-block checks run on every block of every snapshot, so they are plain type tests
+    on locals; a block's location string is only built when it is wrong.
+    """
     blocks_total = 0
     block_history = False
+    histories_seen: set[int] = set()
+    states = KNOWN_BLOCK_STATES
     for seg_index, segment in enumerate(segments):
         location = f"segments[{seg_index}]"
         if type(segment) is not dict:
@@ -219,33 +286,59 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                 where, f"{location}.blocks", "is missing" if blocks is None else "is not a list"
             )
         for block_index, block in enumerate(blocks):
-            block_location = f"{location}.blocks[{block_index}]"
             if type(block) is not dict:
-                raise _bad(where, block_location, f"is a {type(block).__name__}, not a dict")
-            size = block.get("size")
-            if type(size) is not int or size < 0:
-                raise _bad(where, f"{block_location}.size", "is not a non-negative int")
-            state = block.get("state")
-            if state not in KNOWN_BLOCK_STATES:
                 raise _bad(
                     where,
-                    f"{block_location}.state",
-                    f"is {_short_repr(state)}, not a state torch writes",
+                    f"{location}.blocks[{block_index}]",
+                    f"is a {type(block).__name__}, not a dict",
                 )
+            size = block.get("size")
+            state = block.get("state")
             requested = block.get("requested_size", 0)
-            if type(requested) is not int:
-                raise _bad(where, f"{block_location}.requested_size", "is not an int")
             frames = block.get("frames")
+            if (
+                type(size) is not int
+                or size < 0
+                or type(state) is not str
+                or state not in states
+                or type(requested) is not int
+                or (frames is not None and type(frames) is not list)
+            ):
+                raise _block_error(where, f"{location}.blocks[{block_index}]", block)
             if frames is None:
                 history = block.get("history")
                 if history is not None:
                     block_history = True
-                    if type(history) is not list or not all(type(item) is dict for item in history):
-                        raise _bad(where, f"{block_location}.history", "is not a list of dicts")
-            elif type(frames) is not list:
-                raise _bad(where, f"{block_location}.frames", "is not a list")
+                    # Checked once per list: a crafted file may share one long history list
+                    # between every block.
+                    if id(history) not in histories_seen:
+                        histories_seen.add(id(history))
+                        if type(history) is not list or not all(
+                            type(item) is dict for item in history
+                        ):
+                            raise _bad(
+                                where,
+                                f"{location}.blocks[{block_index}].history",
+                                "is not a list of dicts",
+                            )
         blocks_total += len(blocks)
     return blocks_total, block_history
+
+
+def _block_error(where: str, location: str, block: dict[Any, Any]) -> InputError:
+    """The first wrong field of a block that failed the fast check, as ``_check_segments``
+    names it."""
+    size = block.get("size")
+    if type(size) is not int or size < 0:
+        return _bad(where, f"{location}.size", "is not a non-negative int")
+    state = block.get("state")
+    if type(state) is not str or state not in KNOWN_BLOCK_STATES:
+        return _bad(
+            where, f"{location}.state", f"is {_short_repr(state)}, not a state torch writes"
+        )
+    if type(block.get("requested_size", 0)) is not int:
+        return _bad(where, f"{location}.requested_size", "is not an int")
+    return _bad(where, f"{location}.frames", "is not a list")
 
 
 def _short_repr(value: object) -> str:

@@ -17,10 +17,18 @@ no call at all:
   not empty, the loader switches to the pure-Python unpickler with every forbidden opcode
   removed from its dispatch table (slower, equally strict).
 * The stream is read through a guard that bounds the bytes read (``max_input_bytes``, applied
-  after gzip so a compression bomb stops too), the size of any one item (``max_item_bytes``:
-  a declared 2**60-byte string is refused before anything is allocated), the wall-clock time
-  (``max_seconds``) and this process's memory growth (``max_memory_bytes``, checked every
-  few MiB of input against the resident set size).
+  after gzip), the size of any one item (``max_item_bytes``: a declared 2**60-byte string is
+  refused before anything is allocated) and the wall-clock time (``max_seconds``).
+* What the unpickler builds is bounded too, far below the machine's memory, because several
+  loads run at once (triage): the containers it creates (``max_containers`` plus one per
+  ``bytes_per_container`` bytes of pickle: counted exactly, from the cyclic collector's
+  allocation counter, which only grows while the collector is paused), the strings and bytes
+  read as items larger than 256 KiB (``max_string_bytes``: a real snapshot has none), how far a
+  gzip stream inflates (``max_gunzip_ratio``), and this process's memory growth, both per byte
+  of pickle (``max_memory_ratio``) and in total (``max_memory_bytes``, and a share of the
+  memory available).  The guard hands the unpickler at most 64 KiB at a time, so these checks
+  run at least every 64 KiB of pickle: a stream of one-byte container opcodes is stopped
+  within a few MiB of memory, not gigabytes.
 
 Entry point: :func:`restricted_load`.  Errors are :class:`oomlens.errors.InputError` (refused,
 corrupt, truncated, not a pickle) or :class:`oomlens.errors.ResourceLimitError` (a limit hit),
@@ -38,24 +46,32 @@ import os
 import pickle
 import pickletools
 import resource
+import stat
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from oomlens.errors import InputError, ResourceLimitError
+from oomlens.gcpause import gc_paused
 from oomlens.units import format_size
 
 MiB = 1024**2
 GiB = 1024**3
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_READ_BUFFER = 1 * MiB
-_CHECK_EVERY_BYTES = 4 * MiB
+# The most the unpickler gets per call into the guard, hence how often the limits are checked.
+# 64 KiB costs nothing measurable against 1 MiB (bench/snapshot_bench.py, 1 GB: the same time
+# within noise; about 16,000 checks of a few microseconds each) and bounds what one chunk of
+# one-byte opcodes can build to some 15 MB.
+_CHUNK = 64 * 1024
+# Items the unpickler reads in one piece above this size count towards max_string_bytes.  The
+# stdlib pickler writes frames of about 64 KiB and puts any larger payload outside them, so
+# nothing a real snapshot holds comes near it.
+_LARGE_ITEM = 256 * 1024
 # A pickle never unpickles into less memory than it occupies on disk; a real 2.11 snapshot
 # inflates about 3x.  Used only to refuse up front what cannot fit.
 _MIN_INFLATION = 1.5
@@ -98,13 +114,38 @@ class SnapshotLimits:
     ``max_memory_bytes``: growth of this process's resident memory during the load (None: no
     fixed limit).  ``available_memory_fraction``: also refuse to grow past this share of the
     memory the OS reports available when the load starts (None: ignore it).
+
+    What the unpickler may build (None switches a limit off):
+
+    * ``max_containers`` lists, dicts, tuples and sets, plus one more per
+      ``bytes_per_container`` bytes of pickle read.  Real snapshots build one per 38 to 140
+      bytes (the corpus); a stream of ``EMPTY_SET`` opcodes builds one per byte.
+    * ``max_string_bytes``: total bytes of the strings and bytes the pickle holds as items over
+      256 KiB (a real snapshot holds none; its strings are frame names and file paths).
+    * ``max_gunzip_ratio``: a gzip'd pickle may inflate to at most this many times the
+      compressed bytes read, after the first ``gunzip_allowance_bytes`` (real snapshots compress
+      3x to 15x).
+    * ``max_memory_ratio``: memory growth per byte of pickle read, after the first
+      ``memory_allowance_bytes`` (real snapshots: 4x to 6x).
+
+    The walk over the loaded data is bounded by what it visits, not by the file: at most
+    ``max_blocks`` blocks (summed over segments) and ``max_trace_entries`` trace entries.
     """
 
     max_input_bytes: int = 64 * GiB
-    max_item_bytes: int = 256 * MiB
+    max_item_bytes: int = 16 * MiB
     max_seconds: float | None = 3600.0
     max_memory_bytes: int | None = None
     available_memory_fraction: float | None = 0.8
+    max_containers: int | None = 256 * 1024
+    bytes_per_container: int = 8
+    max_string_bytes: int | None = 64 * MiB
+    max_gunzip_ratio: float | None = 64.0
+    gunzip_allowance_bytes: int = 4 * MiB
+    max_memory_ratio: float | None = 12.0
+    memory_allowance_bytes: int = 256 * MiB
+    max_blocks: int | None = 20_000_000
+    max_trace_entries: int | None = 200_000_000
 
     def effective_memory_limit(self) -> int | None:
         """The memory-growth limit now: the smaller of the fixed and the available-based one."""
@@ -284,9 +325,12 @@ class _MemoryProbe:
 class _GuardedReader:
     """File-like object handed to the unpickler; every byte it reads passes the limits.
 
-    The C unpickler peeks ahead a buffer at a time and reads what it consumed, so these
-    methods run about once per MiB of input: the checks cost nothing measurable.
-    ``consumed`` is how far the unpickler has got (used to place errors).
+    The C unpickler peeks ahead (at most ``_CHUNK`` bytes here), works through what it got,
+    then reads what it consumed; items larger than that it reads in one call.  So every
+    ``_CHUNK`` bytes of pickle, and before every large item, the guard checks the limits
+    (:meth:`checkpoint`).  ``consumed`` is how far the unpickler has got (used to place
+    errors).  ``compressed_position`` (a gzip'd file only) reports how many compressed bytes
+    have been read, for the inflation limit.
     """
 
     def __init__(
@@ -297,19 +341,23 @@ class _GuardedReader:
         limits: SnapshotLimits,
         memory_limit: int | None,
         probe: _MemoryProbe,
+        compressed_position: Callable[[], int] | None = None,
     ) -> None:
         self._inner = inner
         self._remaining = known_size
+        self._limits = limits
         self._max_input = limits.max_input_bytes
         self._max_item = limits.max_item_bytes
         self._deadline = (
             None if limits.max_seconds is None else time.monotonic() + limits.max_seconds
         )
-        self._max_seconds = limits.max_seconds
         self._memory_limit = memory_limit
         self._probe = probe
         self._rss_start = probe.rss()
-        self._next_check = _CHECK_EVERY_BYTES
+        self._containers_start = _containers_built()
+        self._compressed_position = compressed_position
+        self._next_check = _CHUNK
+        self.large_item_bytes = 0
         self.consumed = 0
 
     def _advance(self, count: int) -> None:
@@ -322,8 +370,8 @@ class _GuardedReader:
                 "raise SnapshotLimits.max_input_bytes if this file is a genuine snapshot",
             )
         if self.consumed >= self._next_check:
-            self._next_check = self.consumed + _CHECK_EVERY_BYTES
-            self.check_memory()
+            self._next_check = self.consumed + _CHUNK
+            self.checkpoint()
 
     def _check_item(self, wanted: int) -> None:
         if wanted > self._max_item:
@@ -335,24 +383,80 @@ class _GuardedReader:
             )
         if self._remaining is not None and wanted > self._remaining:
             raise _Truncated(wanted, self._remaining)
+        if wanted > _LARGE_ITEM:
+            self.large_item_bytes += wanted
+            limit = self._limits.max_string_bytes
+            if limit is not None and self.large_item_bytes > limit:
+                raise _LimitHit(
+                    f"the pickle holds more than {format_size(limit)} of strings or bytes in "
+                    f"items over {format_size(_LARGE_ITEM)} (stopped at about byte "
+                    f"{self.consumed}); a real snapshot holds none that large, so the file is "
+                    "crafted or corrupt",
+                    "check where the file came from; raise SnapshotLimits.max_string_bytes "
+                    "if it is a genuine snapshot",
+                )
+            self.checkpoint()
 
     def _check_time(self) -> None:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise _LimitHit(
-                f"loading took longer than the {self._max_seconds:g} s limit",
+                f"loading took longer than the {self._limits.max_seconds:g} s limit",
                 "raise SnapshotLimits.max_seconds if the file is a genuine (very large) snapshot",
             )
 
-    def check_memory(self) -> None:
+    def checkpoint(self) -> None:
+        """Check time, containers, inflation and memory so far; raise ``_LimitHit`` if over."""
         self._check_time()
-        if self._memory_limit is None:
+        limits = self._limits
+        consumed = self.consumed
+        if limits.max_containers is not None:
+            built = _containers_built() - self._containers_start
+            allowed = limits.max_containers + consumed // max(limits.bytes_per_container, 1)
+            if built > allowed:
+                raise _LimitHit(
+                    f"the pickle builds {built:,} lists, dicts, tuples or sets from the first "
+                    f"{format_size(consumed)}, more than one per {limits.bytes_per_container} "
+                    "bytes; a real snapshot builds about one per 40 bytes or more, so the file "
+                    "is crafted or corrupt",
+                    "check where the file came from; raise SnapshotLimits.max_containers if it "
+                    "is a genuine snapshot",
+                )
+        if self._compressed_position is not None and limits.max_gunzip_ratio is not None:
+            compressed = self._compressed_position()
+            if consumed > limits.gunzip_allowance_bytes + limits.max_gunzip_ratio * compressed:
+                raise _LimitHit(
+                    f"the gzip stream inflates {format_size(compressed)} into more than "
+                    f"{format_size(consumed)}, over {limits.max_gunzip_ratio:g}x (a real "
+                    "snapshot compresses 15x at most): a compression bomb",
+                    "check where the file came from; raise SnapshotLimits.max_gunzip_ratio "
+                    "if it is a genuine snapshot",
+                )
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        """Check time and memory growth (in total and per byte of pickle read)."""
+        self._check_time()
+        limits = self._limits
+        if self._memory_limit is None and limits.max_memory_ratio is None:
             return
         grown = self._probe.rss() - self._rss_start
-        if grown > self._memory_limit:
+        if self._memory_limit is not None and grown > self._memory_limit:
             raise _LimitHit(
                 f"loading needs more than the {format_size(self._memory_limit)} of memory allowed "
                 f"(stopped after {format_size(self.consumed)} of the pickle)",
                 _MEMORY_HINT,
+            )
+        if (
+            limits.max_memory_ratio is not None
+            and grown > limits.memory_allowance_bytes + limits.max_memory_ratio * self.consumed
+        ):
+            raise _LimitHit(
+                f"loading grows memory by {format_size(grown)} for the first "
+                f"{format_size(self.consumed)} of the pickle, more than "
+                f"{limits.max_memory_ratio:g}x (a real snapshot takes 4x to 6x): the file is "
+                "crafted or corrupt",
+                "check where the file came from; raise SnapshotLimits.max_memory_ratio if it "
+                "is a genuine snapshot",
             )
 
     def read(self, size: int | None = -1, /) -> bytes:
@@ -379,19 +483,16 @@ class _GuardedReader:
 
     def peek(self, size: int = 0, /) -> bytes:
         self._check_time()
-        return self._inner.peek(size)
+        data = self._inner.peek(size)
+        return data if len(data) <= _CHUNK else data[:_CHUNK]
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Cyclic GC off while millions of containers are built; they hold no cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def _containers_built() -> int:
+    """Container objects (lists, dicts, tuples, sets) allocated and not freed since the
+    cyclic collector last ran, as its allocation counter has them: it only grows while the
+    collector is paused, as it is during a load, and misses only the few thousand objects
+    the interpreter recycles from its free lists.  O(1), so it is read every 64 KiB."""
+    return gc.get_count()[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,9 +521,47 @@ def restricted_load(
     """
     limits = limits or SnapshotLimits()
     where = str(path)
+    raw = _open_regular_file(where, path)
+    file_bytes = os.fstat(raw.fileno()).st_size
+    probe = _MemoryProbe()
     try:
-        file_bytes = os.stat(path).st_size
-        raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=_READ_BUFFER)
+        return _load_open_file(where, raw, file_bytes, limits, probe, freeze_gc)
+    finally:
+        probe.close()
+        raw.close()
+
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _refuse_not_regular(where: str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise InputError(where, "is a directory, not a snapshot file", "give the .pickle file")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise InputError(
+            where,
+            f"is {kind}, not a snapshot file; oomlens reads snapshots from regular files only "
+            "(a pipe or device could block or never end)",
+            "save the snapshot to a file first and give that file",
+        )
+
+
+def _open_regular_file(where: str, path: str | Path) -> io.BufferedReader[io.FileIO]:
+    """Open ``path`` for reading if it is a regular file; else one clear ``InputError``.
+
+    A FIFO, socket or device is refused before it is opened (opening a FIFO blocks until a
+    writer comes; a device may never end).  The file is then opened non-blocking and checked
+    again through its descriptor, so a path swapped for a FIFO in between is refused too.
+    """
+    try:
+        _refuse_not_regular(where, os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputError(where, "no such file", "check the path") from None
     except IsADirectoryError:
@@ -433,12 +572,14 @@ def restricted_load(
         raise InputError(
             where, f"cannot be read: {exc.strerror or exc}", "check the path and permissions"
         ) from None
-    probe = _MemoryProbe()
     try:
-        return _load_open_file(where, raw, file_bytes, limits, probe, freeze_gc)
-    finally:
-        probe.close()
-        raw.close()
+        _refuse_not_regular(where, os.fstat(fd).st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return io.BufferedReader(io.FileIO(fd, "rb", closefd=True), buffer_size=_CHUNK)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _load_open_file(
@@ -494,7 +635,12 @@ def _load_open_file(
             "run oomlens with a newer Python",
         )
     reader = _GuardedReader(
-        stream, known_size=known_size, limits=limits, memory_limit=memory_limit, probe=probe
+        stream,
+        known_size=known_size,
+        limits=limits,
+        memory_limit=memory_limit,
+        probe=probe,
+        compressed_position=raw.tell if compressed else None,
     )
     unpickler: pickle.Unpickler | pickle._Unpickler
     if copyreg._extension_cache:  # type: ignore[attr-defined]
@@ -504,7 +650,7 @@ def _load_open_file(
     try:
         with gc_paused():
             data = unpickler.load()
-            reader.check_memory()
+            reader.checkpoint()
             if freeze_gc:
                 gc.freeze()
     except KeyboardInterrupt:
@@ -617,7 +763,7 @@ class _Forbidden:
 
 _DIAGNOSE_MAX_BYTES = 16 * MiB
 _DIAGNOSE_MAX_SECONDS = 5.0
-_SLACK_BYTES = 2 * _READ_BUFFER
+_SLACK_BYTES = 2 * MiB  # the unpickler's read-ahead, with room to spare
 
 
 def _find_forbidden_opcode(where: str, compressed: bool, consumed: int) -> _Forbidden | None:
@@ -628,9 +774,10 @@ def _find_forbidden_opcode(where: str, compressed: bool, consumed: int) -> _Forb
     """
     budget = min(consumed + _SLACK_BYTES, _DIAGNOSE_MAX_BYTES)
     try:
-        with open(where, "rb") as raw:
+        # Opened again by name: refuse whatever is no longer a regular file there.
+        with _open_regular_file(where, where) as raw:
             prefix = (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw).read(budget)
-    except (OSError, EOFError, zlib.error):
+    except (InputError, OSError, EOFError, zlib.error):
         return None
     deadline = time.monotonic() + _DIAGNOSE_MAX_SECONDS
     recent_strings: list[str] = []

@@ -1,0 +1,258 @@
+"""The run's facts, derived once from what its inputs say.
+
+``Digest()(fact)`` turns one input's raw facts into what the run keeps of them as soon as they
+are read (a snapshot becomes its allocator analysis, so that the raw snapshot - millions of
+objects - is dropped before the next one is loaded).  A snapshot that ran out fragmented is
+also replayed with expandable segments then (``oomlens.analysis.whatif.with_replays``).
+``derive_run(inputs, hints)`` derives everything rules and renderers ask about the whole
+run: the per-rank picture, the world size, the parameter count, the host memory, the config
+the run used (a file reconciled with the engine's own dump, validated at the world size), the
+ZeRO memory model, and the last step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from oomlens.analysis.allocator import analyze_snapshot
+from oomlens.analysis.ds_resolve import reconcile_with_dump
+from oomlens.analysis.ds_validation import read_and_check
+from oomlens.analysis.ranks import rank_picture
+from oomlens.analysis.whatif import with_replays
+from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
+from oomlens.facts import SourceRef
+from oomlens.facts.config import ConfigDocument, ConfigReading
+from oomlens.facts.inputs import InputFacts
+from oomlens.facts.log import LogFacts, Phase, StepSample
+from oomlens.facts.memory_model import Capacity, MemoryModelFacts, ModelSize, Topology
+from oomlens.facts.run import ConfigSource, ModelParams, RunFacts, WorldSizeFact
+from oomlens.facts.snapshot import Snapshot
+
+GPUS_PER_NODE_GUESS = 8
+"""Ranks per host when no launcher line says it (the common 8-GPU node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunHints:
+    """What the command line (or a caller) adds to the inputs: the parameter count, the world
+    size, a card's or a host's memory in bytes, when the inputs do not say them."""
+
+    params: int | None = None
+    gpus: int | None = None
+    gpu_memory: int | None = None
+    host_memory: int | None = None
+    prefer_deepspeed: bool = True
+    """Validate configs with DeepSpeed's own models when it is installed; False keeps DeepSpeed
+    (and torch with it: seconds and gigabytes) out of the process, oomlens' own checks stand in."""
+
+
+class Digest:
+    """Digests one run's facts in the order they are read (see the module docstring): call it
+    on each fact; it returns what the run keeps of it."""
+
+    def __call__(self, fact: object) -> object:
+        """Raises ``InputError`` for a snapshot whose content cannot be analyzed."""
+        if isinstance(fact, Snapshot):
+            return with_replays(fact, analyze_snapshot(fact))
+        return fact
+
+
+def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
+    """Every fact of the run (see the module docstring)."""
+    logs = inputs.logs
+    world = _world_size(logs, hints)
+    host_memory, host_origin = _host_memory(logs, hints)
+    facts = RunFacts(
+        inputs=inputs.reports,
+        logs=logs,
+        error_files=inputs.error_files,
+        kernel_logs=inputs.kernel_logs,
+        snapshots=inputs.snapshots,
+        config=_config(inputs.configs, logs, world, prefer_deepspeed=hints.prefer_deepspeed),
+        ranks=rank_picture(logs, inputs.error_files, inputs.kernel_logs),
+        world_size=world,
+        params=_params(logs, hints),
+        gpu_memory=hints.gpu_memory,
+        host_memory=host_memory,
+        host_memory_origin=host_origin,
+        last_step=max(
+            (log.steps.max_step for log in logs if log.steps.max_step is not None), default=None
+        ),
+        other_inputs=inputs.other,
+    )
+    return replace(facts, memory_model=memory_model(facts))
+
+
+def step_before(
+    logs: Sequence[LogFacts], rank: int | None, ref: SourceRef | None
+) -> StepSample | None:
+    """The last training step printed before a failure at ``ref`` (by ``rank``): that rank's
+    last progress line, else the log's, not after the failure's line in the same file."""
+    best: StepSample | None = None
+    for log in logs:
+        candidates = [
+            s for s in log.steps.last_by_rank if rank is not None and s.source.rank == rank
+        ]
+        sample = candidates[0] if candidates else log.steps.last
+        if sample is None or sample.step is None:
+            continue
+        if ref is not None and sample.source.path == ref.path and ref.line is not None:
+            if sample.source.line is not None and sample.source.line > ref.line:
+                continue
+        if best is None or sample.step > (best.step or 0):
+            best = sample
+    return best
+
+
+def _params(logs: Sequence[LogFacts], hints: RunHints) -> ModelParams | None:
+    if hints.params is not None:
+        return ModelParams(hints.params, "command line (--params)")
+    for log in logs:
+        if log.param_count is not None:
+            count = log.param_count
+            return ModelParams(count.total, f"log ({count.origin})", count.source)
+    return None
+
+
+def _host_memory(logs: Sequence[LogFacts], hints: RunHints) -> tuple[int | None, str]:
+    """One host's RAM: ``--host-memory``, else what DeepSpeed's ``see_memory_usage`` implies
+    (``CPU Virtual Memory: used = U GB, percent = P%`` is node-wide: total = U / P)."""
+    if hints.host_memory is not None:
+        return hints.host_memory, "--host-memory"
+    best: tuple[int, str] | None = None
+    for log in logs:
+        for series in log.memory:
+            for sample in series.samples:
+                if sample.cpu_used and sample.cpu_percent and sample.cpu_percent >= 1.0:
+                    total = round(sample.cpu_used / (sample.cpu_percent / 100))
+                    origin = f"see_memory_usage CPU line at {sample.source.describe()}"
+                    if best is None or total > best[0]:
+                        best = (total, origin)
+    return best if best is not None else (None, "")
+
+
+def _world_size(logs: Sequence[LogFacts], hints: RunHints) -> WorldSizeFact | None:
+    if hints.gpus is not None:
+        return WorldSizeFact(hints.gpus, "command line (--gpus)", None)
+    best = None
+    for log in logs:
+        ws = log.world_size
+        if ws is not None and float(ws.value).is_integer() and int(ws.value) >= 1:
+            candidate = WorldSizeFact(int(ws.value), ws.origin, ws.source)
+            if best is None or candidate.value > best.value:
+                best = candidate
+    if best is not None:
+        return best
+    ranks: set[int] = set()
+    for log in logs:
+        ranks.update(log.ranks_seen)
+    if len(ranks) > 1:
+        return WorldSizeFact(max(ranks) + 1, "ranks seen in the log (a lower bound)", None)
+    return None
+
+
+def _config(
+    documents: Sequence[ConfigDocument],
+    logs: Sequence[LogFacts],
+    world: WorldSizeFact | None,
+    *,
+    prefer_deepspeed: bool = True,
+) -> ConfigSource | None:
+    """The run's DeepSpeed config: the file (validated at the run's world size) reconciled with
+    the engine's own dump from the log when there is one."""
+    from_file: ConfigReading | None = None
+    if documents:
+        from_file = read_and_check(
+            documents[0],
+            world_size=world.value if world else None,
+            prefer_deepspeed=prefer_deepspeed,
+        )
+    dump = _log_dump(logs)
+    if from_file is not None and dump is not None:
+        merged, differences = reconcile_with_dump(from_file.effective, dump.effective)
+        notes = from_file.notes + tuple(
+            f"the log's config dump differs from the file: {d}" for d in differences
+        )
+        reading = ConfigReading(
+            raw=from_file.raw,
+            effective=merged,
+            problems=from_file.problems,
+            hazards=from_file.hazards,
+            notes=notes,
+        )
+        return ConfigSource(reading, "file+log_dump", dump)
+    if from_file is not None:
+        return ConfigSource(from_file, "file")
+    if dump is not None:
+        return ConfigSource(dump, "log_dump", dump)
+    return None
+
+
+def _log_dump(logs: Sequence[LogFacts]) -> ConfigReading | None:
+    """The engine's own config dump from the logs (the first one found), as a reading whose
+    ``raw`` is the user's JSON the dump printed."""
+    for log in logs:
+        dumped = log.ds_config_dump
+        if dumped is not None:
+            return ConfigReading(
+                raw=dumped.user_config, effective=dumped.effective, notes=dumped.problems
+            )
+    return None
+
+
+_MODEL_PHASES = {
+    Phase.MODEL_INIT: "engine init",
+    Phase.FORWARD: "forward/backward",
+    Phase.BACKWARD: "forward/backward",
+    Phase.OPTIMIZER_STEP: "optimizer step",
+}
+
+
+def memory_model(facts: RunFacts) -> MemoryModelFacts | None:
+    """The ZeRO memory model, when the config, the parameter count and the world size are
+    known; compared with the GPU capacity the OOM message (or ``--gpu-memory``) gives and the
+    host memory ``--host-memory`` (or the log) gives.  None when any input is missing."""
+    if facts.config is None or facts.params is None or facts.world_size is None:
+        return None
+    effective = facts.config.reading.effective
+    world = facts.world_size.value
+    topology = Topology(world_size=world, gpus_per_node=min(world, GPUS_PER_NODE_GUESS))
+    model = ModelSize(
+        total_params=facts.params.total, source=facts.params.origin, source_ref=facts.params.source
+    )
+    try:
+        budget = build_budget(effective, model, topology)
+    except ValueError:
+        return None
+    event = facts.first_gpu_oom()
+    capacity: Capacity | None = None
+    total = event.message.total_capacity if event is not None else None
+    if event is not None and total is not None:
+        m = event.message
+        capacity = Capacity.from_oom_message(
+            total_capacity=total,
+            free=m.free,
+            allocated_by_pytorch=m.allocated_by_pytorch,
+            reserved_unallocated=m.reserved_unallocated,
+            allowed=m.allowed,
+            source=f"OOM message at {event.source.describe()}",
+            host_bytes=facts.host_memory,
+            host_source=facts.host_memory_origin,
+        )
+    elif facts.gpu_memory is not None or facts.host_memory is not None:
+        capacity = Capacity(
+            gpu_bytes=facts.gpu_memory,
+            gpu_source="--gpu-memory",
+            host_bytes=facts.host_memory,
+            host_source=facts.host_memory_origin,
+        )
+    verdicts = tuple(compare_with_capacity(budget, capacity)) if capacity else ()
+    phase = _MODEL_PHASES.get(event.phase) if event is not None else None
+    patches = tuple(
+        candidate_patches(effective, model, topology, capacity, verdicts=verdicts, phase=phase)
+    )
+    assumptions = tuple(budget.assumptions)
+    if world > GPUS_PER_NODE_GUESS:
+        assumptions += (f"{GPUS_PER_NODE_GUESS} GPUs per node assumed",)
+    return MemoryModelFacts(budget, verdicts, patches, assumptions)

@@ -1,0 +1,104 @@
+"""The ``LogFacts`` a finished pass of the log reader hands back."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from oomlens.facts.log import CacheFlushSummary, LogFacts, StepSeries
+
+if TYPE_CHECKING:
+    from oomlens.ingest.log.reader import LogReader
+
+
+def log_facts(reader: LogReader) -> LogFacts:
+    """The facts of a finished pass: what the reader kept, with the notes on what it repaired
+    and the counts of what it dropped."""
+    stats = reader.source.stats
+    notes: list[str] = []
+    if stats.problem:
+        notes.append(stats.problem)
+    if stats.invalid_utf8_lines:
+        notes.append(f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)")
+    if stats.nul_lines:
+        notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
+    if stats.long_lines:
+        notes.append(
+            f"{stats.long_lines} line(s) longer than {reader.source.max_line_bytes} bytes were cut"
+        )
+    if stats.ended_mid_line:
+        notes.append(
+            "the last line has no end of line: the log was cut or its writer died mid-line"
+        )
+    if reader.ended_in_traceback:
+        notes.append("the log ends inside a traceback or an exception message")
+    if reader.cut_tracebacks:
+        notes.append(f"{reader.cut_tracebacks} traceback(s) stopped before their exception line")
+    lists = (
+        reader.oom,
+        reader.exceptions,
+        reader.batch,
+        reader.config_errors,
+        reader.launcher_exits,
+        reader.killed,
+        reader.closing,
+        reader.failures,
+        reader.summaries,
+        reader.peers,
+        reader.kills,
+        reader.invocations,
+        reader.slurm,
+        reader.fatal,
+    )
+    dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
+    return LogFacts(
+        path=reader.path,
+        compression=str(reader.source.compression),
+        bytes_read=stats.bytes_read,
+        lines=stats.lines,
+        long_lines=stats.long_lines,
+        invalid_utf8_lines=stats.invalid_utf8_lines,
+        ended_mid_line=stats.ended_mid_line,
+        ended_in_traceback=reader.ended_in_traceback,
+        layout_rank=reader.layout_rank,
+        oom_events=tuple(reader.oom.items),
+        exceptions=tuple(reader.exceptions.items),
+        memory=tuple(k.freeze() for k in reader.memory.values()),
+        cache_flushes=CacheFlushSummary(
+            reader.flushes.count,
+            reader.flush_total,
+            reader.flush_max,
+            reader.flush_first,
+            reader.flush_last,
+            reader.flushes.items(),
+        ),
+        steps=StepSeries(
+            reader.step_samples.count,
+            reader.step_samples.items(),
+            reader.last_step_sample,
+            reader.max_step,
+            reader.loss.freeze() if reader.loss.count else None,
+            tuple(reader.last_by_rank.values()),
+        ),
+        config_dump=reader.config_dump,
+        config_dumps_seen=reader.config_dumps_seen,
+        ds_config_dump=reader.parsed_config_dump,
+        batch_assertions=tuple(reader.batch.items),
+        config_errors=tuple(reader.config_errors.items),
+        world_size=reader.world,
+        param_count=reader.param_count,
+        launcher_exits=tuple(reader.launcher_exits.items),
+        killed_subprocesses=tuple(reader.killed.items),
+        closing_signals=tuple(reader.closing.items),
+        process_failures=tuple(reader.failures.items),
+        failure_summaries=tuple(reader.summaries.items),
+        peer_failures=tuple(reader.peers.items),
+        kernel_oom_kills=tuple(reader.kills.items),
+        oom_invocations=tuple(reader.invocations.items),
+        slurm_oom_kills=tuple(reader.slurm.items),
+        fatal_signals=tuple(reader.fatal.items),
+        ranks_seen=tuple(sorted(reader.ranks_seen)),
+        hosts_seen=tuple(sorted(reader.hosts_seen)),
+        dropped=dropped,
+        notes=tuple(notes),
+        tail=reader.tail,
+    )

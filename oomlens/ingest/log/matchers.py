@@ -1,0 +1,236 @@
+"""The line matchers of the log reader: which lines each one takes, and what it makes of them.
+
+A matcher is a ``LineMatcher``: the kinds of line it wants (bits of ``reader``'s anchor table:
+a line's bits are those of the anchors found in it) and a function given the line
+(``Line``) and the reader; it returns True when it took the line, which ends the matching of
+that line.  ``MATCHERS`` runs them in order: the order is part of the meaning (the memory line
+before the CPU line that completes it, a launcher line before a step counter...).  Adding a kind
+of line is adding its anchors to the table and its matcher here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import (
+    BatchAssertion,
+    CacheFlushWarning,
+    ConfigErrorLine,
+    ParamCount,
+    PeerFailureSignal,
+)
+from oomlens.ingest.log import deepspeed, kernel, params, steps, torchrun
+from oomlens.ingest.log.bits import (
+    AGENT,
+    BATCH,
+    CONFIG_DUMP,
+    CONFIG_ERROR,
+    DS_CPU,
+    DS_MEMORY,
+    FLUSH,
+    KERNEL,
+    LAUNCHER,
+    OOM,
+    PARAMS,
+    PEER,
+    STEP,
+    SUMMARY,
+    TERMINATE,
+    WORLD,
+)
+from oomlens.ingest.log.prefixes import LinePrefix
+from oomlens.ingest.log.state import StreamState
+
+if TYPE_CHECKING:
+    from oomlens.ingest.log.reader import LogReader
+
+
+@dataclass(slots=True)
+class Line:
+    """One line that holds an anchor, as the matchers see it (not frozen: made for every such
+    line, and a frozen dataclass is several times slower to make)."""
+
+    rest: str
+    """The line without its launcher prefixes."""
+    message: str
+    """The logger record's message, else ``rest``."""
+    record: deepspeed.LoggerRecord | None
+    ref: SourceRef
+    when: datetime | None
+    prefix: LinePrefix
+    stream: StreamState
+    key: tuple[object, ...]
+    data: bytes
+    """The block the line is in, and where it starts (for looking around it)."""
+    start: int
+    mask: int
+
+
+@dataclass(frozen=True, slots=True)
+class LineMatcher:
+    bits: int
+    """The kinds of line it wants."""
+    take: Callable[[LogReader, Line], bool]
+    """True when it took the line (no later matcher sees it)."""
+
+
+def _standalone_exception(reader: LogReader, line: Line) -> bool:
+    if not line.stream.tb.open and not reader.in_traceback:
+        reader.standalone_exception(
+            line.rest, line.ref, line.stream, line.key, line.data, line.start, line.mask
+        )
+    return False
+
+
+def _memory(reader: LogReader, line: Line) -> bool:
+    reading = deepspeed.parse_memory_line(line.message)
+    if reading is None:
+        return False
+    stream = line.stream
+    if stream.pending_memory is not None:
+        reader.flush_memory(stream, None)
+    label = reader.label_before(line.data, line.start, line.prefix.key)
+    stream.pending_memory = (
+        line.ref,
+        label,
+        reading,
+        line.when or reader.last_time,
+        reader.last_step,
+    )
+    cpu = reader.cpu_line_after(line.data, line.start)
+    if cpu is not None:
+        reader.flush_memory(stream, cpu)
+    return True
+
+
+def _cpu(reader: LogReader, line: Line) -> bool:
+    cpu = deepspeed.parse_cpu_line(line.message)
+    if cpu is not None and line.stream.pending_memory is not None:
+        reader.flush_memory(line.stream, cpu)
+    return True
+
+
+def _cache_flush(reader: LogReader, line: Line) -> bool:
+    flushes = deepspeed.parse_cache_flush(line.message)
+    if flushes is not None:
+        when = line.when or reader.last_time
+        reader.add_flush(CacheFlushWarning(line.ref, flushes, reader.last_step, when))
+    return True
+
+
+def _config_dump(reader: LogReader, line: Line) -> bool:
+    if line.record is None or "DeepSpeedEngine configuration" not in line.message:
+        return False
+    reader.config_dumps_seen += 1
+    stream = line.stream
+    if reader.config_dump is None and stream.config_dump is None:
+        stream.config_dump = deepspeed.ConfigDumpCollector()
+        stream.config_ref = line.ref
+        stream.config_lines = [(line.ref, line.rest)]
+        reader.sync_open(line.key, stream)
+    return True
+
+
+def _batch_assertion(reader: LogReader, line: Line) -> bool:
+    numbers = deepspeed.parse_batch_assertion(line.message)
+    if numbers is not None:
+        reader.batch.add(
+            BatchAssertion(
+                line.ref,
+                numbers.train_batch_size,
+                numbers.micro_batch_per_gpu,
+                numbers.gradient_accumulation_steps,
+                numbers.world_size,
+                line.when or reader.last_time,
+            )
+        )
+    return True
+
+
+def _config_error(reader: LogReader, line: Line) -> bool:
+    error = deepspeed.parse_config_error(line.message)
+    if error is None:
+        return False
+    reader.config_errors.add(ConfigErrorLine(line.ref, error))
+    return True
+
+
+def _launcher(reader: LogReader, line: Line) -> bool:
+    reader.launcher(line.message, line.ref, line.when)
+    return True
+
+
+def _param_count(reader: LogReader, line: Line) -> bool:
+    if reader.param_count is not None:
+        return False
+    counted = params.parse_param_count(line.message)
+    if counted is None:
+        return False
+    reader.param_count = ParamCount(counted.total, counted.trainable, counted.origin, line.ref)
+    return True
+
+
+def _world_size(reader: LogReader, line: Line) -> bool:
+    world = deepspeed.parse_world_size(line.message)
+    if world is None:
+        return False
+    reader.set_world(world[0], world[1], line.ref)
+    return True
+
+
+def _agent(reader: LogReader, line: Line) -> bool:
+    return reader.agent(line.message, line.ref, line.when, line.data, line.start)
+
+
+def _peer_failure(reader: LogReader, line: Line) -> bool:
+    peer = torchrun.parse_peer_failure(line.message)
+    if peer is not None:
+        kind, text_rank = peer
+        ref = line.ref
+        source = ref if ref.rank is not None or text_rank is None else replace(ref, rank=text_rank)
+        when = line.when or reader.time_before(line.data, line.start, 8)
+        reader.peers.add(PeerFailureSignal(source, kind, line.message[:500], when))
+    return False
+
+
+def _kernel_line(reader: LogReader, line: Line) -> bool:
+    event = kernel.parse_kernel_line(line.rest, line.ref, reader.year)
+    if event is None:
+        return False
+    reader.kernel_event(event)
+    return True
+
+
+def _step(reader: LogReader, line: Line) -> bool:
+    progress = steps.parse_step_line(line.message)
+    if progress is not None:
+        reader.add_step(progress, line.ref, line.when or reader.last_time)
+    return False
+
+
+MATCHERS: tuple[LineMatcher, ...] = (
+    LineMatcher(OOM | TERMINATE | SUMMARY, _standalone_exception),
+    LineMatcher(DS_MEMORY, _memory),
+    LineMatcher(DS_CPU, _cpu),
+    LineMatcher(FLUSH, _cache_flush),
+    LineMatcher(CONFIG_DUMP, _config_dump),
+    LineMatcher(BATCH, _batch_assertion),
+    LineMatcher(CONFIG_ERROR, _config_error),
+    LineMatcher(LAUNCHER, _launcher),
+    LineMatcher(PARAMS, _param_count),
+    LineMatcher(WORLD, _world_size),
+    LineMatcher(AGENT, _agent),
+    LineMatcher(PEER, _peer_failure),
+    LineMatcher(KERNEL, _kernel_line),
+    LineMatcher(STEP, _step),
+)
+"""Every matcher, in the order they see a line."""
+
+
+def takers(mask: int) -> tuple[Callable[[LogReader, Line], bool], ...]:
+    """The matchers that want a line of these kinds, in order."""
+    return tuple(matcher.take for matcher in MATCHERS if matcher.bits & mask)

@@ -1,0 +1,242 @@
+"""``oomlens check``'s report as text (the text renderer's half for ``CheckReport``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from oomlens.analysis.batch import BatchCheck
+from oomlens.facts.config import ConfigValue, EffectiveDsConfig
+from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget
+from oomlens.report import CheckReport
+from oomlens.units import format_size
+
+
+def _line(ref: Any) -> str:
+    return ref.describe() if ref is not None else ""
+
+
+def check_text(check: CheckReport) -> str:
+    """``oomlens check``'s report as text: the settings that drive memory, the problems, the
+    batch, the budgets, the hazards, the patches and the verdict."""
+    result = check.preflight
+    eff = result.effective
+    z = eff.zero
+    out: list[str] = []
+    doc = result.document
+    out.append(f"{doc.path}: {doc.syntax} ds_config, validated by {result.validator}")
+    offload = []
+    for label, block in (("optimizer", z.offload_optimizer), ("params", z.offload_param)):
+        if block.enabled:
+            offload.append(
+                f"{label}={block.device.value}{' (pinned)' if block.pin_memory.value else ''}"
+            )
+    out.append(
+        f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), "
+        f"{eff.precision.model_precision.value}, "
+        f"offload: {', '.join(offload) if offload else 'none'}"
+    )
+    out.append("")
+    out.append("Settings that drive memory (value, how it was set):")
+    out += [f"  {line}" for line in _memory_settings(eff)]
+    if result.problems:
+        out.append("")
+        out.append(f"Problems - DeepSpeed refuses this config ({len(result.problems)}):")
+        for problem in result.problems:
+            where = _line(problem.source)
+            out.append(
+                f"  {where}: {problem.key_path or '(config)'}: {problem.message} [{problem.code}]"
+            )
+    if result.batch is not None:
+        out.append("")
+        out += _render_batch(result.batch)
+    if result.budget is not None:
+        out.append("")
+        out += _render_budget(result.budget, result.verdicts)
+    if result.hazards:
+        out.append("")
+        out.append("Hazards:")
+        for hazard in result.hazards:
+            out.append(f"  [{hazard.severity.value}] {hazard.message}")
+            where = ", ".join(_line(s) for s in hazard.sources if s is not None)
+            if where:
+                out.append(f"         at {where}")
+    if result.patches:
+        out.append("")
+        out.append("Changes that would help (JSON merge patches, predicted by the memory model):")
+        for index, patch in enumerate(result.patches, start=1):
+            effect = []
+            if patch.gpu_bytes_saved:
+                verb = "saves" if patch.gpu_bytes_saved > 0 else "costs"
+                effect.append(f"{verb} {format_size(abs(patch.gpu_bytes_saved))} per GPU")
+            if patch.host_bytes_delta:
+                sign = "+" if patch.host_bytes_delta > 0 else "-"
+                effect.append(f"host {sign}{format_size(abs(patch.host_bytes_delta))}")
+            if patch.pinned_bytes_delta:
+                sign = "+" if patch.pinned_bytes_delta > 0 else "-"
+                effect.append(f"pinned {sign}{format_size(abs(patch.pinned_bytes_delta))}")
+            out.append(f"  {index}. {patch.summary}: {', '.join(effect) or 'no predicted change'}")
+            out.append(f"     cost: {patch.cost}")
+            out.append(f"     {json.dumps(patch.merge_patch())}")
+    if result.notes:
+        out.append("")
+        out += [f"note: {note}" for note in result.notes]
+    out.append("")
+    out.append("Verdict: " + result.verdict())
+    return "\n".join(out)
+
+
+def _memory_settings(eff: EffectiveDsConfig) -> list[str]:
+    z = eff.zero
+    values: list[ConfigValue[Any]] = [
+        z.stage,
+        eff.precision.bf16_enabled,
+        eff.precision.fp16_enabled,
+        z.reduce_bucket_size,
+        z.overlap_comm,
+        z.contiguous_gradients,
+        z.sub_group_size,
+    ]
+    if int(z.stage.value) == 3:
+        values += [
+            z.prefetch_bucket_size,
+            z.max_live_parameters,
+            z.max_reuse_distance,
+            z.param_persistence_threshold,
+        ]
+    else:
+        values.append(z.allgather_bucket_size)
+    for block in (z.offload_optimizer, z.offload_param):
+        values.append(block.device)
+        if block.enabled:
+            values.append(block.pin_memory)
+    return [value.cite() for value in values]
+
+
+def _human_count(value: int) -> str:
+    for factor, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if value >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return str(value)
+
+
+def _render_batch(batch: BatchCheck) -> list[str]:
+    ws = batch.world_size.value
+    lines = []
+    if batch.ok and batch.derived is not None:
+        d = batch.derived
+        lines.append(
+            f"Batch at {ws} GPUs: train_batch_size {d.train_batch_size} = micro "
+            f"{d.micro_batch_per_gpu} x "
+            f"gradient accumulation {d.gradient_accumulation_steps} x {ws} GPUs"
+        )
+        lines += [f"  derived: {step}" for step in batch.derivations]
+        if batch.floor_loss:
+            lines.append("  note: a floor division dropped a remainder")
+    else:
+        lines.append(f"Batch at {ws} GPUs: DeepSpeed fails with")
+        lines.append(f"  {batch.error}")
+        lines += [f"  derived: {step}" for step in batch.derivations]
+    for correction in batch.corrections:
+        t = correction.triple
+        effect = (
+            "changes the global batch"
+            if correction.changes_effective_batch
+            else "same global batch"
+        )
+        lines.append(
+            f"  fix (keeps {correction.keeps}; {effect}): micro {t.micro_batch_per_gpu} x gas "
+            f"{t.gradient_accumulation_steps} x {ws} = {t.train_batch_size}  "
+            f"{json.dumps(correction.patch.merge_patch())}"
+        )
+    return lines
+
+
+def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) -> list[str]:
+    m = budget.model
+    topo = budget.topology
+    lines = [
+        f"Memory per GPU: {_human_count(m.total_params)} params, {topo.world_size} GPU(s), "
+        f"{budget.precision.value}, "
+        f"ZeRO stage {budget.stage}"
+    ]
+    lines += _component_rows(budget, Device.GPU)
+    by_kind = {v.kind: v for v in verdicts}
+    lines.append(f"  {'peak':40} {format_size(budget.gpu_peak_bytes):>11}")
+    gpu = by_kind.get("gpu")
+    if gpu is not None:
+        lines.append(
+            f"  {'capacity (' + gpu.capacity_source + ')':40} {format_size(gpu.capacity_bytes):>11}"
+        )
+        if gpu.fits:
+            lines.append(
+                f"  {'left for activations and workspace':40} {format_size(gpu.headroom_bytes):>11}"
+            )
+        else:
+            comp = gpu.overflow_component
+            lines.append(
+                f"  OVERFLOW by {format_size(gpu.overflow_bytes)}: at "
+                f"'{comp.name if comp else '?'}' "
+                f"during {gpu.overflow_phase}"
+            )
+    host_rows = _component_rows(budget, Device.HOST)
+    lines.append("")
+    lines.append(f"Memory per host: {topo.ranks_per_host} rank(s) per host")
+    if host_rows:
+        lines += host_rows
+    else:
+        lines.append("  (nothing DeepSpeed keeps on the host)")
+    lines.append(f"  {'peak':40} {format_size(budget.host_peak_bytes):>11}")
+    pinned_line = f"  {'pinned (page-locked)':40} {format_size(budget.pinned_per_host()):>11}"
+    requested = budget.pinned_requested_per_rank() * topo.ranks_per_host
+    if requested and requested != budget.pinned_per_host():
+        pinned_line += (
+            f"  (DeepSpeed requests {format_size(requested)}; torch rounds each pinned buffer "
+            "up to a power of two)"
+        )
+    lines.append(pinned_line)
+    host = by_kind.get("host")
+    if host is not None:
+        lines.append(
+            f"  {'capacity (' + host.capacity_source + ')':40} "
+            f"{format_size(host.capacity_bytes):>11}"
+        )
+        if not host.fits:
+            comp = host.overflow_component
+            lines.append(
+                f"  OVERFLOW by {format_size(host.overflow_bytes)}: at "
+                f"'{comp.name if comp else '?'}' "
+                f"during {host.overflow_phase}"
+            )
+    if budget.estimator is not None:
+        est = budget.estimator
+        lines.append("")
+        unknown = " (largest layer unknown: counted as 0)" if m.largest_layer_params is None else ""
+        lines.append(
+            f"DeepSpeed's {est.function}: {format_size(est.gpu_bytes or 0)} per GPU{unknown}, "
+            f"{format_size(est.host_bytes or 0)} per host (model states only, host x1.5 buffer "
+            "factor)"
+        )
+    if budget.assumptions:
+        lines.append("Assumptions: " + "; ".join(budget.assumptions))
+    return lines
+
+
+def _component_rows(budget: MemoryBudget, device: Device) -> list[str]:
+    rows = []
+    ranks = budget.topology.ranks_per_host
+    for comp in budget.on(device):
+        value = comp.bytes
+        if device is Device.HOST and not comp.per_host:
+            value *= ranks
+        flags = []
+        if comp.pinned:
+            flags.append("pinned")
+        if comp.basis.value != "code":
+            flags.append(comp.basis.value)
+        flag = f" [{', '.join(flags)}]" if flags else ""
+        rows.append(
+            f"  {comp.name[:40]:40} {format_size(value):>11}  {comp.phase.value:17} "
+            f"{comp.formula}{flag}"
+        )
+    return rows

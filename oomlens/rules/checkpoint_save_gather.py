@@ -1,0 +1,126 @@
+"""The 16-bit checkpoint gather ran rank 0 out of (host) memory."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts import SourceRef
+from oomlens.facts.log import Phase
+from oomlens.facts.run import RunFacts
+from oomlens.rules._common import (
+    CAPTURE_KERNEL,
+    config_evidence,
+    effective_config,
+    host_kill_evidence,
+    leaf_key,
+    oom_evidence,
+    phase_evidence,
+    quote,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+_SAVE_MARKER = re.compile(
+    r"(?i)save_16bit_model|save_checkpoint|is about to be saved|saving (?:the )?(?:16-bit )?"
+    r"(?:model|checkpoint|weights|state)|_zero3_consolidated_16bit_state_dict|Saving model weights"
+)
+
+
+SPEC = RuleSpec(
+    id="checkpoint_save_gather",
+    title="Out of memory while saving a checkpoint",
+    severity=Severity.HIGH,
+    explanation=(
+        "With stage3_gather_16bit_weights_on_model_save, save_16bit_model() (and HF Trainer's "
+        "save under ZeRO-3) gathers every partitioned parameter, module by module, and rank 0 "
+        "copies the full 16-bit state dict into host memory before writing it: 2 bytes per "
+        "parameter on one process, on top of what training already uses. Large models kill "
+        "rank 0 at save time, after hours of training."
+    ),
+    verify=(
+        "the checkpoint save completes without a kernel OOM kill on rank 0's node; consolidate "
+        "the partitioned checkpoint offline with DeepSpeed's zero_to_fp32.py."
+    ),
+    precedence=100,
+)
+
+
+class CheckpointSaveRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        evidence: list[Evidence] = []
+        confidence = 0.0
+        save_events = [e for e in facts.oom_events() if e.phase is Phase.CHECKPOINT_SAVE]
+        if save_events:
+            event = save_events[0]
+            evidence.append(oom_evidence(event, "the failure is inside a checkpoint save"))
+            phase = phase_evidence(event)
+            if phase is not None:
+                evidence.append(phase)
+            confidence = 0.75
+        else:
+            marker = self._save_marker_in_tail(facts)
+            if marker is None:
+                return
+            kill_evidence, kill_confidence, _ = host_kill_evidence(facts)
+            if not kill_confidence or facts.gpu_oom_events():
+                return
+            evidence.append(marker)
+            evidence.extend(kill_evidence)
+            confidence = 0.45 + kill_confidence * 0.3
+        effective = effective_config(facts)
+        fixes = []
+        gather = effective.zero.gather_16bit_weights_on_model_save if effective else None
+        if gather is not None:
+            evidence.append(
+                config_evidence(
+                    gather, "rank 0 gathers the full 16-bit model" if gather.value else ""
+                )
+            )
+            if gather.value:
+                confidence += 0.1
+                fixes.append(
+                    Fix(
+                        "Save the partitioned checkpoint instead and consolidate it offline, where "
+                        "memory is plentiful.",
+                        config_patch={"zero_optimization": {leaf_key(gather): False}},
+                        command=(
+                            "engine.save_checkpoint(dir); then python zero_to_fp32.py dir out.bin"
+                        ),
+                        cost="a conversion step after training",
+                    )
+                )
+        fixes.append(
+            Fix(
+                "Give rank 0's node enough host memory for 2 bytes per parameter on top "
+                "of training, or save less often.",
+                cost="hardware",
+            )
+        )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary="the run died while gathering the model for a checkpoint save",
+            evidence=tuple(evidence),
+            fixes=tuple(fixes),
+            missing=() if (facts.kernel_oom_kills() or save_events) else (CAPTURE_KERNEL,),
+        )
+
+    @staticmethod
+    def _save_marker_in_tail(facts: RunFacts) -> Evidence | None:
+        for log in facts.logs:
+            for number, text in reversed(log.tail):
+                if _SAVE_MARKER.search(text):
+                    return Evidence(
+                        EvidenceKind.LOG,
+                        quote(text),
+                        SourceRef(log.path, number, log.layout_rank),
+                        "the last thing the run did was saving a checkpoint",
+                    )
+        return None
+
+
+RULE = CheckpointSaveRule()

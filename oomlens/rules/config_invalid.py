@@ -1,0 +1,69 @@
+"""A config DeepSpeed refuses (its own validation, or oomlens' restatement of it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts.config import ConfigSeverity
+from oomlens.facts.run import RunFacts
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+SPEC = RuleSpec(
+    id="config_invalid",
+    title="DeepSpeed rejects this config",
+    severity=Severity.HIGH,
+    explanation=(
+        "DeepSpeed validates its config when the engine starts (pydantic models for the ZeRO, "
+        "offload and precision blocks, and the batch arithmetic): an invalid config stops the "
+        "job before training. oomlens runs the same checks."
+    ),
+    verify=(
+        "oomlens check ds_config.json exits 0 before the launch, and DeepSpeed prints its "
+        "configuration dump without an error."
+    ),
+    precedence=150,
+)
+
+
+class ConfigInvalidRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        if facts.config is None:
+            return
+        if any(log.batch_assertions for log in facts.logs):
+            return  # the batch rule explains it with the run's own numbers
+        errors = [
+            p
+            for p in facts.config.reading.problems
+            if p.severity is ConfigSeverity.ERROR and p.code != "batch_mismatch"
+        ]
+        if not errors:
+            return
+        failed = facts.has_failure_evidence()
+        yield SPEC.diagnose(
+            confidence=0.85 if failed else 0.4,
+            summary=f"{len(errors)} setting(s) DeepSpeed refuses: "
+            + "; ".join(f"{p.key_path}: {p.message}" for p in errors[:3]),
+            evidence=tuple(
+                Evidence(
+                    EvidenceKind.CONFIG,
+                    f"{p.key_path}: {p.message} ({p.code}, checked by {p.validator})",
+                    p.source,
+                )
+                for p in errors[:5]
+            ),
+            fixes=(
+                Fix(
+                    "Fix the listed keys; `oomlens check CONFIG` re-validates before launch.",
+                    command="oomlens check ds_config.json",
+                    cost="none",
+                ),
+            ),
+        )
+
+
+RULE = ConfigInvalidRule()

@@ -1,0 +1,108 @@
+"""Evaluation or generation (the KV cache) ran out after training steps had fit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts.log import Phase
+from oomlens.facts.run import RunFacts
+from oomlens.rules._common import (
+    allocator_oom,
+    near_full,
+    oom_evidence,
+    oom_figures,
+    phase_evidence,
+    size,
+    steps_completed_before,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+SPEC = RuleSpec(
+    id="eval_or_generation",
+    title="Evaluation or generation ran out of memory",
+    severity=Severity.HIGH,
+    explanation=(
+        "Evaluation and generation run next to the training state: parameters, gradients "
+        "buffers and optimizer states stay on the GPU while the evaluation batch (often larger "
+        "than the training batch) or the generation KV cache (which grows with every token: "
+        "2 x layers x hidden x batch x tokens x bytes per value) is added on top."
+    ),
+    verify=(
+        "the evaluation or generation call completes; torch.cuda.max_memory_allocated() measured "
+        "around that call alone stays below the card's limit."
+    ),
+    thresholds=("capacity_near_full_fraction",),
+    precedence=50,
+)
+
+
+class EvalOrGenerationRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        event = allocator_oom(facts)
+        if event is None or event.phase not in (Phase.EVALUATION, Phase.GENERATION):
+            return
+        n = event.message
+        confidence = 0.75
+        evidence = [oom_evidence(event)]
+        phase = phase_evidence(event)
+        if phase is not None:
+            evidence.append(phase)
+        done = steps_completed_before(facts, event)
+        if done:
+            confidence += 0.05
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    f"{done} training step(s) completed before it",
+                    event.source,
+                    "training itself fit; the evaluation/generation did not",
+                )
+            )
+        if near_full(n, thresholds):
+            confidence += 0.05
+        what = "generation" if event.phase is Phase.GENERATION else "evaluation"
+        fixes = [
+            Fix(
+                f"Use a smaller {what} batch than the training batch allows you to assume.",
+                command="--per_device_eval_batch_size N (HF) / your eval loader's batch_size",
+                cost="longer evaluation",
+            ),
+        ]
+        if event.phase is Phase.GENERATION:
+            fixes.append(
+                Fix(
+                    "Bound the KV cache: fewer new tokens, fewer prompts per call, or a "
+                    "static/offloaded cache.",
+                    command="generate(..., max_new_tokens=N) or cache_implementation='offloaded'",
+                    cost="shorter outputs or slower generation",
+                )
+            )
+        fixes.append(
+            Fix(
+                "Run evaluation under torch.inference_mode() and free the training "
+                "step's tensors first (optimizer.zero_grad(set_to_none=True)).",
+                cost="none",
+            )
+        )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
+                f"{size(n.limit)} {n.limit_name}) after training steps had fit"
+                if done
+                else f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
+                f"{size(n.limit)} {n.limit_name})"
+            ),
+            evidence=tuple(evidence),
+            fixes=tuple(fixes),
+            rank=event.rank,
+            figures=oom_figures(n),
+        )
+
+
+RULE = EvalOrGenerationRule()

@@ -1,0 +1,349 @@
+"""Allocator fragmentation: memory PyTorch reserved but could not hand out when the OOM hit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
+from oomlens.facts import SourceRef
+from oomlens.facts.log import OomKind
+from oomlens.facts.run import RunFacts
+from oomlens.facts.snapshot import MemoryCategory
+from oomlens.facts.whatif import COVERS_UP_TO_OOM, ReplayVerdict
+from oomlens.rules._common import (
+    CAPTURE_SNAPSHOT,
+    SnapshotOom,
+    allocator_oom,
+    first_step_optimizer_oom,
+    model_overflow,
+    oom_evidence,
+    oom_figures,
+    optimizer_state_init,
+    size,
+    snapshot_evidence,
+    snapshot_oom_evidence,
+    snapshot_ooms,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+REPLAY_FROM_START = (
+    "memory history from the process start, so that the what-if replay can decide whether "
+    "expandable segments would have fitted: torch.cuda.memory._record_memory_history("
+    "max_entries=<enough for the whole run>) before the first CUDA allocation (then "
+    "oomlens whatif SNAPSHOT)"
+)
+
+
+def replay_outcome(verdict: ReplayVerdict) -> str:
+    """``replayed: fits with 1.30 GiB to spare`` / ``replayed: still runs out ...``."""
+    if verdict.outcome == "fits":
+        text = "replayed: fits"
+        if verdict.headroom_bytes is not None:
+            text += f" with {size(verdict.headroom_bytes)} to spare"
+        if verdict.covers == COVERS_UP_TO_OOM:
+            text += " (up to the point where the run died)"
+        return text
+    if verdict.live_too_large:
+        return "replayed: still runs out — the live memory itself is too large"
+    return "replayed: still runs out"
+
+
+def replay_evidence(verdict: ReplayVerdict | None, source: SourceRef | None) -> list[Evidence]:
+    """What the replay of the fix says, when it is a forecast (self-checked, conclusive)."""
+    if verdict is None or not verdict.trustworthy:
+        return []
+    return [
+        Evidence(
+            EvidenceKind.DERIVED,
+            f"{verdict.alloc_conf}: {replay_outcome(verdict)}",
+            source,
+            "the recorded allocations replayed through a model of the caching allocator that "
+            "reproduces the recording exactly",
+            supports=verdict.outcome == "fits",
+        )
+    ]
+
+
+def fragmentation_fixes(
+    stuck: int, expandable_on: bool, replay: ReplayVerdict | None = None
+) -> tuple[Fix, ...]:
+    """The fixes for fragmentation, never proposing expandable segments when already on, nor
+    when a trustworthy replay shows they would not have helped."""
+    fixes = []
+    useless = replay is not None and replay.trustworthy and replay.outcome == "oom"
+    if not expandable_on and not useless:
+        summary = (
+            "Let the allocator map memory in pages inside growing segments, so free space "
+            "need not be contiguous."
+        )
+        if replay is not None and replay.trustworthy:
+            summary += f" ({replay_outcome(replay)})"
+        fixes.append(
+            Fix(
+                summary,
+                environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                predicted_saving_bytes=stuck,
+                cost="none measurable in most training; incompatible with some CUDA-graph setups",
+            )
+        )
+    else:
+        fixes.append(
+            Fix(
+                "Keep big long-lived tensors from being carved out of short-lived blocks: "
+                "allocate persistent buffers once, early, and make request sizes repeat (pad "
+                "variable lengths to a few bucket sizes).",
+                cost="code change",
+            )
+        )
+    fixes.append(
+        Fix(
+            "Stop keeping small tensors alive across iterations (lists of per-step outputs on "
+            "the GPU pin the segments they were carved from); move them to the CPU or keep "
+            "Python numbers.",
+            cost="code change",
+        )
+    )
+    return tuple(fixes)
+
+
+SPEC = RuleSpec(
+    id="fragmentation",
+    title="Allocator fragmentation",
+    severity=Severity.HIGH,
+    explanation=(
+        "PyTorch's caching allocator keeps freed blocks inside the segments it got from the "
+        "driver. A segment can only be returned when every block in it is free, so one live "
+        "tensor keeps the whole segment reserved. When many segments each hold a little live "
+        "memory and a lot of free space, a new request can find no free block large enough "
+        "and no room for a new segment: the run dies with plenty of memory 'reserved but "
+        "unallocated'. Expandable segments map memory in pages inside one growing virtual "
+        "range, so free space no longer has to be contiguous in separate segments."
+    ),
+    verify=(
+        "with the environment line in place, a repeat of this OOM would show little or no memory "
+        "'reserved by PyTorch but unallocated'; "
+        "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] stays small through "
+        "training."
+    ),
+    thresholds=("fragmentation_min_unallocated_bytes", "fragmentation_min_unallocated_fraction"),
+    precedence=10,
+)
+
+
+class FragmentationRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for snapshot_oom in snapshot_ooms(facts):
+            yield from self._from_snapshot(snapshot_oom, thresholds)
+        event = allocator_oom(facts)
+        if event is None or event.message.kind is not OomKind.ALLOCATOR:
+            return
+        n = event.message
+        if n.reserved_unallocated is None or n.limit is None or n.tried_to_allocate is None:
+            return
+        stuck = n.reserved_unallocated
+        big_enough = stuck >= max(
+            thresholds.fragmentation_min_unallocated_bytes,
+            thresholds.fragmentation_min_unallocated_fraction * n.limit,
+        )
+        if not big_enough:
+            return
+        evidence = [
+            oom_evidence(
+                event,
+                f"{size(stuck)} reserved but unallocated ({stuck / n.limit:.0%} of the "
+                f"{size(n.limit)} {n.limit_name}) while only {size(n.tried_to_allocate)} was "
+                "requested",
+            )
+        ]
+        confidence = 0.3
+        could_hold = n.tried_to_allocate <= stuck
+        allocated = n.allocated_by_pytorch
+        need_fits = allocated is not None and allocated + n.tried_to_allocate <= n.limit
+        if could_hold and need_fits:
+            confidence = 0.65
+            evidence.append(
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"allocated {size(allocated)} + requested {size(n.tried_to_allocate)} = "
+                    f"{size((allocated or 0) + n.tried_to_allocate)} <= {n.limit_name} "
+                    f"{size(n.limit)}",
+                    note=(
+                        "the live tensors plus the request fit: the memory was there, not "
+                        "contiguous"
+                    ),
+                )
+            )
+        figures = oom_figures(n)
+        expandable_on = False
+        replay: ReplayVerdict | None = None
+        located = facts.snapshot_for(event)
+        if located is not None:
+            snapshot, device = located
+            replay = device.replay
+            state = device.state
+            settings = snapshot.allocator_settings
+            expandable_on = bool(settings is not None and settings.expandable_segments)
+            figures.update(
+                unreleasable_free_bytes=in_bytes(state.unreleasable_free_bytes),
+                unreleasable_segments=a_count(state.unreleasable_segments),
+                largest_free_block=in_bytes(state.largest_free_block),
+            )
+            oom = device.oom
+            if oom is not None and oom.snapshot_at_oom and not oom.fits_largest_free_block:
+                confidence += 0.2
+                evidence.append(
+                    snapshot_evidence(
+                        snapshot,
+                        f"device {device.device}: {size(state.unreleasable_free_bytes)} free "
+                        f"inside "
+                        f"{state.unreleasable_segments} segments that still hold a live block; the "
+                        f"largest free block usable for the request is "
+                        f"{size(oom.largest_free_block)}, "
+                        f"the request needed {size(oom.alloc_size_bytes)}",
+                        "the snapshot at the OOM shows the free memory split into blocks too small",
+                    )
+                )
+            elif oom is not None and oom.snapshot_at_oom and oom.fits_largest_free_block:
+                confidence -= 0.25
+                evidence.append(
+                    snapshot_evidence(
+                        snapshot,
+                        f"a free block of {size(oom.largest_free_block)} could have held the "
+                        f"request",
+                        "a big enough free block existed, so contiguity was not the problem",
+                        supports=False,
+                    )
+                )
+        # When the model states alone cannot fit, fragmentation only decides *when* it dies.
+        if first_step_optimizer_oom(facts, event) or optimizer_state_init(event):
+            confidence = min(confidence, 0.35)
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    f"the failing allocation creates optimizer state ({event.phase_evidence})",
+                    event.source,
+                    "states that are being created for the first time must fit whole; a "
+                    "defragmented "
+                    "allocator would fail at the next state tensor",
+                    supports=False,
+                )
+            )
+        overflow = model_overflow(facts)
+        if overflow is not None:
+            confidence = min(confidence, 0.3)
+            evidence.append(
+                replace(
+                    overflow[0],
+                    note="the config cannot fit whatever the allocator does",
+                    supports=False,
+                )
+            )
+        if expandable_on:
+            evidence.append(
+                snapshot_evidence(
+                    located[0] if located else facts.snapshots[0],
+                    "allocator settings: expandable_segments is already on",
+                    "the usual fix is already in force",
+                )
+            )
+        confidence, replayed, missing = _weigh_replay(
+            replay, confidence, located[0].source if located is not None else None
+        )
+        evidence.extend(replayed)
+        fixes = fragmentation_fixes(stuck, expandable_on, replay)
+        if located is None:
+            missing = (CAPTURE_SNAPSHOT,)
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"{size(stuck)} of GPU memory was reserved by PyTorch but unusable when a "
+                f"{size(n.tried_to_allocate)} request failed (allocated "
+                f"{size(n.allocated_by_pytorch)} of "
+                f"{size(n.limit)} {n.limit_name})"
+            ),
+            evidence=tuple(evidence),
+            fixes=fixes,
+            missing=missing,
+            rank=event.rank,
+            figures=figures,
+        )
+
+    def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        """A snapshot without its log: the stuck bytes and the failing request are in it."""
+        state, oom = s.device.state, s.device.oom
+        if oom is None or not oom.snapshot_at_oom:
+            return
+        stuck = s.reserved_unallocated
+        if stuck < max(
+            thresholds.fragmentation_min_unallocated_bytes,
+            thresholds.fragmentation_min_unallocated_fraction * s.limit,
+        ):
+            return
+        if oom.fits_largest_free_block or s.request > state.unreleasable_free_bytes:
+            return
+        confidence = 0.7
+        evidence = [
+            snapshot_oom_evidence(s, "stuck free memory larger than the failing request"),
+            snapshot_evidence(
+                s.snapshot,
+                f"{size(state.unreleasable_free_bytes)} free inside {state.unreleasable_segments} "
+                f"segments that still hold a live block; largest usable free block "
+                f"{size(oom.largest_free_block)}",
+                "the free memory is split into blocks too small for the request",
+            ),
+        ]
+        if oom.category is MemoryCategory.OPTIMIZER_STATE:
+            confidence = 0.35
+            evidence.append(
+                snapshot_evidence(
+                    s.snapshot,
+                    "the failing request creates optimizer state",
+                    "states created for the first time must fit whole",
+                    supports=False,
+                )
+            )
+        settings = s.snapshot.allocator_settings
+        expandable_on = bool(settings is not None and settings.expandable_segments)
+        replay = s.device.replay
+        confidence, replayed, missing = _weigh_replay(replay, confidence, s.snapshot.source)
+        evidence.extend(replayed)
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"{size(stuck)} of GPU memory was reserved by PyTorch but unusable when a "
+                f"{size(s.request)} request failed ({size(s.allocated)} allocated)"
+            ),
+            evidence=tuple(evidence),
+            fixes=fragmentation_fixes(stuck, expandable_on, replay),
+            missing=("the job's log with the OOM message (card capacity and limit)", *missing),
+            rank=s.snapshot.source.rank,
+            figures={
+                "tried_to_allocate": in_bytes(s.request),
+                "reserved_unallocated": in_bytes(stuck),
+                "allocated_by_pytorch": in_bytes(s.allocated),
+                "largest_free_block": in_bytes(oom.largest_free_block),
+            },
+        )
+
+
+def _weigh_replay(
+    replay: ReplayVerdict | None, confidence: float, source: SourceRef | None
+) -> tuple[float, list[Evidence], tuple[str, ...]]:
+    """Confidence, evidence and missing evidence from the replay of expandable segments: a
+    forecast that it fits confirms fragmentation, one that it still runs out weakens it."""
+    if replay is None:
+        return confidence, [], ()
+    if not replay.trustworthy:
+        return confidence, [], (REPLAY_FROM_START,)
+    cited = replay_evidence(replay, source)
+    if replay.outcome == "fits":
+        return confidence + 0.1, cited, ()
+    return confidence - 0.25, cited, ()
+
+
+RULE = FragmentationRule()

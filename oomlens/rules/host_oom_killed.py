@@ -1,0 +1,108 @@
+"""Host memory ran out: the kernel's OOM killer, the scheduler's memory enforcement, or a host
+allocation failure.  A rank killed by the OOM killer leaves no Python traceback: only the
+launcher's "exit code -9" or "Signal 9 (SIGKILL)", and the kernel's own log lines on the node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts.log import OomKind
+from oomlens.facts.run import RunFacts
+from oomlens.rules._common import (
+    CAPTURE_KERNEL,
+    kernel_kill_evidence,
+    oom_evidence,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+SPEC = RuleSpec(
+    id="host_oom_killed",
+    title="Host memory ran out",
+    severity=Severity.CRITICAL,
+    explanation=(
+        "When the node (or the job's cgroup) runs out of RAM the kernel kills the process "
+        "using the most: a training rank. It dies with SIGKILL, prints nothing, and the "
+        "launcher reports exit code -9 (137 from a shell) and kills the other ranks. Common "
+        "causes: every rank materializing the full model on the CPU (no zero.Init), ZeRO "
+        "offload buffers, DataLoader workers copying the dataset, pinned memory."
+    ),
+    verify=(
+        "the node's kernel log shows no 'Killed process' line for the job and the job's cgroup "
+        "memory.events no new oom_kill; keep MaxRSS (sacct) well below the limit."
+    ),
+    precedence=120,
+)
+
+
+class HostOomRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        if facts.gpu_oom_events():
+            return
+        evidence: list[Evidence] = []
+        confidence = 0.0
+        for kill in facts.kernel_oom_kills()[:3]:
+            evidence.append(
+                kernel_kill_evidence(kill, "the kernel's OOM killer chose this process")
+            )
+            # General host OOM: specific rules (pinned offload, checkpoint gather) rank above.
+            confidence = 0.75
+        for log in facts.logs:
+            for slurm in log.slurm_oom_kills[:2]:
+                evidence.append(
+                    Evidence(
+                        EvidenceKind.LOG,
+                        f"the scheduler detected an oom-kill event (step {slurm.step_id})",
+                        slurm.source,
+                    )
+                )
+                confidence = max(confidence, 0.75)
+        for event in facts.oom_events():
+            if event.message.kind is OomKind.HOST:
+                evidence.append(oom_evidence(event, "a host allocation failed"))
+                confidence = max(confidence, 0.8)
+        killed = facts.sigkilled_at()
+        if killed is not None:
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    f"killed with SIGKILL ({killed})",
+                    None,
+                    "the OOM killer's signal; a scheduler's time limit or a "
+                    "user's kill -9 look the same",
+                )
+            )
+            confidence = max(confidence, 0.5)
+        if not confidence:
+            return
+        missing = () if facts.kernel_oom_kills() else (CAPTURE_KERNEL,)
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                "the kernel killed a rank for lack of host memory"
+                if facts.kernel_oom_kills()
+                else "a rank was killed without a GPU error: most likely host memory ran out"
+            ),
+            evidence=tuple(evidence),
+            fixes=(
+                Fix(
+                    "Give the job more host memory, or run fewer ranks per node.",
+                    command="sbatch --mem=<more> (or --mem-per-gpu) / --ntasks-per-node=<fewer>",
+                    cost="hardware or throughput",
+                ),
+                Fix(
+                    "Cut what each rank holds on the CPU: build large models under "
+                    "deepspeed.zero.Init (or from_pretrained with low_cpu_mem_usage), use fewer "
+                    "DataLoader workers, and avoid copying the dataset into every worker.",
+                    cost="code change",
+                ),
+            ),
+            missing=missing,
+        )
+
+
+RULE = HostOomRule()

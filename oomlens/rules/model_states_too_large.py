@@ -1,0 +1,253 @@
+"""Parameters, gradients and optimizer states cannot fit, whatever the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
+from oomlens.facts.log import Phase
+from oomlens.facts.run import RunFacts
+from oomlens.facts.snapshot import MemoryCategory
+from oomlens.rules._common import (
+    CAPTURE_SNAPSHOT,
+    MODEL_STATE_CATEGORIES,
+    MODEL_STATE_COMPONENTS,
+    SnapshotOom,
+    allocator_oom,
+    category_share,
+    config_evidence,
+    effective_config,
+    first_step_optimizer_oom,
+    live_bytes,
+    model_overflow,
+    model_patch_fixes,
+    oom_evidence,
+    oom_figures,
+    optimizer_state_init,
+    others_dominate,
+    phase_evidence,
+    size,
+    snapshot_evidence,
+    snapshot_oom_evidence,
+    snapshot_ooms,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+SPEC = RuleSpec(
+    id="model_states_too_large",
+    title="Model states do not fit",
+    severity=Severity.CRITICAL,
+    explanation=(
+        "Mixed-precision Adam keeps about 16-18 bytes per parameter: 16-bit weights and "
+        "gradients, fp32 master weights and two fp32 moments (created at the first optimizer "
+        "step). ZeRO-3 divides them by the number of GPUs; offloading the optimizer moves the "
+        "12-14 bytes of fp32 state to host memory. When the first optimizer step (or the "
+        "model's creation) fails, the states themselves do not fit, whatever the batch size."
+    ),
+    verify=(
+        "oomlens check on the patched config with --params, --gpus and --gpu-memory prints a GPU "
+        "budget that fits, and the first optimizer step (where Adam creates its states) "
+        "completes."
+    ),
+    thresholds=(
+        "model_states_max_fraction",
+        "model_states_min_fraction",
+        "model_states_snapshot_fraction",
+        "others_dominate_fraction",
+    ),
+    precedence=60,
+)
+
+
+class ModelStatesRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        for s in snapshot_ooms(facts):
+            yield from self._from_snapshot(s, thresholds)
+        event = allocator_oom(facts)
+        if event is None:
+            return
+        n = event.message
+        confidence = 0.0
+        evidence: list[Evidence] = []
+        if first_step_optimizer_oom(facts, event) or optimizer_state_init(event):
+            confidence = 0.6
+            evidence.append(
+                oom_evidence(
+                    event,
+                    "the failure is in the first optimizer step, where the optimizer "
+                    "creates its states",
+                )
+            )
+            phase = phase_evidence(event)
+            if phase is not None:
+                evidence.append(phase)
+        elif event.phase is Phase.MODEL_INIT:
+            confidence = 0.55
+            evidence.append(
+                oom_evidence(
+                    event,
+                    "the failure is while the model is created "
+                    "or partitioned, before any training step",
+                )
+            )
+        located = facts.snapshot_for(event)
+        if located is not None:
+            snapshot, device = located
+            share = category_share(device, MODEL_STATE_CATEGORIES)
+            states = live_bytes(device, MODEL_STATE_CATEGORIES)
+            if share >= thresholds.model_states_min_fraction:
+                confidence = confidence + 0.2 if confidence else 0.45
+                evidence.append(
+                    snapshot_evidence(
+                        snapshot,
+                        f"device {device.device}: parameters, gradients and optimizer state hold "
+                        f"{size(states)} of {size(device.state.allocated_bytes)} live "
+                        f"({share:.0%})",
+                        "model states fill the card",
+                    )
+                )
+            elif confidence and share < thresholds.model_states_max_fraction:
+                confidence -= 0.2
+        overflow = model_overflow(facts)
+        if overflow is not None and confidence:
+            confidence += 0.15
+            evidence.append(overflow[0])
+        elif (
+            overflow is not None
+            and overflow[1].overflow_component is not None
+            and (overflow[1].overflow_component.code in MODEL_STATE_COMPONENTS)
+        ):
+            confidence = 0.5
+            evidence.append(overflow[0])
+        if not confidence:
+            return
+        if others_dominate(n, thresholds):
+            confidence *= 0.5
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    "other processes hold most of the card",
+                    event.source,
+                    "the states would fit on the card alone",
+                    supports=False,
+                )
+            )
+        effective = effective_config(facts)
+        fixes: list[Fix] = model_patch_fixes(facts) if overflow is not None else []
+        if effective is not None and not fixes:
+            zero = effective.zero
+            if zero.stage.value < 3:
+                fixes.append(
+                    Fix(
+                        "Partition parameters, gradients and optimizer states across "
+                        "GPUs with ZeRO stage 3.",
+                        config_patch={"zero_optimization": {"stage": 3}},
+                        cost="more communication per step",
+                    )
+                )
+            if not zero.offload_optimizer.enabled:
+                evidence.append(
+                    config_evidence(
+                        zero.offload_optimizer.device, "optimizer states stay on the GPU"
+                    )
+                )
+                fixes.append(
+                    Fix(
+                        "Keep the fp32 master weights and Adam moments in host memory.",
+                        config_patch={
+                            "zero_optimization": {"offload_optimizer": {"device": "cpu"}}
+                        },
+                        cost="optimizer step on the CPU: slower steps, ~16 bytes/param "
+                        "of host RAM per node",
+                    )
+                )
+            elif not zero.offload_param.enabled and zero.stage.value == 3:
+                fixes.append(
+                    Fix(
+                        "Also keep the 16-bit parameter partitions in host memory.",
+                        config_patch={"zero_optimization": {"offload_param": {"device": "cpu"}}},
+                        cost="parameters fetched from the host every pass: much slower",
+                    )
+                )
+        elif effective is None:
+            fixes.append(
+                Fix(
+                    "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch "
+                    "FSDP) or offload the optimizer to CPU.",
+                    cost="more communication per step",
+                )
+            )
+        fixes.append(
+            Fix(
+                "Use more GPUs (ZeRO-3 divides the states by the GPU count) or an "
+                "optimizer with smaller states (8-bit Adam, Adafactor).",
+                cost="hardware, or possibly different convergence",
+            )
+        )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"parameters, gradients and optimizer states do not fit: "
+                f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
+                f"{size(n.tried_to_allocate)} more was needed"
+            ),
+            evidence=tuple(evidence),
+            fixes=tuple(fixes),
+            missing=() if located else (CAPTURE_SNAPSHOT,),
+            rank=event.rank,
+            figures=oom_figures(n),
+        )
+
+    def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        oom, device = s.device.oom, s.device
+        if oom is None or oom.category is not MemoryCategory.OPTIMIZER_STATE:
+            return
+        share = category_share(device, MODEL_STATE_CATEGORIES)
+        states = live_bytes(device, MODEL_STATE_CATEGORIES)
+        confidence = 0.6 + (0.1 if share >= thresholds.model_states_snapshot_fraction else 0.0)
+        evidence = [
+            snapshot_oom_evidence(s, "the failing request creates optimizer state"),
+            snapshot_evidence(
+                s.snapshot,
+                f"parameters, gradients and optimizer state hold {size(states)} ({share:.0%} "
+                "of live memory)",
+            ),
+        ]
+        if s.device_exhausted:
+            confidence *= 0.7
+            evidence.append(
+                snapshot_evidence(
+                    s.snapshot,
+                    f"only {size(s.device_free)} was free on the device",
+                    "something outside this process' allocator may have held the card",
+                    supports=False,
+                )
+            )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"creating optimizer state failed: {size(s.request)} needed with "
+                f"{size(s.allocated)} already allocated, {size(states)} of it model states"
+            ),
+            evidence=tuple(evidence),
+            fixes=(
+                Fix(
+                    "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch FSDP) or "
+                    "offload the optimizer to CPU.",
+                    cost="more communication per step",
+                ),
+            ),
+            missing=("the job's log and ds_config (stage, offload, GPU count)",),
+            rank=s.snapshot.source.rank,
+            figures={
+                "model_state_bytes": in_bytes(states),
+                "tried_to_allocate": in_bytes(s.request),
+            },
+        )
+
+
+RULE = ModelStatesRule()

@@ -1,0 +1,113 @@
+"""ZeRO offload's page-locked host buffers exhausted the node's memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from oomlens.diagnosis import Diagnosis, Fix, Severity, a_count, in_bytes
+from oomlens.facts.config import ConfigValue, EffectiveDsConfig
+from oomlens.facts.log import OomKind
+from oomlens.facts.run import RunFacts
+from oomlens.rules._common import (
+    CAPTURE_KERNEL,
+    config_evidence,
+    effective_config,
+    host_kill_evidence,
+    oom_evidence,
+    size,
+)
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.thresholds import Thresholds
+
+GIB = 1024**3
+
+
+def _pinned_blocks(effective: EffectiveDsConfig) -> list[ConfigValue[bool]]:
+    zero = effective.zero
+    pinned = []
+    if zero.offload_param.enabled and zero.offload_param.pin_memory.value:
+        pinned.append(zero.offload_param.pin_memory)
+    if zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory.value:
+        pinned.append(zero.offload_optimizer.pin_memory)
+    return pinned
+
+
+SPEC = RuleSpec(
+    id="pinned_memory_exhaustion",
+    title="Pinned host memory exhausted by ZeRO offload",
+    severity=Severity.CRITICAL,
+    explanation=(
+        "ZeRO offload keeps parameters and/or optimizer state in host memory and, with "
+        "pin_memory (the default since DeepSpeed 0.19.5), page-locks the buffers it copies "
+        "through. Pinned pages cannot be swapped or reclaimed, torch's pinned allocator rounds "
+        "each buffer up to a power of two and caches freed blocks, and every rank on the node "
+        "pins its own: the node runs out of RAM and the kernel kills a rank (SIGKILL, exit "
+        "-9), or cudaHostAlloc fails with 'CUDA error: out of memory'."
+    ),
+    verify=(
+        "the job's cgroup memory.events shows no new oom_kill, and the node's kernel log no "
+        "'Killed process' line for the ranks; the offload steps get somewhat slower."
+    ),
+    precedence=90,
+)
+
+
+class PinnedMemoryRule(Rule):
+    spec: ClassVar[RuleSpec] = SPEC
+
+    def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        effective = effective_config(facts)
+        if effective is None:
+            return
+        pinned = _pinned_blocks(effective)
+        if not pinned:
+            return
+        evidence, confidence, shmem = host_kill_evidence(facts)
+        driver = [e for e in facts.gpu_oom_events() if e.message.kind is OomKind.DRIVER]
+        if driver and any(
+            "pin" in (f.function or "") for e in driver if e.traceback for f in e.traceback.frames
+        ):
+            evidence.append(oom_evidence(driver[0], "cudaHostAlloc failed while pinning"))
+            confidence = max(confidence, 0.8)
+        if not confidence:
+            return
+        if facts.gpu_oom_events() and not driver:
+            return  # a GPU OOM is what killed it
+        evidence.extend(config_evidence(v, "offloaded buffers are page-locked") for v in pinned)
+        confidence += 0.1
+        if shmem is not None and shmem >= GIB:
+            confidence += 0.05
+        ranks = facts.world_size.value if facts.world_size else None
+        patch: dict[str, object] = {}
+        for value in pinned:
+            block = value.key_path.split(".")[-2]
+            patch[block] = {"pin_memory": False}
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                "host memory ran out while ZeRO offload kept its buffers pinned"
+                + (f" ({size(shmem)} pinned per killed rank)" if shmem else "")
+            ),
+            evidence=tuple(evidence),
+            fixes=(
+                Fix(
+                    "Stop page-locking the offload buffers: pageable memory can be reclaimed "
+                    "and is not rounded up to powers of two.",
+                    config_patch={"zero_optimization": patch},
+                    predicted_saving_bytes=(shmem * ranks if shmem and ranks else shmem),
+                    cost="slower host-device copies (typically 10-30% slower offload steps)",
+                ),
+                Fix(
+                    "Give the job more host memory or fewer ranks per node (each rank pins its "
+                    "own buffers), or raise the memlock limit if pinning itself fails.",
+                    command="sbatch --mem=... / --ntasks-per-node=...; ulimit -l unlimited",
+                    cost="hardware or throughput",
+                ),
+            ),
+            missing=() if facts.kernel_oom_kills() else (CAPTURE_KERNEL,),
+            figures={"pinned_per_killed_rank": in_bytes(shmem), "ranks": a_count(ranks)},
+        )
+
+
+RULE = PinnedMemoryRule()

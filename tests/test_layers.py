@@ -1,0 +1,46 @@
+"""The package's layers, as the README's "How it works" draws them, hold: the import-linter
+contract in pyproject.toml ([tool.importlinter]) is kept, and it does catch an upward import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = (
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())"
+)
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("importlinter", reason="import-linter (the test extra) is missing")
+    # import-linter reads the contract from pyproject.toml in the working directory and finds
+    # the package on sys.path: the copy under test comes first
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    result = _lint(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
+    # GIVEN a copy of the package where a rule module imports the report (a layer above it)
+    shutil.copytree(ROOT / "oomlens", tmp_path / "oomlens", ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    thresholds = tmp_path / "oomlens" / "rules" / "thresholds.py"
+    thresholds.write_text(thresholds.read_text() + "\nimport oomlens.report  # noqa\n")
+    # WHEN the contract is checked THEN it is broken, naming the import
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert "oomlens.rules.thresholds -> oomlens.report" in result.stdout
