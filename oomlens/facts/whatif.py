@@ -22,15 +22,34 @@ class MemoryLimit:
 
     ``source``: ``--allowed`` (given), ``allowed`` (a memory fraction, inferred from the trace
     to within ``uncertainty`` bytes either way), ``capacity`` (the device was full at the
-    recorded OOM: reserved + its free memory, exact), or ``none`` (the recording never hit a
-    limit: the replay runs without one).  ``fraction`` says whether a per-process memory
-    fraction is in force (torch runs ``garbage_collection_threshold`` only then).
+    recorded OOM: reserved + its free memory, exact), ``log`` (the OOM message's figure for
+    this process, as printed, narrowed by what the trace shows: see :class:`LoggedLimit`), or
+    ``none`` (the recording never hit a limit: the replay runs without one).  ``fraction`` says
+    whether a per-process memory fraction is in force (torch runs
+    ``garbage_collection_threshold`` only then).
     """
 
     bytes: int | None
     source: str
     uncertainty: int
     fraction: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedLimit:
+    """The limit the OOM message in the log printed for the process a snapshot recorded.
+
+    ``fraction`` True: the message's ``X allowed`` (a per-process memory fraction was set);
+    False: no fraction was set (a 2.1+ message prints ``allowed`` whenever one is), so the
+    limit was the device's memory: PyTorch's reserved bytes + the device's free memory at the
+    OOM.  ``bytes`` is the figure as printed, ``error`` the most the printed figures (two
+    decimals of GiB or MiB) can be off by.  ``source`` is the message's place in the log.
+    """
+
+    bytes: int
+    error: int
+    fraction: bool
+    source: SourceRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +182,7 @@ class ReplayVerdict:
     live_too_large: bool | None
     covers: str
     reason: str
+    limit: MemoryLimit | None = None
+    """The limit replayed (None: none known)."""
+    limit_basis: str = ""
+    """Where that limit comes from, in words (the trace, or the log's OOM message)."""

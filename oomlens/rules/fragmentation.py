@@ -61,7 +61,8 @@ def replay_evidence(verdict: ReplayVerdict | None, source: SourceRef | None) -> 
             f"{verdict.alloc_conf}: {replay_outcome(verdict)}",
             source,
             "the recorded allocations replayed through a model of the caching allocator that "
-            "reproduces the recording exactly",
+            "reproduces the recording exactly"
+            + (f" (limit: {verdict.limit_basis})" if verdict.limit_basis else ""),
             supports=verdict.outcome == "fits",
         )
     ]

@@ -14,9 +14,10 @@ Entry points:
 * :func:`default_ladder(recorded) <default_ladder>`: the settings tried when none are given;
 * :func:`replay_verdict(snapshot, device, change) <replay_verdict>` ->
   :class:`~oomlens.facts.whatif.ReplayVerdict`: the verdict on one fix, for ``analyze``;
-* :func:`with_replays(snapshot, analysis) <with_replays>`: the snapshot's allocator analysis
-  with that verdict on expandable segments for each device that ran out with memory reserved
-  but unallocated (``oomlens.analysis.run`` calls it as it digests a snapshot).
+* :func:`with_replays(snapshot, analysis, logged) <with_replays>`: the snapshot's allocator
+  analysis with that verdict on expandable segments for each device that ran out with memory
+  reserved but unallocated (``oomlens.analysis.run`` calls it as it digests a snapshot, with
+  the limit the log's OOM message printed for the same process when there is one).
 
 Raises :class:`~oomlens.errors.InputError` when the snapshot has no allocation history to
 replay, or a trace entry is malformed.
@@ -24,7 +25,7 @@ replay, or a trace entry is malformed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +36,7 @@ from oomlens.analysis.whatif.alloc_conf import (
     recorded_conf,
 )
 from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
-from oomlens.analysis.whatif.limits import InferredLimit, infer_limit
+from oomlens.analysis.whatif.limits import InferredLimit, infer_limit, narrow
 from oomlens.analysis.whatif.replay import ReplayRun, external_releases, replay
 from oomlens.analysis.whatif.rewind import StartState, rewind
 from oomlens.analysis.whatif.selfcheck import self_check
@@ -44,6 +45,7 @@ from oomlens.facts.snapshot import DeviceAnalysis, HistoryMode, Snapshot, Snapsh
 from oomlens.facts.whatif import (
     COVERS_UP_TO_OOM,
     COVERS_WHOLE_RUN,
+    LoggedLimit,
     MemoryLimit,
     Prediction,
     ReplayResult,
@@ -159,7 +161,7 @@ def _checked_trace(where: str, device: int, trace: list[Any]) -> None:
 class _Context:
     """What every replay of one snapshot device shares."""
 
-    def __init__(self, snapshot: Snapshot, device: int) -> None:
+    def __init__(self, snapshot: Snapshot, device: int, logged: LoggedLimit | None = None) -> None:
         self.snapshot = snapshot
         self.device = device
         self.trace: list[Any] = snapshot.raw.device_traces[device]
@@ -174,12 +176,17 @@ class _Context:
             round_size=arithmetic.round_size,
             max_split_size=self.conf.max_split_size,
         )
-        self.inferred: InferredLimit = infer_limit(
-            self.trace,
-            self.start.reserved,
-            request_segment=lambda size: arithmetic.allocation_size(arithmetic.round_size(size)),
-            gc_enabled=self.conf.garbage_collection_threshold > 0,
-            releases=self.releases,
+        self.inferred: InferredLimit = narrow(
+            infer_limit(
+                self.trace,
+                self.start.reserved,
+                request_segment=lambda size: arithmetic.allocation_size(
+                    arithmetic.round_size(size)
+                ),
+                gc_enabled=self.conf.garbage_collection_threshold > 0,
+                releases=self.releases,
+            ),
+            logged,
         )
         self.recorded_limit = _memory_limit(self.inferred)
         self.check, self.check_run = self_check(
@@ -264,11 +271,11 @@ class _Context:
 
 
 def _memory_limit(inferred: InferredLimit) -> MemoryLimit:
-    if inferred.kind == "capacity":
-        return MemoryLimit(inferred.value, "capacity", 0, fraction=False)
-    if inferred.kind == "allowed":
-        return MemoryLimit(inferred.value, "allowed", inferred.uncertainty, fraction=True)
-    return MemoryLimit(None, "none", 0, fraction=False)
+    if inferred.value is None:
+        return MemoryLimit(None, "none", 0, fraction=False)
+    fraction = inferred.kind == "allowed"
+    source = "log" if inferred.from_log else inferred.kind
+    return MemoryLimit(inferred.value, source, inferred.uncertainty, fraction=fraction)
 
 
 def _model_limit(limit: MemoryLimit) -> Limit:
@@ -349,15 +356,18 @@ def run_whatif(
 def with_replays(
     snapshot: Snapshot,
     analysis: SnapshotAnalysis,
+    logged: Callable[[int], LoggedLimit | None] = lambda device: None,
     *,
     change: str = REPLAYED_FIX,
     max_entries: int = REPLAY_MAX_ENTRIES,
 ) -> SnapshotAnalysis:
     """``analysis`` (of ``snapshot``) with :attr:`DeviceAnalysis.replay` set to the verdict on
     ``change`` for each device that ran out with memory reserved but unallocated (the
-    fragmentation the fix is for) and whose trace has at most ``max_entries`` entries."""
+    fragmentation the fix is for) and whose trace has at most ``max_entries`` entries.
+    ``logged(device)`` is the limit the log's OOM message printed for that device of this
+    process, if any: it narrows the limit the trace shows (:func:`.limits.narrow`)."""
     devices = tuple(
-        _with_replay(snapshot, device, change, max_entries)
+        _with_replay(snapshot, device, logged(device.device), change, max_entries)
         for device in analysis.devices
     )
     if devices == analysis.devices:
@@ -368,6 +378,7 @@ def with_replays(
 def _with_replay(
     snapshot: Snapshot,
     device: DeviceAnalysis,
+    logged: LoggedLimit | None,
     change: str,
     max_entries: int,
 ) -> DeviceAnalysis:
@@ -380,7 +391,7 @@ def _with_replay(
         or len(traces[device.device]) > max_entries
     ):
         return device
-    verdict = replay_verdict(snapshot, device.device, change)
+    verdict = replay_verdict(snapshot, device.device, change, logged=logged)
     return device if verdict is None else replace(device, replay=verdict)
 
 
@@ -390,16 +401,17 @@ def replay_verdict(
     change: str,
     *,
     allowed: int | None = None,
+    logged: LoggedLimit | None = None,
 ) -> ReplayVerdict | None:
     """The replay's verdict on applying ``change`` (e.g. ``expandable_segments:True``) on top
     of the recorded setting of ``device``; None when the snapshot has no history to replay or
     the change leaves the setting as it was.  ``allowed`` replays under that limit instead
-    of the recorded one."""
+    of the recorded one; ``logged`` is the limit the log printed for this process."""
     try:
         chosen = choose_device(snapshot, device)
     except InputError:
         return None
-    context = _Context(snapshot, chosen)
+    context = _Context(snapshot, chosen, logged)
     base = context.conf.canonical()
     conf = parse_alloc_conf(f"{base},{change}" if base else change)
     if conf.canonical() == base:
@@ -408,11 +420,14 @@ def replay_verdict(
     if allowed is not None:
         limit = MemoryLimit(allowed, "--allowed", 0, fraction=True)
     prediction = context.predict(conf.with_text(conf.canonical()), limit, baseline=False)
-    return verdict_of(prediction, context.check, whole_run=context.start.empty)
+    basis = "--allowed" if allowed is not None else context.inferred.basis
+    return verdict_of(prediction, context.check, whole_run=context.start.empty, basis=basis)
 
 
-def verdict_of(prediction: Prediction, check: SelfCheck, *, whole_run: bool) -> ReplayVerdict:
-    """A prediction summed up for the rules."""
+def verdict_of(
+    prediction: Prediction, check: SelfCheck, *, whole_run: bool, basis: str = ""
+) -> ReplayVerdict:
+    """A prediction summed up for the rules; ``basis`` says where its limit comes from."""
     result = prediction.result
     if prediction.conclusive:
         reason = "self-check passed; " + (
@@ -432,4 +447,6 @@ def verdict_of(prediction: Prediction, check: SelfCheck, *, whole_run: bool) -> 
         live_too_large=result.live_too_large,
         covers=prediction.covers,
         reason=reason,
+        limit=prediction.limit if prediction.limit.bytes is not None else None,
+        limit_basis=basis,
     )

@@ -18,6 +18,11 @@ of that test:
 
 With ``garbage_collection_threshold`` the allocator also releases segments without failing
 first, so those releases are not taken as evidence.
+
+The log's OOM message, when it is the same process's, says more (:func:`narrow`): its
+``X allowed`` is the fraction itself, printed to two decimals of GiB (+-5.12 MiB) or MiB; its
+absence in a 2.1+ message says that no fraction was set.  Where the trace's bracket is wider
+than the printed figure's rounding, the two together narrow it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlens.analysis.whatif.replay import external_releases
+from oomlens.facts.whatif import LoggedLimit
+from oomlens.units import format_size
 
 _RELEASES = frozenset({"segment_free", "segment_unmap"})
 
@@ -42,6 +49,8 @@ class InferredLimit:
     high: int | None
     value: int | None
     basis: str
+    from_log: bool = False
+    """The range is narrowed by the log's OOM message (:func:`narrow`)."""
 
     @property
     def uncertainty(self) -> int:
@@ -141,3 +150,42 @@ def _next_request(trace: list[Any], index: int) -> int:
         if entry["action"] in ("alloc", "oom"):
             return int(entry["size"])
     return 0
+
+
+def narrow(inferred: InferredLimit, logged: LoggedLimit | None) -> InferredLimit:
+    """``inferred`` narrowed by the limit the log's OOM message printed for this process.
+
+    The printed figure (+- its rounding) and the trace's bracket must overlap; their overlap is
+    the new range.  When they do not, the message is not this recording's (or the trace is
+    not what it seems) and ``inferred`` stands, its basis saying so.  A full device (``capacity``)
+    is already exact; a message without ``allowed`` (no fraction) makes a trace that never
+    showed the device's free memory a ``capacity`` limit.
+    """
+    if logged is None or inferred.kind == "capacity":
+        return inferred
+    kind = "allowed" if logged.fraction else "capacity"
+    printed_low, printed_high = logged.bytes - logged.error, logged.bytes + logged.error
+    low = max(inferred.low, printed_low)
+    high = printed_high if inferred.high is None else min(inferred.high, printed_high)
+    where = logged.source.describe()
+    figure = f"{format_size(logged.bytes)} " + (
+        "allowed" if logged.fraction else "reserved + free, no memory fraction"
+    )
+    if low > high:
+        return InferredLimit(
+            inferred.kind,
+            inferred.low,
+            inferred.high,
+            inferred.value,
+            f"{inferred.basis} (the OOM message at {where} prints {figure}, which the trace "
+            "contradicts: not used)",
+        )
+    return InferredLimit(
+        kind,
+        low,
+        high,
+        (low + high) // 2,
+        f"the OOM message at {where}: {figure} (printed to +-{format_size(logged.error)}), "
+        "within what the trace shows",
+        from_log=True,
+    )
