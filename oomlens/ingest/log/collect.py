@@ -106,6 +106,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         caught_oom_events=caught,
         platform_hints=tuple(reader.platform.values()),
         allocator_summaries=tuple(reader.alloc_summaries.items),
+        tracebacks_cut=reader.cut_tracebacks,
         line_by_line=reader.line_by_line,
     )
 

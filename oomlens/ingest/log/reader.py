@@ -408,6 +408,8 @@ class LogReader:
         key = prefix.key
         stream = self._stream(key)
         self.in_traceback = False
+        if self.every_line:
+            rest = paste.strip_logger(rest)  # a traceback relayed line by line by a service
         if stream.open or mask & TB or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref, mask):
                 return
@@ -535,7 +537,8 @@ class LogReader:
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
         messages = torch_oom.parse_oom_messages(
-            finished.text, exception_class=finished.exception_class or None
+            finished.text or finished.exception_class,
+            exception_class=finished.exception_class or None,
         )
         ref = finished.source
         when = finished.time

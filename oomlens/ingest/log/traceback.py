@@ -82,6 +82,7 @@ class TracebackAssembler:
         "_frames_omitted",
         "_frames_tail",
         "_header_ref",
+        "_header_class",
         "_headless",
         "_last_line",
         "_path_start",
@@ -104,6 +105,7 @@ class TracebackAssembler:
         self._last_line = 0
         self._style = "python"
         self._headless = False
+        self._header_class = ""
         self._box_closed = False
         self._path_start = ""
 
@@ -167,6 +169,7 @@ class TracebackAssembler:
         if shape.shape is Shape.HEADER:
             finished = self.close() if self._state else None
             self._begin(ref, shape.style)
+            self._header_class = shape.header_class or ""
             return finished
         stripped = text.strip()
         if stripped in CHAIN_MARKERS:
@@ -258,9 +261,12 @@ class TracebackAssembler:
         self._chained = False
         self._headless = False
         self._path_start = ""
+        header_class, self._header_class = self._header_class, ""
         if state == 1:
             assert traceback is not None
-            return FinishedException(traceback.source, "", "", traceback)
+            # IPython's header names the class: a traceback cut before its message still says
+            # what was raised
+            return FinishedException(traceback.source, header_class, "", traceback)
         assert self._exc_ref is not None
         return FinishedException(
             self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time
