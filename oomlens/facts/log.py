@@ -436,7 +436,8 @@ class WorldSize:
 @dataclass(frozen=True, slots=True)
 class ParamCount:
     """The model's parameter count as a line states it (``origin``: ``deepspeed`` zero.Init,
-    ``hf_trainer``, ``peft``, ``script`` for a training script's own line)."""
+    ``hf_trainer``, ``peft``, ``lightning`` (its model summary's ``Total params``), ``script``
+    for a training script's own line)."""
 
     total: int
     trainable: int | None
