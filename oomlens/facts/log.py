@@ -646,6 +646,9 @@ class LogFacts:
     tracebacks_cut: int = 0
     """Tracebacks that stopped before their exception line (a window that ends, or a paste
     that skipped the message): the text is visibly inside a crash."""
+    partial_tracebacks: tuple[ExceptionEvent, ...] = ()
+    """The last few of those, with their frames and the phase the frames show
+    (``exception_class`` is ''): what a window inside a traceback still tells."""
     line_by_line: bool = False
     """The input was small enough to be read line by line with the wider anchor table (a
     paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""

@@ -107,6 +107,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         platform_hints=tuple(reader.platform.values()),
         allocator_summaries=tuple(reader.alloc_summaries.items),
         tracebacks_cut=reader.cut_tracebacks,
+        partial_tracebacks=tuple(reader.partial),
         line_by_line=reader.line_by_line,
     )
 

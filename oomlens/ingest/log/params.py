@@ -33,7 +33,8 @@ _FREE = regex.compile(
     r"param(?:eter)?s\b"
 )
 _LIGHTNING = regex.compile(
-    r"\s{0,4}Total params:? {1,40}(?P<n>[0-9][0-9,]{0,20}(?:\.[0-9]{1,4})?) ?(?P<u>[KMBT])?\s{0,80}\Z"
+    r"\s{0,4}Total params:? {1,40}(?P<n>[0-9][0-9,]{0,20}(?:\.[0-9]{1,4})?) ?(?P<u>[KMBT])?"
+    r"\s{0,80}\Z"
 )
 _UNITS = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 

@@ -23,6 +23,7 @@ messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -92,6 +93,7 @@ from oomlens.ingest.log.traceback import (
 from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
 MAX_STREAMS = 4096
+MAX_PARTIAL_TRACEBACKS = 16
 MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
 _WORLD_PRIORITY = {
@@ -172,6 +174,7 @@ class LogReader:
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
+        self.partial: deque[ExceptionEvent] = deque(maxlen=MAX_PARTIAL_TRACEBACKS)
         self.lines_since_stale_check = 0
         lim = limits.max_events
         self.oom = BoundedList[OomEvent]("oom_events", limits.max_oom_events)
@@ -530,12 +533,18 @@ class LogReader:
 
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
-        if not finished.exception_class and not finished.text:
-            self.cut_tracebacks += 1
-            return
         phase, evidence = (
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
+        if not finished.exception_class and not finished.text:
+            self.cut_tracebacks += 1
+            if traceback is not None and traceback.frames:
+                self.partial.append(
+                    ExceptionEvent(
+                        finished.source, "", "", traceback, phase, evidence, False, None, False
+                    )
+                )
+            return
         messages = torch_oom.parse_oom_messages(
             finished.text or finished.exception_class,
             exception_class=finished.exception_class or None,

@@ -68,7 +68,7 @@ _QUICK = tuple(anchor.decode() for anchor in ANCHORS)
 # "out of memory"; "hipErrorOutOfMemory" holds "OutOfMemory"; cuBLAS/cuDNN/HSA statuses hold
 # "_STATUS_".
 _QUICK_SQUEEZED = (
-    "outofmemory",
+    "outofmem",
     "OutOfMemory",
     "Outofmemory",
     "Triedtoallocate",
@@ -117,7 +117,9 @@ _SQ_LEGACY_CLAUSE = regex.compile(
 _SQ_MESSAGE_START = regex.compile(
     _BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)|Triedtoallocate(?!\d[\d.]{0,30}[A-Za-z]{1,5}"
     r"on(?:private|shared)pool)|\((?:GPU|NPU|XPU|MLU|GCU|MUSA)\d{1,4};\d|"
-    r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac"
+    r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac|"
+    r"(?<![\d.])\d{1,24}(?:\.\d{1,6})?(?:bytes|[KMGTPE]iB|[KMGTP]B|B)"
+    r"(?:totalcapacity|alreadyallocated|reservedintotalbyPyTorch);"
 )
 """Where an allocator message (or what is left of it in a paste that starts mid-way) begins."""
 _SQ_LIST_GOES_ON = regex.compile(r"\.(?:Of|Includ|\d|If|Please|See)")
@@ -149,7 +151,9 @@ _NCCL_CUDA_FAILURE = regex.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
 _NCCL_ERROR = regex.compile(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
 _DRIVER = regex.compile(
     r"(?P<backend>CUDA|HIP|cuda) (?:driver )?error: out of memory|hipErrorOutOfMemory|"
-    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES"
+    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES|"
+    # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
+    r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
 )
 _THC = regex.compile(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
 _EXCEPTION_BEFORE = regex.compile(
