@@ -232,6 +232,11 @@ class OomEvent:
     reported_elsewhere: int = 0
     """How many later copies of the same message (torchrun summary, error file) were folded
     into this event."""
+    preamble: str | None = None
+    """What its line says before the message when that is more than an exception class: a
+    warning or a log record that wraps the message (``UserWarning: Failed to clone() tensor
+    with name lm_head.weight ... state_dict ... Error: ``, ``batch size 16 ran out of memory,
+    retrying smaller: ``).  Bounded."""
 
     @property
     def rank(self) -> int | None:

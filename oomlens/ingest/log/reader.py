@@ -50,7 +50,6 @@ from oomlens.facts.log import (
     LogFacts,
     MemorySample,
     OomEvent,
-    OomKind,
     ParamCount,
     PeerFailureSignal,
     Phase,
@@ -459,8 +458,12 @@ class LogReader:
             self._finished(finished)
         self.in_traceback = was_open and stream.tb.open
         if stream.tb.exception_class is not None and (
-            (mask & OOM and _complete_on_its_line(rest))
-            or (stream.tb.oom_like and stream.tb.message_lines > 1 and _wrapped_complete(stream))
+            (mask & OOM and torch_oom.complete_on_its_line(rest))
+            or (
+                stream.tb.oom_like
+                and stream.tb.message_lines > 1
+                and torch_oom.wrapped_complete(stream.tb.exception_text)
+            )
         ):
             finished = stream.tb.close()  # nothing follows a complete allocator message
             if finished is not None:
@@ -502,7 +505,7 @@ class LogReader:
             cls = _EXCEPTION_CLASS.search(rest)
             now = self.time_before(data, start)
             finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
-            if _complete_on_its_line(rest):
+            if torch_oom.complete_on_its_line(rest):
                 self._finished_maybe(finished)
                 finished = stream.tb.close()
         elif (
@@ -561,6 +564,7 @@ class LogReader:
                 origin="log",
                 timestamp=when,
                 timestamp_exact=False,
+                preamble=torch_oom.preamble(finished.text, oom.text, oom.exception_class),
             )
             self._add_oom(event)
         if messages:
@@ -932,22 +936,6 @@ class LogReader:
     def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
         if kind not in self.platform:
             self.platform[kind] = PlatformHint(ref, kind, text[:300])
-
-
-def _wrapped_complete(stream: StreamState) -> bool:
-    """True when the lines of an OOM message collected so far (wrapped by a terminal or a
-    paste) hold a complete allocator message."""
-    message = torch_oom.parse_oom_message(stream.tb.exception_text)
-    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
-
-
-def _complete_on_its_line(text: str) -> bool:
-    """True for an allocator message that ended on this line (its last clause is there)."""
-    if "Tried to allocate" not in text:
-        return False
-    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
-        return True
-    return "is reserved by PyTorch but unallocated" in text
 
 
 def read_log(

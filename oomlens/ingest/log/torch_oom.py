@@ -655,3 +655,32 @@ def _parse_thc(text: str, exception_class: str | None) -> OomMessage | None:
     if match is None:
         return None
     return _simple(OomKind.DRIVER, "thc", text, match.start(), exception_class)
+
+
+def preamble(text: str, message: str, exception_class: str | None) -> str | None:
+    """The words before ``message`` on the first line of ``text``, unless only its exception
+    class (a warning or a log record that wraps the message; ``OomEvent.preamble``)."""
+    first = text.split("\n", 1)[0]
+    at = first.find(message[:24]) if message else -1
+    if at <= 0:
+        return None
+    before = first[:at].strip()
+    if exception_class and before.rstrip(": ") in (exception_class, ""):
+        return None
+    return before[-300:] or None
+
+
+def wrapped_complete(text: str) -> bool:
+    """True when ``text`` (the lines of an OOM message collected so far, wrapped by a terminal
+    or a paste) holds a complete allocator message."""
+    message = parse_oom_message(text)
+    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
+
+
+def complete_on_its_line(text: str) -> bool:
+    """True for an allocator message that ended on this line (its last clause is there)."""
+    if "Tried to allocate" not in text:
+        return False
+    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
+        return True
+    return "is reserved by PyTorch but unallocated" in text

@@ -136,3 +136,33 @@ def test_deepspeed_config_rejected_by_pydantic_is_a_config_error() -> None:
         facts = read_log(paste_path(case))
         assert facts.config_errors, case
         assert _verdict(paste_path(case)) == "config_error", case
+
+
+@pytest.mark.parametrize(
+    ("case", "phase"),
+    [
+        ("alpaca-rlhf-6", Phase.MODEL_INIT),  # torch/nn/modules/module.py in convert (.to())
+        ("transformers-26203", Phase.MODEL_INIT),  # IPython's "_BaseAutoModelClass.from_pretrained"
+        ("qlora-82", Phase.OPTIMIZER_STEP),  # bitsandbytes/optim/optimizer.py in step
+    ],
+)
+def test_phase_from_the_frames_of_a_paste(case: str, phase: Phase) -> None:
+    facts = read_log(paste_path(case))
+    events = [*facts.oom_events, *facts.exceptions]
+    assert events and events[0].phase is phase
+
+
+def test_vllm_cache_sizing_frames_are_generation() -> None:
+    # vllm-10439: worker.py raise_if_cache_size_invalid (the KV cache does not fit)
+    [exception] = read_log(paste_path("vllm-10439")).exceptions
+    assert exception.phase is Phase.GENERATION
+
+
+def test_the_words_wrapping_a_message_are_kept() -> None:
+    # stanfordalpaca-65: FSDP's state_dict warning quotes the OOM after "Error: "
+    [event] = read_log(paste_path("stanfordalpaca-65")).oom_events
+    assert event.preamble is not None and "state_dict" in event.preamble
+    assert event.message.tried_to_allocate == 502 * 2**20
+    # a message after its own exception class has none
+    [plain] = read_log(paste_path("deepspeed-3869")).oom_events
+    assert plain.preamble is None
