@@ -57,7 +57,7 @@ def parse_param_count(text: str) -> ParamCountReading | None:
         return ParamCountReading(round(float(m.group("n")) * 10**9), None, "deepspeed")
     if m := _PEFT.search(text, timeout=1.0):
         return ParamCountReading(_int(m.group("n")), _int(m.group("t")), "peft")
-    if m := _LIGHTNING.match(text, timeout=1.0):
+    if "Total params" in text and (m := _LIGHTNING.match(text, timeout=1.0)):
         factor = _UNITS[m.group("u")] if m.group("u") else 1
         return ParamCountReading(
             round(float(m.group("n").replace(",", "")) * factor), None, "lightning"

@@ -142,6 +142,21 @@ def test_an_oom_raised_to_the_top_is_not_caught_by_a_later_progress_line(tmp_pat
     assert len(facts.oom_events) == 1 and facts.caught_oom_events == ()
 
 
+def test_a_crash_then_a_rerun_that_finishes_in_the_same_file(tmp_path: Path) -> None:
+    oom = _lab_oom("2.00 MiB")
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 12, in <module>',
+        "    loss.backward()",
+        f"torch.OutOfMemoryError: {oom}",
+        "step 1/5 loss 10.56",
+        "step 5/5 loss 10.51",
+        "training finished",
+    ]
+    facts = read_log(_write(tmp_path, lines))
+    assert len(facts.oom_events) == 1 and facts.caught_oom_events == ()
+
+
 def test_memory_summary_table_counts_the_oom() -> None:
     # pytorch-35901: torch.cuda.memory_summary() with "CUDA OOMs: 1 | cudaMalloc retries: 1"
     facts = read_log(paste_path("pytorch-35901"))
