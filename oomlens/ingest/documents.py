@@ -18,7 +18,7 @@ _LOG_LINE = regex.compile(
     r'File "[^"]{1,500}", line \d|'
     r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|"
     r"[\w.-]{1,64}:\d{1,10}:\d{1,10} \[\d{1,3}\] NCCL|"
-    r"(?:\w+\.)*\w+(?:Error|Exception): |"
+    r"[\w.]{1,200}(?:Error|Exception): |"
     r".{0,80}\d{1,3}%\|.{0,200}\| ?\d{1,9}/\d{1,9}|"
     r"(?:INFO|WARNING|ERROR|DEBUG)[: ]|"
     r"[│╭╰❱])"

@@ -225,3 +225,40 @@ def test_line_by_line_and_the_fast_pass_read_a_whole_log_alike(
     assert [(f.exitcode, f.signal) for f in slow.process_failures] == [
         (f.exitcode, f.signal) for f in fast.process_failures
     ]
+
+
+def test_the_paste_patterns_stay_linear_on_adversarial_lines() -> None:
+    import regex
+
+    from oomlens.ingest import documents
+    from oomlens.ingest.log import paste, tb_shapes, torch_oom
+
+    patterns = [
+        value
+        for module in (paste, tb_shapes, documents, torch_oom)
+        for value in vars(module).values()
+        if isinstance(value, regex.Pattern)
+    ]
+    assert len(patterns) > 40
+    attacks = [
+        "│" + " " * 60000,
+        "│ /" + "a/" * 30000,
+        "> " * 30000,
+        "File ~/" + "x:1, in " * 7000,
+        "[" + "x](y) in " * 6000,
+        "Process1has1.00GiBmemoryinuse." * 2000,
+        "1.00GiBalreadyallocated;" * 2400,
+        "Error: " * 8000,
+        "a" * 60000 + ":",
+        "╭" + "─" * 60000,
+        "-" * 30000 + "> 1",
+        "[1]    " + "1 " * 30000,
+        "step,loss," * 6000,
+    ]
+    for pattern in patterns:
+        for attack in attacks:
+            # a catastrophic pattern would need far longer than this: anchored at the start of
+            # 60 kB lines, or searched in the bounded heads these modules search
+            pattern.match(attack, timeout=5.0)
+            pattern.search(attack[:8000], timeout=5.0)
+    assert torch_oom.parse_oom_message("Tried to allocate 1.00 MiB " * 3000) is not None
