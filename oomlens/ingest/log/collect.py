@@ -108,6 +108,8 @@ def log_facts(reader: LogReader) -> LogFacts:
         allocator_summaries=tuple(reader.alloc_summaries.items),
         tracebacks_cut=reader.cut_tracebacks,
         partial_tracebacks=tuple(reader.partial),
+        gpu_usage=tuple(reader.gpu_usage.items),
+        gpu_processes=tuple(reader.gpu_processes.items),
         line_by_line=reader.line_by_line,
     )
 

@@ -45,6 +45,8 @@ from oomlens.facts.log import (
     DsConfigDump,
     ExceptionEvent,
     FailureSummary,
+    GpuProcess,
+    GpuUsage,
     KilledSubprocess,
     LauncherExit,
     LogFacts,
@@ -215,6 +217,9 @@ class LogReader:
         self.platform: dict[str, PlatformHint] = {}
         self.alloc_summaries = BoundedList[AllocatorSummary]("allocator_summaries", 64)
         self.alloc_device: int | None = None
+        self.smi_device: int | None = None
+        self.gpu_usage = BoundedList[GpuUsage]("gpu_usage", 64)
+        self.gpu_processes = BoundedList[GpuProcess]("gpu_processes", 64)
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
         """The matchers for each combination of line kinds seen (a handful)."""
 
