@@ -15,6 +15,12 @@ are decoded and
 matched, except while some stream (rank) has a traceback, an exception message, a failure
 summary or the config dump open: then every line is read until it closes (or goes stale).
 
+Inputs of paste size (``LINE_BY_LINE_BYTES`` on disk) are read line by line instead, with a
+wider anchor table (``bits.PASTE_ANCHORS``): what people paste is cut and wrapped anywhere,
+decorated (quote markers, fences), starts inside a traceback or mid-message, and a cheap
+anchor on the first line of every fact cannot be counted on.  Only the lines the fast pass
+would see move the clock, so the times facts carry do not depend on how an input was read.
+
 How it stays bounded: a fixed number of facts per kind (the rest counted in
 ``LogFacts.dropped``), thinned time series with running statistics, bounded tracebacks and
 messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
