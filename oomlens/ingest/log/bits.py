@@ -17,7 +17,10 @@ TB, OOM, TERMINATE, DS_MEMORY, DS_CPU, FLUSH, CONFIG_DUMP, BATCH, CONFIG_ERROR =
     1 << i for i in range(9)
 )
 LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP, PARAMS = (1 << i for i in range(9, 17))
-EXCEPTION, COMPLETION, PLATFORM, SIGNAL, ALLOC_SUMMARY, GPU_TABLE = (1 << i for i in range(17, 23))
+EXCEPTION, COMPLETION, PLATFORM, SIGNAL, ALLOC_SUMMARY, GPU_TABLE, OOM_START = (
+    1 << i for i in range(17, 24)
+)
+"""``OOM_START``: a line where the squeezed text of a paste shows an OOM message beginning."""
 
 COMPLETION_ANCHORS: tuple[bytes, ...] = (b"exits successfully", b"inished")
 """A run that ended normally (``inished``: ``training finished``, ``Finished training``,

@@ -145,9 +145,8 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     for event in events:
         line = event.source.line or 0
         raised = event.traceback is not None and not event.traceback.headless
-        later_step = reader.last_by_rank.get(event.source.rank)
         logged = event.traceback is None and not event.message.exception_class
-        progressed = later_step is not None and (later_step.source.line or 0) > line
+        progressed = reader.progress_line.get(event.source.rank, 0) > line
         if (
             not raised
             and event.origin == "log"

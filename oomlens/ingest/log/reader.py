@@ -75,6 +75,7 @@ from oomlens.ingest.log.bits import (
     EXCEPTION,
     MAIN,
     OOM,
+    OOM_START,
     PASTE_ANCHOR_BITS,
     PASTE_ANCHORS,
     SUMMARY,
@@ -126,6 +127,33 @@ LINE_BY_LINE_BYTES = 1 << 20
 window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
 LINE_BY_LINE_MAX_TEXT = 16 << 20
 """...up to this much decompressed text (a small compressed file can inflate a lot)."""
+
+
+_SPACES = (b"\xc2\xa0", b"\xe2\x80\xaf", b"\xe2\x80\x87", b"\xe3\x80\x80")
+
+
+def _plain_spaces(data: bytes) -> bytes:
+    """A paste's non-breaking and ideographic spaces as spaces, before the anchors are searched:
+    a browser or a CJK input method puts them between the words an anchor is made of."""
+    for space in _SPACES:
+        if space in data:
+            data = data.replace(space, b" ")
+    return data
+
+
+def _with_message_starts(data: bytes, hits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``hits`` and the starts of the lines where an OOM message begins in the paste's squeezed
+    text (an anchor a wrap cut in two is found there)."""
+    text = data.decode("utf-8", "replace")
+    starts = torch_oom.message_starts(text)
+    if not starts:
+        return hits
+    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    extra = []
+    for start in starts:
+        line = text.count("\n", 0, start)  # the bytes' line: decoding keeps every newline
+        extra.append((int(newlines[line - 1]) + 1 if line else 0, OOM | OOM_START))
+    return sorted(hits + extra)
 
 
 def _scanner() -> AnchorScanner:
@@ -225,6 +253,8 @@ class LogReader:
         self.alloc_device: int | None = None
         self.smi_device: int | None = None
         self.last_prefix: LinePrefix | None = None
+        self.progress_line: dict[int | None, int] = {}
+        """The line of each rank's last training progress (not a progress bar)."""
         self.gpu_usage = BoundedList[GpuUsage]("gpu_usage", 64)
         self.gpu_processes = BoundedList[GpuProcess]("gpu_processes", 64)
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
@@ -239,8 +269,13 @@ class LogReader:
             if self.every_line and self.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
                 self.every_line = False
             scanner = _paste_scanner() if self.every_line else _scanner()
+            if self.every_line:
+                data = _plain_spaces(data)
             self.consumed_until = 0
-            after = self._scan_block(data, scanner.hits(data), number)
+            hits = scanner.hits(data)
+            if self.every_line:
+                hits = _with_message_starts(data, hits)
+            after = self._scan_block(data, hits, number)
             self._sample_progress_bar(data, number)
             self.prev_tail = data[-16384:]
             number = after
@@ -528,7 +563,7 @@ class LogReader:
                 finished = stream.tb.start_exception(
                     terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
-        elif mask & OOM and torch_oom.starts_oom(rest):
+        elif mask & OOM and (mask & OOM_START or torch_oom.starts_oom(rest)):
             cls = _EXCEPTION_CLASS.search(rest)
             now = self.time_before(data, start)
             finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
@@ -873,6 +908,8 @@ class LogReader:
         self.last_step_sample = sample
         if ref.rank in self.last_by_rank or len(self.last_by_rank) < MAX_STREAMS:
             self.last_by_rank[ref.rank] = sample
+            if reading.kind != "tqdm":  # a bar may be loading checkpoint shards
+                self.progress_line[ref.rank] = ref.line or 0
 
     # --- closing ----------------------------------------------------------------------------
 
