@@ -117,6 +117,9 @@ class CapturedOom:
     """Every compute process NVML listed on the device (empty when NVML was unavailable)."""
     nvml_used: int | None
     nvml_total: int | None
+    trace_kept: tuple[int, ...] | None = None
+    """How many trace entries each device's history kept when the capture dropped the oldest
+    to fit the snapshot within its disk budget; None when nothing was dropped."""
 
     @property
     def other_processes(self) -> tuple[NvmlProcess, ...]:

@@ -471,7 +471,16 @@ def _oom(ref: SourceRef, when: datetime | None, record: dict[str, Any]) -> Captu
         processes=tuple(processes),
         nvml_used=_int(nvml.get("used")),
         nvml_total=_int(nvml.get("total")),
+        trace_kept=_kept(record.get("snapshot_trace_kept")),
     )
+
+
+def _kept(raw: Any) -> tuple[int, ...] | None:
+    """The capture's ``snapshot_trace_kept``: a list of per-device counts, else None."""
+    if not isinstance(raw, list) or len(raw) > 64:
+        return None
+    counts = tuple(_int(n) for n in raw)
+    return tuple(n for n in counts if n is not None) or None
 
 
 def _frames(raw: Any) -> list[Frame]:
