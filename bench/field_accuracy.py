@@ -136,16 +136,24 @@ def main() -> None:
     args = parser.parse_args()
     split = json.loads((CORPUS / "split.json").read_text())
     cases = sorted(p for p in CORPUS.iterdir() if (p / "case.json").is_file())
+    if args.split != "all":
+        # Only the chosen split (and the unlabelled cases, kept for parsing): tuning on the
+        # development split must not show the held-back cases' results.
+        other = set(split["dev" if args.split == "test" else "test"])
+        cases = [p for p in cases if p.name not in other]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(run_case, cases))
     by_id = {r["id"]: r for r in results}
     labelled = [r for r in results if r["label"] not in (None, "unknown")]
+    if args.split != "all":
+        chosen = set(split[args.split])
+        labelled = [r for r in labelled if r["id"] in chosen]
     groups = {
         "test (held back)": [by_id[i] for i in split["test"] if i in by_id],
         "development": [by_id[i] for i in split["dev"] if i in by_id],
         "all labelled": labelled,
     }
-    print(f"field corpus: {len(results)} cases, {len(labelled)} labelled")
+    print(f"field corpus: {len(results)} cases run, {len(labelled)} labelled in the split shown")
     for name, rows in groups.items():
         if args.split == "test" and not name.startswith("test"):
             continue
