@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oomlens.analysis.oom_arithmetic import MessageBalance, balance
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
@@ -395,3 +396,67 @@ def host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | No
         )
         confidence = max(confidence, 0.5)
     return evidence, confidence, shmem
+
+
+def message_balance(n: OomMessage, thresholds: Thresholds) -> MessageBalance:
+    """The OOM message's balance sheet (``oomlens.analysis.oom_arithmetic``), a listed process
+    counting as this job when it holds what the allocator reserved plus at most
+    ``other_process_self_match_bytes``."""
+    return balance(n, thresholds.other_process_self_match_bytes)
+
+
+def oversized(n: OomMessage) -> bool:
+    """The request alone is larger than the whole card (or a 1 EB lower bound was printed)."""
+    return n.message_format == "exabyte" or balance(n, 0).oversized
+
+
+def oversized_evidence(event: OomEvent) -> Evidence:
+    n = event.message
+    return Evidence(
+        EvidenceKind.DERIVED,
+        f"the request ({size(n.tried_to_allocate)}) is larger than the whole card "
+        f"({size(n.total_capacity)})",
+        event.source,
+        "no batch size or memory setting makes room for it: not a lack of memory",
+        supports=False,
+    )
+
+
+def self_listed_evidence(event: OomEvent, b: MessageBalance) -> Evidence | None:
+    """A listed ``Process N`` that is this job seen from a container, with the arithmetic."""
+    if b.self_listed is None or b.reserved is None:
+        return None
+    return Evidence(
+        EvidenceKind.DERIVED,
+        f"process {b.self_listed.pid} holds {size(b.self_listed.bytes)}: this process' allocator "
+        f"reserved {size(b.reserved)} (allocated {size(b.allocated)} + reserved but unallocated "
+        f"{size(b.message.reserved_unallocated)}) and the message has no 'this process has' "
+        "clause",
+        event.source,
+        "that process is this job itself under its host pid (a container), not another one",
+    )
+
+
+def demand_exceeds_card(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """This process' own tensors filled what it could use: live tensors hold most of what it
+    could reach, the request did not fit in the free memory plus its allocator's cached free
+    blocks (or those were few: a defragmented allocator would fail too), other holders took
+    little (a CUDA context's worth aside), and the request is not larger than the card."""
+    shortfall, live = b.shortfall, b.live_share
+    if shortfall is None or live is None or b.capacity is None or b.oversized:
+        return False
+    if live < thresholds.own_tensors_min_fraction:
+        return False
+    cached_little = b.unallocated is not None and b.unallocated < max(
+        thresholds.fragmentation_min_unallocated_bytes,
+        thresholds.fragmentation_min_unallocated_fraction * (b.limit or b.capacity),
+    )
+    if shortfall <= 0 and not cached_little:
+        return False  # the memory was there, in cached pieces: fragmentation's question
+    if b.capped:
+        return True
+    unlisted = b.outside_unlisted or 0
+    if unlisted < thresholds.other_process_unlisted_min_bytes:
+        unlisted = 0  # a CUDA context's worth
+    held_elsewhere = unlisted + b.others_total
+    return held_elsewhere < thresholds.other_process_unlisted_fraction * b.capacity

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
-from oomlens.facts.log import Phase
+from oomlens.facts.log import OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules._common import (
@@ -16,14 +16,17 @@ from oomlens.rules._common import (
     allocator_oom,
     capacity_evidence,
     category_share,
+    demand_exceeds_card,
     effective_config,
     in_zero3_gather,
     little_stuck,
     live_bytes,
+    message_balance,
     near_full,
     oom_evidence,
     oom_figures,
     others_dominate,
+    oversized_evidence,
     phase_evidence,
     size,
     snapshot_evidence,
@@ -68,8 +71,10 @@ def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fi
     )
 
 
-_MIN_CONFIDENCE = 0.3
-"""Below this the activations are a guess: the report says what is missing instead."""
+_MIN_CONFIDENCE = 0.25
+"""Below this the activations are not worth naming."""
+_LONE_MESSAGE_CONFIDENCE = 0.3
+"""A full card and no frame to place the failure: the commonest cause, named low."""
 
 SPEC = RuleSpec(
     id="activation_memory",
@@ -92,7 +97,11 @@ SPEC = RuleSpec(
         "fragmentation_min_unallocated_bytes",
         "fragmentation_min_unallocated_fraction",
         "model_states_against_activations_fraction",
+        "other_process_self_match_bytes",
+        "other_process_unlisted_fraction",
+        "other_process_unlisted_min_bytes",
         "others_dominate_fraction",
+        "own_tensors_min_fraction",
     ),
     precedence=40,
 )
@@ -105,16 +114,48 @@ class ActivationMemoryRule(Rule):
         for s in snapshot_ooms(facts):
             yield from self._from_snapshot(s, thresholds)
         event = allocator_oom(facts)
-        if event is None or event.phase not in (Phase.FORWARD, Phase.BACKWARD):
+        if event is None:
             return
         n = event.message
+        b = message_balance(n, thresholds)
         evidence = [e for e in (phase_evidence(event),) if e is not None]
-        confidence = 0.35
-        if near_full(n, thresholds) and little_stuck(n, thresholds):
-            confidence = 0.6
+        if event.phase in (Phase.FORWARD, Phase.BACKWARD):
+            confidence = 0.35
+            if n.kind is OomKind.DRIVER:
+                # The driver, not the caching allocator, failed: memory outside the
+                # allocator ran out (a context, a library's workspace), not tensors.
+                confidence = 0.3
+            if near_full(n, thresholds) and little_stuck(n, thresholds):
+                confidence = 0.6
+                evidence.insert(0, capacity_evidence(event, n))
+            else:
+                evidence.insert(0, oom_evidence(event))
+        elif event.phase is Phase.UNKNOWN and demand_exceeds_card(b, thresholds):
+            # No frame places the failure: the message alone says this process' own live
+            # tensors filled the card, and between the usual suspects (the batch's
+            # activations, the model's states) the batch is the more common; a guess, so low.
+            confidence = _LONE_MESSAGE_CONFIDENCE
             evidence.insert(0, capacity_evidence(event, n))
+            evidence.append(
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"live tensors {size(b.allocated)} = {b.live_share or 0:.0%} of what this "
+                    f"process could reach; the {size(b.request)} request "
+                    + (
+                        f"exceeded the free memory and the allocator's cache by {size(b.shortfall)}"
+                        if (b.shortfall or 0) > 0
+                        else "found no usable cached block"
+                    ),
+                    event.source,
+                    "no traceback says which pass: activations are the usual cause, the "
+                    "model's states the other candidate",
+                )
+            )
         else:
-            evidence.insert(0, oom_evidence(event))
+            return
+        if b.oversized:
+            confidence = min(confidence, 0.2)
+            evidence.append(oversized_evidence(event))
         if in_zero3_gather(event):
             confidence -= 0.25
             evidence.append(

@@ -15,6 +15,7 @@ from oomlens.rules._common import (
     SnapshotOom,
     allocator_oom,
     first_step_optimizer_oom,
+    message_balance,
     model_overflow,
     oom_evidence,
     oom_figures,
@@ -80,7 +81,11 @@ SPEC = RuleSpec(
         "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] stays small through "
         "training."
     ),
-    thresholds=("fragmentation_min_unallocated_bytes", "fragmentation_min_unallocated_fraction"),
+    thresholds=(
+        "fragmentation_min_unallocated_bytes",
+        "fragmentation_min_unallocated_fraction",
+        "other_process_self_match_bytes",
+    ),
     precedence=10,
 )
 
@@ -95,9 +100,12 @@ class FragmentationRule(Rule):
         if event is None or event.message.kind is not OomKind.ALLOCATOR:
             return
         n = event.message
-        if n.reserved_unallocated is None or n.limit is None or n.tried_to_allocate is None:
+        b = message_balance(n, thresholds)
+        if b.unallocated is None or n.limit is None or n.tried_to_allocate is None:
             return
-        stuck = n.reserved_unallocated
+        if b.oversized:
+            return  # no cache layout serves a request larger than the card
+        stuck = b.unallocated
         big_enough = stuck >= max(
             thresholds.fragmentation_min_unallocated_bytes,
             thresholds.fragmentation_min_unallocated_fraction * n.limit,
@@ -114,7 +122,7 @@ class FragmentationRule(Rule):
         ]
         confidence = 0.3
         could_hold = n.tried_to_allocate <= stuck
-        allocated = n.allocated_by_pytorch
+        allocated = b.allocated
         need_fits = allocated is not None and allocated + n.tried_to_allocate <= n.limit
         if could_hold and need_fits:
             confidence = 0.65
