@@ -11,7 +11,7 @@ so (``insufficient_evidence``) and what to capture next time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
@@ -166,7 +166,7 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
     verdict, reason = decide_verdict(facts)
     undetermined = insufficient_evidence(facts, verdict, diagnoses)
     if undetermined is not None:
-        diagnoses = (undetermined, *diagnoses)
+        diagnoses = _with_uncertainty(diagnoses, undetermined)
     missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
     known = docs() | {INSUFFICIENT_EVIDENCE.id: INSUFFICIENT_EVIDENCE.doc}
     return Report(
@@ -239,6 +239,12 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
+        if facts.recovered_ooms:
+            return Verdict.NO_FAILURE, (
+                f"{len(facts.recovered_ooms)} out-of-memory error(s) were caught and retried by "
+                f"the program (first at {facts.recovered_ooms[0].describe()}) and training went "
+                "on; no error, kill or failed exit after them"
+            )
         return Verdict.NO_FAILURE, "no error, kill or failed exit in the inputs"
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"
@@ -249,7 +255,7 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
 
 SURE_ENOUGH = 0.5
 """A cause at this confidence or above is worth naming; below, the report says what is missing."""
-_NOT_CAUSES = frozenset({"config_hazard", "internal_error", "non_pytorch_memory"})
+_NOT_CAUSES = frozenset({"config_hazard", "internal_error"})
 INSUFFICIENT_EVIDENCE = RuleSpec(
     id="insufficient_evidence",
     title="Not enough evidence to say why",
@@ -262,6 +268,25 @@ INSUFFICIENT_EVIDENCE = RuleSpec(
     "enabled) and run oomlens again on the run directory.",
 )
 """Not a rule: what the report says when no rule is sure enough."""
+
+
+def _with_uncertainty(
+    diagnoses: Sequence[Diagnosis], undetermined: Diagnosis
+) -> tuple[Diagnosis, ...]:
+    """Where ``insufficient_evidence`` goes.  First only when nothing points anywhere (no
+    cause at all).  When causes were found but none is sure enough, the best-supported one
+    still comes first, at its own low confidence, carrying what to capture next time in its
+    ``missing``; ``insufficient_evidence`` follows the causes (at no more than their
+    confidence, so the list stays most likely first)."""
+    causes = [d for d in diagnoses if d.id not in _NOT_CAUSES]
+    if not causes:
+        return (undetermined, *diagnoses)
+    best = causes[0]
+    recipe = tuple(m for m in undetermined.missing if m not in best.missing)
+    ordered = [replace(best, missing=(*best.missing, *recipe))]
+    ordered += [d for d in diagnoses if d is not best]
+    lowest = min(d.confidence for d in ordered)
+    return (*ordered, replace(undetermined, confidence=min(lowest, undetermined.confidence)))
 
 
 def insufficient_evidence(
