@@ -105,8 +105,11 @@ def oom_event_to_dict(event: OomEvent) -> dict[str, Any]:
         "process_in_use": m.process_in_use,
         "allocated_by_pytorch": m.allocated_by_pytorch,
         "reserved_unallocated": m.reserved_unallocated,
+        "reserved_total": m.reserved_total,
         "allowed": m.allowed,
         "private_pools": m.private_pools,
+        "other_allocations": m.other_allocations,
+        "backend": m.backend,
         "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in m.other_processes],
     }
 
