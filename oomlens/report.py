@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from oomlens import __version__
 from oomlens.analysis.preflight import Preflight
+from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.analysis.run import step_before
 from oomlens.diagnosis import (
     Diagnosis,
@@ -227,6 +228,14 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             return Verdict.CONFIG_ERROR, (
                 f"DeepSpeed rejected the config ({log.config_errors[0].source.describe()})"
             )
+    refused = config_rejections(facts.logs)
+    if refused:
+        what = "batch settings" if refused[0].kind is Rejection.BATCH else "config"
+        return Verdict.CONFIG_ERROR, (
+            f"the {what} were refused at startup ({refused[0].source.describe()})"
+            if what == "batch settings"
+            else f"the config was refused at startup ({refused[0].source.describe()})"
+        )
     if facts.has_failure_evidence():
         failed = facts.ranks.first_failed
         if failed is not None and failed.first_source is not None:

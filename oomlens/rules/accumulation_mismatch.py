@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
+from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count
 from oomlens.facts.log import BatchAssertion, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
     oom_evidence,
+    quote,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -95,7 +97,55 @@ class AccumulationMismatchRule(Rule):
             if log.batch_assertions:
                 yield self._assertion(log.batch_assertions[0])
                 return
+        batch = [r for r in config_rejections(facts.logs) if r.kind is Rejection.BATCH]
+        if batch:
+            yield self._rejected(batch[0])
+            return
         yield from self._derived_micro(facts)
+
+    @staticmethod
+    def _rejected(r: ConfigRejection) -> Diagnosis:
+        """A framework refused the batch arithmetic (transformers' DeepSpeed integration, a
+        trainer's divisibility check) before any training."""
+        listed = ", ".join(r.keys)
+        return SPEC.diagnose(
+            confidence=0.85 if r.keys or "divisible" in r.text else 0.7,
+            summary=(
+                f"the batch settings were refused before training: {listed} disagree"
+                if r.keys
+                else "the batch settings were refused before training: the batch sizes, "
+                "accumulation steps and number of processes do not agree"
+            ),
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(r.text),
+                    r.source,
+                    "raised while the trainer checks its batch arithmetic, before any step",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    'Let one side derive the batch: set the DeepSpeed batch keys to "auto" '
+                    "under the HF Trainer, or make micro batch x accumulation x processes "
+                    "equal the global batch (and divisible as the trainer requires) for the "
+                    "number of processes the job really runs with.",
+                    config_patch={
+                        key: "auto"
+                        for key in r.keys
+                        if key
+                        in (
+                            "train_batch_size",
+                            "train_micro_batch_size_per_gpu",
+                            "gradient_accumulation_steps",
+                        )
+                    }
+                    or None,
+                    cost="none",
+                ),
+            ),
+            rank=r.source.rank,
+        )
 
     def _assertion(self, a: BatchAssertion) -> Diagnosis:
         fixes = tuple(
