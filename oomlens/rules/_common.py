@@ -460,3 +460,15 @@ def demand_exceeds_card(b: MessageBalance, thresholds: Thresholds) -> bool:
         unlisted = 0  # a CUDA context's worth
     held_elsewhere = unlisted + b.others_total
     return held_elsewhere < thresholds.other_process_unlisted_fraction * b.capacity
+
+
+def fullness(n: OomMessage) -> str:
+    """How full the card was, in the message's own numbers (or that it printed none)."""
+    if n.allocated_by_pytorch is None or n.limit is None:
+        if n.tried_to_allocate is not None:
+            return f"{size(n.tried_to_allocate)} more was needed"
+        return "the message carries no allocator numbers"
+    return (
+        f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
+        f"{size(n.tried_to_allocate)} more was needed"
+    )

@@ -18,6 +18,7 @@ from oomlens.rules._common import (
     category_share,
     demand_exceeds_card,
     effective_config,
+    fullness,
     in_zero3_gather,
     little_stuck,
     live_bytes,
@@ -156,6 +157,22 @@ class ActivationMemoryRule(Rule):
         if b.oversized:
             confidence = min(confidence, 0.2)
             evidence.append(oversized_evidence(event))
+        if b.capped:
+            listed = (
+                f"; the other process(es) listed ({size(b.others_total)}) took nothing it "
+                "could have had"
+                if b.others
+                else ""
+            )
+            evidence.append(
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"{size(b.limit)} allowed for this process and {size(b.free)} still free on "
+                    f"the device{listed}",
+                    event.source,
+                    "the per-process cap, not the card, was the limit",
+                )
+            )
         if in_zero3_gather(event):
             confidence -= 0.25
             evidence.append(
@@ -209,9 +226,10 @@ class ActivationMemoryRule(Rule):
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"the {event.phase.value} pass filled the GPU with live tensors: "
-                f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
-                f"{size(n.tried_to_allocate)} more was needed"
+                f"the {event.phase.value} pass filled the GPU with live tensors: {fullness(n)}"
+                if event.phase is not Phase.UNKNOWN
+                else f"this process' own live tensors filled the GPU: {fullness(n)}; most "
+                "often the batch's activations (no traceback says which pass)"
             ),
             evidence=tuple(evidence),
             fixes=tuple(fixes),

@@ -10,11 +10,13 @@ from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
+    fullness,
     near_full,
     oom_evidence,
     oom_figures,
+    oversized,
+    oversized_evidence,
     phase_evidence,
-    size,
     steps_completed_before,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -65,6 +67,9 @@ class EvalOrGenerationRule(Rule):
             )
         if near_full(n, thresholds):
             confidence += 0.05
+        if oversized(n):
+            confidence = min(confidence, 0.3)
+            evidence.append(oversized_evidence(event))
         what = "generation" if event.phase is Phase.GENERATION else "evaluation"
         fixes = [
             Fix(
@@ -92,11 +97,9 @@ class EvalOrGenerationRule(Rule):
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
-                f"{size(n.limit)} {n.limit_name}) after training steps had fit"
+                f"{what} ran out of GPU memory ({fullness(n)}) after training steps had fit"
                 if done
-                else f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
-                f"{size(n.limit)} {n.limit_name})"
+                else f"{what} ran out of GPU memory ({fullness(n)})"
             ),
             evidence=tuple(evidence),
             fixes=tuple(fixes),

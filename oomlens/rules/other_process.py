@@ -7,17 +7,20 @@ from typing import ClassVar
 
 from oomlens.analysis.oom_arithmetic import MessageBalance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction, in_bytes
-from oomlens.facts.log import OomEvent
+from oomlens.facts.log import OomEvent, OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
+    any_steps,
     message_balance,
     oom_evidence,
     oom_figures,
+    phase_evidence,
     self_listed_evidence,
     size,
     snapshot_oom_evidence,
     snapshot_ooms,
+    steps_completed_before,
 )
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
@@ -47,6 +50,7 @@ SPEC = RuleSpec(
         "other_process_unlisted_fraction",
         "other_process_unlisted_min_bytes",
         "others_dominate_fraction",
+        "small_model_max_bytes",
     ),
     precedence=20,
 )
@@ -80,6 +84,9 @@ class OtherProcessRule(Rule):
         if event is None:
             return
         n = event.message
+        if n.kind is OomKind.DRIVER:
+            yield from self._driver(facts, event, thresholds)
+            return
         b = message_balance(n, thresholds)
         if b.capacity is None or b.capped or b.oversized:
             # Under a cap with room left on the device, or for a request larger than the card,
@@ -89,6 +96,87 @@ class OtherProcessRule(Rule):
             yield from self._listed(event, b, thresholds)
         else:
             yield from self._unlisted(event, b, thresholds)
+
+    def _driver(
+        self, facts: RunFacts, event: OomEvent, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """``CUDA error: out of memory`` from the runtime, before the job computed anything:
+        the caching allocator did not run out (it raises its own message), an allocation
+        outside it did (a context, a library's handle, a kernel's module): the card was full
+        before this job's tensors could fill it."""
+        n = event.message
+        if n.message_format != "driver" or event.traceback is None:
+            return  # THC's message is the old allocator's; a lone line places nothing
+        if event.phase not in (Phase.MODEL_INIT, Phase.FORWARD, Phase.BACKWARD, Phase.UNKNOWN):
+            return  # data loading: pinned host memory, another story
+        if steps_completed_before(facts, event) or (
+            steps_completed_before(facts, event) is None and any_steps(facts)
+        ):
+            return  # the job had been computing: its own memory may have filled the card
+        confidence = 0.45
+        evidence = [
+            oom_evidence(
+                event,
+                "the CUDA runtime, not PyTorch's caching allocator, ran out: an allocation "
+                "outside the allocator failed",
+            )
+        ]
+        phase = phase_evidence(event)
+        if phase is not None:
+            evidence.append(phase)
+        evidence.append(
+            Evidence(
+                EvidenceKind.DERIVED,
+                "no training step had completed",
+                event.source,
+                "the job's first computations failed: the card was already full",
+            )
+        )
+        params = facts.params
+        if params is not None and params.total * 4 < thresholds.small_model_max_bytes:
+            confidence += 0.15
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    f"the model has {params.total:,} parameters: {size(params.total * 4)} in fp32",
+                    params.source,
+                    "far less than any card holds: the model did not fill it",
+                )
+            )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                "the CUDA runtime ran out of device memory at the job's first computations: "
+                "something else most likely held the card"
+            ),
+            evidence=tuple(evidence),
+            fixes=self._fixes(None),
+            missing=(
+                "what else used the GPU at the time: nvidia-smi --query-compute-apps="
+                "pid,process_name,used_memory --format=csv",
+            ),
+            rank=event.rank,
+        )
+
+    @staticmethod
+    def _fixes(held: int | None) -> tuple[Fix, ...]:
+        return (
+            Fix(
+                "Find and stop the other process, or run where the GPU is yours alone.",
+                command=(
+                    "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                    "--format=csv  # on the node; SLURM: --exclusive or --gres=gpu:N"
+                ),
+                predicted_saving_bytes=held,
+                cost="none",
+            ),
+            Fix(
+                "If the other process is your own DataLoader worker or a second rank on the "
+                "same GPU, make sure workers never touch CUDA and each rank calls "
+                "torch.cuda.set_device(local_rank) before any CUDA work.",
+                cost="code change",
+            ),
+        )
 
     def _listed(
         self, event: OomEvent, b: MessageBalance, thresholds: Thresholds
@@ -210,23 +298,7 @@ class OtherProcessRule(Rule):
                 f"{size(b.free)} was free for a {size(b.request)} request"
             ),
             evidence=tuple(evidence),
-            fixes=(
-                Fix(
-                    "Find and stop the other process, or run where the GPU is yours alone.",
-                    command=(
-                        "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-                        "--format=csv  # on the node; SLURM: --exclusive or --gres=gpu:N"
-                    ),
-                    predicted_saving_bytes=held,
-                    cost="none",
-                ),
-                Fix(
-                    "If the other process is your own DataLoader worker or a second rank on the "
-                    "same GPU, make sure workers never touch CUDA and each rank calls "
-                    "torch.cuda.set_device(local_rank) before any CUDA work.",
-                    cost="code change",
-                ),
-            ),
+            fixes=OtherProcessRule._fixes(held),
             missing=missing,
             rank=event.rank,
             figures={**oom_figures(n), "other_processes_share": a_fraction(round(share, 3))},

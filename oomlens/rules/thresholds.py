@@ -93,6 +93,9 @@ class Thresholds:
     oversized_near_card_fraction: float = 0.9
     """A single request of this fraction of the card or more, with little allocated, is nearly
     the whole card in one tensor: suspect the shape before the memory settings."""
+    small_model_max_bytes: int = 2 * GIB
+    """A model whose fp32 weights are under this cannot have filled a training GPU by itself
+    before its first step."""
     min_confidence_to_report: float = 0.15
     """Diagnoses below this confidence are dropped from the report."""
 
