@@ -17,9 +17,11 @@ from enum import StrEnum
 from typing import ClassVar
 
 from oomlens import __version__
+from oomlens.analysis.lookalikes import library_failure_explained
 from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.analysis.run import step_before
+from oomlens.analysis.signals import host_memory_pressure, signal_deaths, silent_death
 from oomlens.diagnosis import (
     Diagnosis,
     Evidence,
@@ -31,7 +33,7 @@ from oomlens.diagnosis import (
     Unit,
 )
 from oomlens.facts import SourceRef
-from oomlens.facts.kernel import KernelOomKill
+from oomlens.facts.kernel import FatalSignalKind, KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
@@ -184,6 +186,12 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
 def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     """The verdict and the sentence that justifies it, from facts alone."""
     gpu = facts.gpu_oom_events()
+    bug = library_failure_explained(facts.logs, gpu)
+    if bug is not None:
+        return Verdict.OTHER_FAILURE, (
+            f"a {gpu[0].message.kind.value} status error follows a bug ({bug.source.describe()}: "
+            f"{' '.join(bug.text.split())[:120]}): a poisoned CUDA context, not a lack of memory"
+        )
     if gpu:
         first = facts.first_gpu_oom() or gpu[0]
         where = first.source.describe()
@@ -218,6 +226,34 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             f"a rank was killed with SIGKILL and no GPU error was printed ({sigkilled}); "
             "on a training node that is almost always the kernel's OOM killer"
         )
+    deaths = signal_deaths(facts)
+    shm = [
+        line
+        for log in facts.logs
+        for line in log.fatal_signals
+        if line.kind is FatalSignalKind.SHM_EXHAUSTED
+    ]
+    bus = [d for d in deaths if d.signal == "SIGBUS"]
+    if shm or bus:
+        cited = shm[0].source if shm else bus[0].source
+        where = cited.describe() if cited is not None else bus[0].text
+        return (
+            Verdict.HOST_OOM,
+            f"shared memory (/dev/shm) ran out or could not be mapped ({where})",
+        )
+    silent = silent_death(facts)
+    if silent is not None:
+        pressure = host_memory_pressure(facts)
+        if pressure is not None and (pressure.cpu_percent or 0) >= 100 * HOST_PRESSURE:
+            return Verdict.HOST_OOM, (
+                f"a worker died without printing an error ({silent.source.describe()}: "
+                f"{silent.text}) while the node's memory was {pressure.cpu_percent}% used "
+                f"({pressure.source.describe()})"
+            )
+        return Verdict.OTHER_FAILURE, (
+            f"a worker died without printing an error ({silent.source.describe()}: "
+            f"{silent.text}): a signal; the inputs do not say which"
+        )
     for log in facts.logs:
         if log.batch_assertions:
             return Verdict.CONFIG_ERROR, (
@@ -236,6 +272,10 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             if what == "batch settings"
             else f"the config was refused at startup ({refused[0].source.describe()})"
         )
+    if deaths and not facts.has_failure_evidence():
+        death = deaths[0]
+        where = f" ({death.source.describe()})" if death.source is not None else ""
+        return Verdict.OTHER_FAILURE, f"a process died of {death.signal}{where}"
     if facts.has_failure_evidence():
         failed = facts.ranks.first_failed
         if failed is not None and failed.first_source is not None:
@@ -262,6 +302,8 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
 
 # -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
 
+HOST_PRESSURE = Thresholds().host_memory_pressure_fraction
+"""The verdict's reading of a silent death under memory pressure (the rule's default)."""
 SURE_ENOUGH = 0.5
 """A cause at this confidence or above is worth naming; below, the report says what is missing."""
 _NOT_CAUSES = frozenset({"config_hazard", "internal_error"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.lookalikes import BugEvidence, library_failure_explained
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -57,6 +58,10 @@ class NotOomRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        bug = library_failure_explained(facts.logs, facts.gpu_oom_events())
+        if bug is not None:
+            yield self._poisoned(facts, bug)
+            return
         if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
@@ -142,6 +147,40 @@ class NotOomRule(Rule):
             evidence=tuple(evidence),
             fixes=fixes,
             rank=picture.first_failed.rank if picture.first_failed else None,
+        )
+
+    @staticmethod
+    def _poisoned(facts: RunFacts, bug: BugEvidence) -> Diagnosis:
+        status = facts.gpu_oom_events()[0]
+        return SPEC.diagnose(
+            confidence=0.75,
+            summary="an indexing bug (or device-side assert) broke the CUDA context; the "
+            f"{status.message.kind.value} status error that looks like memory followed from it",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(bug.text),
+                    bug.source,
+                    "an out-of-range index or a failed kernel assertion",
+                ),
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(status.message.text),
+                    status.source,
+                    "a library status that a poisoned context produces as readily as a full card",
+                    supports=False,
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Find the index that is out of range (token ids >= the vocabulary or "
+                    "position ids >= max positions, labels >= the number of classes): run once "
+                    "on the CPU or with CUDA_LAUNCH_BLOCKING=1 to get the failing line.",
+                    command="CUDA_LAUNCH_BLOCKING=1 python ...",
+                    cost="debugging",
+                ),
+            ),
+            rank=status.rank,
         )
 
 

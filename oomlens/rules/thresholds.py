@@ -96,6 +96,9 @@ class Thresholds:
     small_model_max_bytes: int = 2 * GIB
     """A model whose fp32 weights are under this cannot have filled a training GPU by itself
     before its first step."""
+    host_memory_pressure_fraction: float = 0.8
+    """The node's memory in use (DeepSpeed's CPU Virtual Memory percent) at or above this just
+    before a worker died silently points at the OOM killer."""
     min_confidence_to_report: float = 0.15
     """Diagnoses below this confidence are dropped from the report."""
 
