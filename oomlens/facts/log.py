@@ -125,6 +125,13 @@ class OomMessage:
     other_allocations: int | None = None
     """MPS ``other allocations``."""
     other_processes: tuple[ProcessMemory, ...] = ()
+    listed_self: ProcessMemory | None = None
+    """The process the message lists as ``Process N has X memory in use`` when it is this very
+    process under another pid (a container's pid namespace: NVML's pid is not the one the
+    process knows): the message has no ``this process has`` clause, lists exactly one process,
+    goes on past the list (it was not cut there), and PyTorch's own reserved memory
+    (allocated + reserved-but-unallocated, as far as printed) fits in X.  Then
+    ``process_in_use`` is X and ``other_processes`` does not list it."""
 
     @property
     def other_processes_total(self) -> int | None:
@@ -186,6 +193,11 @@ class Traceback:
     chained: bool
     """This traceback was printed after ``During handling of the above exception`` or
     ``The above exception was the direct cause``: an earlier exception caused it."""
+    headless: bool = False
+    """The text starts inside it: no ``Traceback (most recent call last)`` line was read, the
+    first frame stands for it (a paste, a window of a log)."""
+    style: str = "python"
+    """How it was drawn: ``python``, ``rich`` (box characters) or ``ipython``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,6 +528,52 @@ class PeerFailureSignal:
 
 
 @dataclass(frozen=True, slots=True)
+class CompletionLine:
+    """A line that says the run (or a fit) ended normally.
+
+    ``kind``: ``launcher_success`` (DeepSpeed's ``Process N exits successfully``),
+    ``agent_finished`` (torchrun's ``Local worker group finished``), ``hf_train_runtime``
+    (the HF Trainer's final ``{'train_runtime': ...}``), ``lightning_fit_stopped``
+    (``Trainer.fit` stopped: `max_steps=N` reached``), ``script`` (``training finished``,
+    ``Finished training``, ``Training completed``).
+    """
+
+    source: SourceRef
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformHint:
+    """What the text shows of the machine it ran on, for causes that depend on it.
+
+    ``kind``: ``wsl`` (a WSL kernel or ``/mnt/c`` paths: pinned memory is capped there),
+    ``container`` (a container's shell prompt ``root@<12 hex>``, ``/workspace``, docker or
+    kubernetes: NVML lists the process under another pid), ``notebook`` (Colab's
+    ``/content``, Kaggle's ``/kaggle``), ``windows`` (``C:\\`` paths).
+    """
+
+    source: SourceRef
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSummary:
+    """``torch.cuda.memory_summary()``'s table: ``CUDA OOMs: N | cudaMalloc retries: M`` and,
+    when printed, the current and peak allocated and reserved memory (bytes)."""
+
+    source: SourceRef
+    device: int | None
+    ooms: int | None
+    malloc_retries: int | None
+    allocated_current: int | None = None
+    allocated_peak: int | None = None
+    reserved_current: int | None = None
+    reserved_peak: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LogFacts:
     """Everything ``read_log`` found in one training log.
 
@@ -563,11 +621,23 @@ class LogFacts:
     """``(kind, count)`` of facts not kept because a list reached its bound."""
     notes: tuple[str, ...]
     tail: tuple[tuple[int, str], ...] = ()
+    """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
+    job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
     ds_config_dump: DumpedConfig | None = None
     """DeepSpeed's startup configuration dump, parsed (``oomlens.ingest.ds_config``): what the
     engine really ran with, every value citing its line."""
-    """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
-    job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
+    completion: CompletionLine | None = None
+    """The last line that says the run (or a fit) ended normally, if any."""
+    caught_oom_events: tuple[OomEvent, ...] = ()
+    """OOM errors the program caught and went on from (a batch-size finder, a retry loop): the
+    run progressed or ended normally after them in the same stream.  Not in ``oom_events``:
+    they are not what ended the run."""
+    platform_hints: tuple[PlatformHint, ...] = ()
+    """At most one per kind: the first line that shows it."""
+    allocator_summaries: tuple[AllocatorSummary, ...] = ()
+    line_by_line: bool = False
+    """The input was small enough to be read line by line with the wider anchor table (a
+    paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,9 +35,11 @@ from oomlens.facts import SourceRef
 from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
+    AllocatorSummary,
     BatchAssertion,
     CacheFlushWarning,
     ClosingSignal,
+    CompletionLine,
     ConfigErrorLine,
     DsConfigDump,
     ExceptionEvent,
@@ -47,18 +49,32 @@ from oomlens.facts.log import (
     LogFacts,
     MemorySample,
     OomEvent,
+    OomKind,
     ParamCount,
     PeerFailureSignal,
     Phase,
+    PlatformHint,
     ProcessFailure,
     StepSample,
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, steps, torch_oom, torchrun
-from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, OOM, SUMMARY, TB, TERMINATE
+from oomlens.ingest.log import deepspeed, paste, steps, torch_oom, torchrun
+from oomlens.ingest.log.bits import (
+    ANCHOR_BITS,
+    ANCHORS,
+    DS_CPU,
+    EXCEPTION,
+    MAIN,
+    OOM,
+    PASTE_ANCHOR_BITS,
+    PASTE_ANCHORS,
+    SUMMARY,
+    TB,
+    TERMINATE,
+)
 from oomlens.ingest.log.collect import log_facts
-from oomlens.ingest.log.matchers import Line, takers
+from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
@@ -95,6 +111,12 @@ _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Excepti
 
 
 _SCANNER: AnchorScanner | None = None
+_PASTE_SCANNER: AnchorScanner | None = None
+LINE_BY_LINE_BYTES = 1 << 20
+"""An input this small on disk is read line by line with the wider anchor table (a paste, a
+window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
+LINE_BY_LINE_MAX_TEXT = 16 << 20
+"""...up to this much decompressed text (a small compressed file can inflate a lot)."""
 
 
 def _scanner() -> AnchorScanner:
@@ -102,6 +124,13 @@ def _scanner() -> AnchorScanner:
     if _SCANNER is None:
         _SCANNER = AnchorScanner(ANCHORS, ANCHOR_BITS)
     return _SCANNER
+
+
+def _paste_scanner() -> AnchorScanner:
+    global _PASTE_SCANNER
+    if _PASTE_SCANNER is None:
+        _PASTE_SCANNER = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
+    return _PASTE_SCANNER
 
 
 class LogReader:
@@ -117,9 +146,13 @@ class LogReader:
         self.limits = limits
         self.cleaner = LineCleaner(source.stats, source.max_line_bytes)
         try:
-            self.year: int | None = datetime.fromtimestamp(os.stat(source.path).st_mtime).year
+            info = os.stat(source.path)
+            self.year: int | None = datetime.fromtimestamp(info.st_mtime).year
+            self.every_line = info.st_size <= LINE_BY_LINE_BYTES
         except OSError:  # pragma: no cover
             self.year = None
+            self.every_line = False
+        self.line_by_line = self.every_line
         self.last_time: datetime | None = None
         self.last_step: int | None = None
         self.known_hosts: set[str] = set()
@@ -176,16 +209,22 @@ class LogReader:
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
+        self.completion: CompletionLine | None = None
+        self.platform: dict[str, PlatformHint] = {}
+        self.alloc_summaries = BoundedList[AllocatorSummary]("allocator_summaries", 64)
+        self.alloc_device: int | None = None
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
         """The matchers for each combination of line kinds seen (a handful)."""
 
     # --- the pass -------------------------------------------------------------------------
 
     def run(self) -> LogFacts:
-        scanner = _scanner()
         number = 1
         for block in self.source.blocks(number_lines=False):
             data = block.data
+            if self.every_line and self.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
+                self.every_line = False
+            scanner = _paste_scanner() if self.every_line else _scanner()
             self.consumed_until = 0
             after = self._scan_block(data, scanner.hits(data), number)
             self._sample_progress_bar(data, number)
@@ -213,7 +252,7 @@ class LogReader:
         index = 0
         k = 0  # the next line (index within the block) to look at
         while True:
-            if not self.open_streams:
+            if not self.open_streams and not self.every_line:
                 while index < count and (
                     line_of[index] < k or hits[index][0] < self.consumed_until
                 ):
@@ -278,6 +317,8 @@ class LogReader:
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
+        if self.every_line and text:
+            text = paste.unquote(text)
         if text:
             self._handle(text, number, data, start, None, 0, mask)
         else:
@@ -354,7 +395,9 @@ class LogReader:
         first = rest[:1]
         if first and first in "[0123456789IWEF":
             when, has_year = leading_timestamp(rest, self.year)
-            if when is not None:
+            if when is not None and (not self.every_line or mask & MAIN or self.open_streams):
+                # read line by line, only the lines a fast pass would see move the clock: the
+                # times facts carry do not depend on how the input was read
                 self.last_time = when
                 if has_year:
                     self.year = when.year
@@ -410,7 +453,10 @@ class LogReader:
         if finished is not None:
             self._finished(finished)
         self.in_traceback = was_open and stream.tb.open
-        if mask & OOM and stream.tb.exception_class is not None and _complete_on_its_line(rest):
+        if stream.tb.exception_class is not None and (
+            (mask & OOM and _complete_on_its_line(rest))
+            or (stream.tb.oom_like and stream.tb.message_lines > 1 and _wrapped_complete(stream))
+        ):
             finished = stream.tb.close()  # nothing follows a complete allocator message
             if finished is not None:
                 self._finished(finished)
@@ -447,23 +493,30 @@ class LogReader:
                 finished = stream.tb.start_exception(
                     terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
-        elif mask & OOM:
-            oom = torch_oom.parse_oom_message(rest)
-            if oom is not None:
-                cls = _EXCEPTION_CLASS.search(rest)
-                now = self.time_before(data, start)
-                finished = stream.tb.start_exception(
-                    cls.group("cls") if cls else "", rest, ref, now
-                )
-                if _complete_on_its_line(rest):
-                    self._finished_maybe(finished)
-                    finished = stream.tb.close()
+        elif mask & OOM and torch_oom.starts_oom(rest):
+            cls = _EXCEPTION_CLASS.search(rest)
+            now = self.time_before(data, start)
+            finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
+            if _complete_on_its_line(rest):
+                self._finished_maybe(finished)
+                finished = stream.tb.close()
         elif (
             mask & SUMMARY
             and rest.rstrip().endswith("ChildFailedError:")
             and stream.failure_block is None
         ):
             stream.failure_block = torchrun.FailureBlockParser(ref)
+        elif mask & SUMMARY and self.every_line and stream.failure_block is None:
+            # a paste that starts inside torchrun's failure table
+            if torchrun.starts_failure_table(rest):
+                stream.failure_block = torchrun.FailureBlockParser(ref, headless=True)
+                stream.failure_block.feed(rest, ref.line)
+        elif mask & EXCEPTION:
+            cls_name = paste.standalone_exception_class(rest)
+            if cls_name is not None:
+                finished = stream.tb.start_exception(
+                    cls_name, rest, ref, self.time_before(data, start)
+                )
         self._finished_maybe(finished)
         self.sync_open(key, stream)
 
@@ -481,12 +534,12 @@ class LogReader:
         phase, evidence = (
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
-        oom = torch_oom.parse_oom_message(
+        messages = torch_oom.parse_oom_messages(
             finished.text, exception_class=finished.exception_class or None
         )
         ref = finished.source
         when = finished.time
-        if oom is not None:
+        for oom in messages:
             event = OomEvent(
                 source=ref,
                 message=oom,
@@ -498,7 +551,9 @@ class LogReader:
                 timestamp_exact=False,
             )
             self._add_oom(event)
+        if messages:
             return
+        after_exception(self, finished)
         if traceback is None and not finished.exception_class:
             return
         peer = (
@@ -861,6 +916,17 @@ class LogReader:
             if stream.pending_memory is not None:
                 self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
+
+    def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
+        if kind not in self.platform:
+            self.platform[kind] = PlatformHint(ref, kind, text[:300])
+
+
+def _wrapped_complete(stream: StreamState) -> bool:
+    """True when the lines of an OOM message collected so far (wrapped by a terminal or a
+    paste) hold a complete allocator message."""
+    message = torch_oom.parse_oom_message(stream.tb.exception_text)
+    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
 
 
 def _complete_on_its_line(text: str) -> bool:
