@@ -288,11 +288,12 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
-        if facts.recovered_ooms:
+        caught = [e for log in readable_logs for e in log.caught_oom_events]
+        if caught:
             return Verdict.NO_FAILURE, (
-                f"{len(facts.recovered_ooms)} out-of-memory error(s) were caught and retried by "
-                f"the program (first at {facts.recovered_ooms[0].describe()}) and training went "
-                "on; no error, kill or failed exit after them"
+                f"{len(caught)} out-of-memory error(s) were caught by the program (first at "
+                f"{caught[0].source.describe()}) and the run went on; no error, kill or failed "
+                "exit after them"
             )
         return Verdict.NO_FAILURE, "no error, kill or failed exit in the inputs"
     if facts.snapshots:

@@ -17,7 +17,6 @@ from oomlens.analysis.allocator import analyze_snapshot
 from oomlens.analysis.ds_resolve import reconcile_with_dump
 from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
-from oomlens.analysis.recovery import recovered_ooms
 from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigDocument, ConfigReading
@@ -75,7 +74,6 @@ def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
             (log.steps.max_step for log in logs if log.steps.max_step is not None), default=None
         ),
         other_inputs=inputs.other,
-        recovered_ooms=recovered_ooms(logs),
     )
     return replace(facts, memory_model=memory_model(facts))
 

@@ -23,7 +23,7 @@ from oomlens.facts.log import (
     OomKind,
 )
 from oomlens.facts.memory_model import MemoryModelFacts
-from oomlens.facts.ranks import RankPicture, RankStatus
+from oomlens.facts.ranks import RankPicture
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 
 _SIGKILL_CODES = frozenset({-9, 137, 247})
@@ -102,20 +102,12 @@ class RunFacts:
     """The highest training step any log printed."""
     other_inputs: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
     """Facts of input kinds whose slot has no field of its own, by slot name."""
-    recovered_ooms: tuple[SourceRef, ...] = ()
-    """Where OOMs were printed that the program caught and recovered from (a batch-size
-    finder's retries: ``oomlens.analysis.recovery``).  They did not end the run: the questions
-    below leave them out."""
 
     # ----------------------------------------------------------------- questions rules ask
 
     def oom_events(self) -> tuple[OomEvent, ...]:
-        """Every OOM event of every log and error file that the program did not recover from
-        (``recovered_ooms``), in reading order."""
-        recovered = set(self.recovered_ooms)
-        events: list[OomEvent] = [
-            e for log in self.logs for e in log.oom_events if e.source not in recovered
-        ]
+        """Every OOM event of every log and error file, earliest first when times are known."""
+        events: list[OomEvent] = [e for log in self.logs for e in log.oom_events]
         known = {(e.source.path, e.source.line) for e in events}
         for error_file in self.error_files:
             event = error_file.oom_event
@@ -133,10 +125,8 @@ class RunFacts:
         if not events:
             return None
         first = self.ranks.first_failed
-        if first is not None:
-            own = [e for e in first.oom_events if e in events]
-            if own:
-                return own[0]
+        if first is not None and first.oom_events:
+            return first.oom_events[0]
         dated = [e for e in events if e.timestamp is not None]
         if len(dated) == len(events):
             return min(dated, key=lambda e: e.timestamp)  # type: ignore[arg-type, return-value]
@@ -196,19 +186,6 @@ class RunFacts:
                     return line.source.describe()
         return None
 
-    def _only_recovered(self, status: RankStatus) -> bool:
-        """The rank's only failures are OOMs the program recovered from."""
-        recovered = set(self.recovered_ooms)
-        return (
-            bool(status.oom_events)
-            and all(e.source in recovered for e in status.oom_events)
-            and not status.exceptions
-            and not status.failures
-            and not status.kernel_kills
-            and status.exitcode in (None, 0)
-            and status.signal is None
-        )
-
     def has_failure_evidence(self) -> bool:
         """Anything that says the run did not finish cleanly."""
         if self.oom_events() or self.kernel_oom_kills():
@@ -217,8 +194,6 @@ class RunFacts:
             return True
         if any(not e.peer_failure for e in self.exceptions()):
             return True
-        if any(not self._only_recovered(status) for status in self.ranks.ranks):
-            return True
-        if any(e.return_code != 0 for e in self.ranks.launcher_exits):
+        if self.ranks.ranks or any(e.return_code != 0 for e in self.ranks.launcher_exits):
             return True
         return any(log.process_failures or log.failure_summaries for log in self.logs)
