@@ -128,10 +128,10 @@ def balance(message: OomMessage, self_slack_bytes: int) -> MessageBalance:
         unallocated = message.reserved_total
     reserved = None if allocated is None or unallocated is None else allocated + unallocated
     listed = message.other_processes
-    self_listed: ProcessMemory | None = None
+    self_listed: ProcessMemory | None = message.listed_self
     others: tuple[ProcessMemory, ...] = listed
     in_use = message.process_in_use
-    if in_use is None and listed and reserved is not None:
+    if in_use is None and self_listed is None and listed and reserved is not None:
         fits = [
             p for p in listed if reserved - ROUNDING_BYTES <= p.bytes <= reserved + self_slack_bytes
         ]

@@ -101,6 +101,11 @@ def silent_death(facts: RunFacts) -> SilentDeath | None:
         return None
     if any(log.batch_assertions or log.config_errors for log in facts.logs):
         return None
+    if any(
+        x.return_code != 0 and signal_of_exit(x.return_code) is None
+        for x in facts.ranks.launcher_exits
+    ):
+        return None  # an exit code of its own (1): a Python error, printed where we cannot see
     for log in facts.logs:
         if log.killed_subprocesses:
             kill = log.killed_subprocesses[0]
