@@ -198,6 +198,14 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
         certain = any(e.message.certain for e in gpu)
         word = "out of memory" if certain else "probably out of memory (details lost)"
         return Verdict.GPU_OOM, f"GPU {word}: {first.message.kind.value} error at {where}"
+    summaries = [
+        summary for log in facts.logs for summary in log.allocator_summaries if summary.ooms
+    ]
+    if summaries:
+        return Verdict.GPU_OOM, (
+            f"torch.cuda.memory_summary() counts {summaries[0].ooms} CUDA out-of-memory "
+            f"error(s) ({summaries[0].source.describe()})"
+        )
     snapshot_ooms = [d for _, d in facts.snapshot_devices() if d.oom is not None]
     if snapshot_ooms:
         return Verdict.GPU_OOM, (

@@ -472,3 +472,28 @@ def fullness(n: OomMessage) -> str:
         f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
         f"{size(n.tried_to_allocate)} more was needed"
     )
+
+
+def failed_before_training(facts: RunFacts, event: OomEvent) -> bool:
+    """The failure came before any training step completed, as far as the log can tell: no
+    progress line before it where the log has progress lines, or, where it has none, a log
+    that shows the job starting (a parameter count, DeepSpeed's config dump or world info).
+    A paste of the error alone says nothing about when it came."""
+    done = steps_completed_before(facts, event)
+    if done is not None:
+        return done == 0
+    log = log_of(facts, event.source)
+    if log is None or log.steps.total:
+        return False
+    return any(fact is not None for fact in (log.param_count, log.config_dump, log.world_size))
+
+
+def printed_line(facts: RunFacts, source: SourceRef) -> str | None:
+    """The text of the line at ``source`` when the log kept it (its last lines), else None."""
+    log = log_of(facts, source)
+    if log is None or source.line is None:
+        return None
+    for number, text in log.tail:
+        if number == source.line:
+            return text
+    return None

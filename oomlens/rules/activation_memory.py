@@ -18,6 +18,7 @@ from oomlens.rules._common import (
     category_share,
     demand_exceeds_card,
     effective_config,
+    failed_before_training,
     fullness,
     in_zero3_gather,
     little_stuck,
@@ -127,7 +128,9 @@ class ActivationMemoryRule(Rule):
                 # allocator ran out (a context, a library's workspace), not tensors.
                 confidence = 0.3
             if near_full(n, thresholds) and little_stuck(n, thresholds):
-                confidence = 0.6
+                # Full of live tensors in a training pass: decisive when it never fit (the
+                # first steps); later, longer inputs or a leak could have filled it.
+                confidence = 0.6 if failed_before_training(facts, event) else 0.5
                 evidence.insert(0, capacity_evidence(event, n))
             else:
                 evidence.insert(0, oom_evidence(event))

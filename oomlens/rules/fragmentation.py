@@ -97,7 +97,10 @@ class FragmentationRule(Rule):
         for snapshot_oom in snapshot_ooms(facts):
             yield from self._from_snapshot(snapshot_oom, thresholds)
         event = allocator_oom(facts)
-        if event is None or event.message.kind is not OomKind.ALLOCATOR:
+        if event is None:
+            yield from self._from_summary(facts, thresholds)
+            return
+        if event.message.kind is not OomKind.ALLOCATOR:
             return
         n = event.message
         b = message_balance(n, thresholds)
@@ -125,7 +128,9 @@ class FragmentationRule(Rule):
         allocated = b.allocated
         need_fits = allocated is not None and allocated + n.tried_to_allocate <= n.limit
         if could_hold and need_fits:
-            confidence = 0.65
+            # The message's arithmetic alone: one signal, medium; a snapshot of the blocks
+            # (below) makes it decisive.
+            confidence = 0.55
             evidence.append(
                 Evidence(
                     EvidenceKind.DERIVED,
@@ -225,6 +230,47 @@ class FragmentationRule(Rule):
             rank=event.rank,
             figures=figures,
         )
+
+    def _from_summary(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        """``torch.cuda.memory_summary()`` printed after an OOM, without the message: reserved
+        memory far above the peak of live tensors is the cache holding memory it cannot use."""
+        for log in facts.logs:
+            for summary in log.allocator_summaries:
+                peak = summary.allocated_peak
+                reserved = summary.reserved_peak or summary.reserved_current
+                if not summary.ooms or peak is None or reserved is None:
+                    continue
+                stuck = reserved - peak
+                if reserved < 2 * peak or stuck < thresholds.fragmentation_min_unallocated_bytes:
+                    continue
+                yield SPEC.diagnose(
+                    confidence=0.5,
+                    summary=(
+                        f"the allocator reserved {size(reserved)} while its live tensors never "
+                        f"exceeded {size(peak)}: {size(stuck)} of cache it could not use"
+                    ),
+                    evidence=(
+                        Evidence(
+                            EvidenceKind.LOG,
+                            f"memory_summary: CUDA OOMs {summary.ooms}, cudaMalloc retries "
+                            f"{summary.malloc_retries}; allocated peak {size(peak)}, reserved "
+                            f"{size(reserved)}",
+                            summary.source,
+                            "reserved at least twice the peak of live memory, and an OOM: "
+                            "free memory split into blocks too small to reuse",
+                        ),
+                    ),
+                    fixes=fragmentation_fixes(stuck, False),
+                    missing=(
+                        "the OOM message itself (what was requested, how much was free)",
+                        CAPTURE_SNAPSHOT,
+                    ),
+                    figures={
+                        "allocated_peak": in_bytes(peak),
+                        "reserved": in_bytes(reserved),
+                    },
+                )
+                return
 
     def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:
         """A snapshot without its log: the stuck bytes and the failing request are in it."""

@@ -67,7 +67,9 @@ class HostOomRule(Rule):
         for event in facts.oom_events():
             if event.message.kind is OomKind.HOST:
                 evidence.append(oom_evidence(event, "a host allocation failed"))
-                confidence = max(confidence, 0.8)
+                # Host RAM ran out for certain; that it is the run's memory and not one
+                # oversized tensor (a batch, a dataset copy) the message alone cannot say.
+                confidence = max(confidence, 0.8 if facts.kernel_oom_kills() else 0.55)
         if not confidence:
             silent = silent_death(facts)
             if silent is not None:

@@ -80,8 +80,9 @@ class Thresholds:
     """Memory on the card that neither this process' allocator nor a listed process accounts
     for (capacity - reserved - free, messages that list no process), above this fraction of the
     card: held by another process more likely than by this process' own context and libraries."""
-    other_process_unlisted_min_bytes: int = 1 * GIB
-    """...and at least this many bytes (a CUDA context alone is 0.3-0.7 GiB)."""
+    other_process_unlisted_min_bytes: int = 3 * GIB // 2
+    """...and at least this many bytes: below it, a CUDA context (0.3-0.7 GiB) plus a desktop's
+    display and libraries' workspaces."""
     context_min_fraction: float = 0.12
     """Memory outside the allocator (context, libraries, display) taking this fraction of a
     card, when the request would have fit without it, is worth naming on its own..."""
