@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from oomlens import __version__
 from oomlens.analysis.lookalikes import library_failure_explained
+from oomlens.analysis.pinned import pinned_failure
 from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.analysis.run import step_before
@@ -192,6 +193,14 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             f"a {gpu[0].message.kind.value} status error follows a bug ({bug.source.describe()}: "
             f"{' '.join(bug.text.split())[:120]}): a poisoned CUDA context, not a lack of memory"
         )
+    pinned = pinned_failure(facts)
+    if pinned is not None and all(e.message.kind is OomKind.DRIVER for e in gpu):
+        return Verdict.HOST_OOM, (
+            f"a pinned (page-locked) host allocation failed ({pinned.source.describe()})"
+            if pinned.oom
+            else f"the pin-memory thread failed ({pinned.source.describe()}): pinned host "
+            "memory, most likely"
+        )
     if gpu:
         first = facts.first_gpu_oom() or gpu[0]
         where = first.source.describe()
@@ -330,6 +339,14 @@ INSUFFICIENT_EVIDENCE = RuleSpec(
 """Not a rule: what the report says when no rule is sure enough."""
 
 
+def _is_cause(d: Diagnosis) -> bool:
+    """A diagnosis that names why the run failed: not an internal error, and not a config
+    hazard read from the config alone (one the failure itself names is a cause)."""
+    if d.id not in _NOT_CAUSES:
+        return True
+    return d.id == "config_hazard" and any(e.kind is EvidenceKind.LOG for e in d.evidence)
+
+
 def _with_uncertainty(
     diagnoses: Sequence[Diagnosis], undetermined: Diagnosis
 ) -> tuple[Diagnosis, ...]:
@@ -338,7 +355,7 @@ def _with_uncertainty(
     still comes first, at its own low confidence, carrying what to capture next time in its
     ``missing``; ``insufficient_evidence`` follows the causes (at no more than their
     confidence, so the list stays most likely first)."""
-    causes = [d for d in diagnoses if d.id not in _NOT_CAUSES]
+    causes = [d for d in diagnoses if _is_cause(d)]
     if not causes:
         return (undetermined, *diagnoses)
     best = causes[0]
@@ -356,7 +373,7 @@ def insufficient_evidence(
     cause reaches ``SURE_ENOUGH``; None otherwise."""
     if verdict is Verdict.NO_FAILURE:
         return None
-    if any(d.confidence >= SURE_ENOUGH and d.id not in _NOT_CAUSES for d in diagnoses):
+    if any(d.confidence >= SURE_ENOUGH and _is_cause(d) for d in diagnoses):
         return None
     missing: list[str] = []
     if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:

@@ -3,13 +3,15 @@ causes (they explain what could go wrong, not necessarily what did)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Severity, a_text, in_bytes
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_text, in_bytes
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
+    quote,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -52,6 +54,7 @@ class ConfigHazardRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        yield from self._named_by_the_failure(facts)
         if facts.config is None:
             return
         for hazard in facts.config.reading.hazards:
@@ -86,6 +89,49 @@ class ConfigHazardRule(Rule):
                     "bytes_at_stake": in_bytes(hazard.bytes_at_stake),
                 },
             )
+
+    @staticmethod
+    def _named_by_the_failure(facts: RunFacts) -> Iterator[Diagnosis]:
+        """The failure's own message blames a memory setting ("No available memory for the
+        cache blocks. Try increasing `gpu_memory_utilization`"): the framework refused to run
+        with the budget it was given.  A cause, not a hazard in waiting."""
+        for exception in facts.exceptions():
+            text = exception.text
+            setting = _ADVISED.search(text)
+            if setting is None or not _MEMORY_WORDS.search(text) or exception.peer_failure:
+                continue
+            name = setting.group("setting")
+            yield SPEC.diagnose(
+                title=f"{SPEC.title}: {name}",
+                severity=Severity.HIGH,
+                confidence=0.55,
+                summary=f"the framework stopped for lack of memory under its own setting {name}: "
+                + quote(text, 200),
+                evidence=(
+                    Evidence(
+                        EvidenceKind.LOG,
+                        quote(f"{exception.exception_class}: {text}"),
+                        exception.source,
+                        f"the error itself names {name} as the setting to change",
+                    ),
+                ),
+                fixes=(
+                    Fix(
+                        f"Change {name} as the error says (and the settings that share the same "
+                        "memory: the model length, the batch of sequences), then restart.",
+                        cost="a smaller cache or batch",
+                    ),
+                ),
+                rank=exception.source.rank,
+            )
+            return
+
+
+_ADVISED = re.compile(
+    r"(?i)(?:try|consider|please) (?:increasing|decreasing|reducing|lowering|raising|setting) "
+    r"(?:the )?`?(?P<setting>[A-Za-z_][\w.-]{2,60})`?"
+)
+_MEMORY_WORDS = re.compile(r"(?i)memory|cache blocks|KV cache")
 
 
 RULE = ConfigHazardRule()

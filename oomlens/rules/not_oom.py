@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.analysis.lookalikes import BugEvidence, library_failure_explained
+from oomlens.analysis.rejections import config_rejections
 from oomlens.analysis.signals import signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import ExceptionEvent
@@ -94,6 +95,8 @@ class NotOomRule(Rule):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return
+        if config_rejections(facts.logs):
+            return  # a refused configuration: the config rules name it
         if not facts.has_failure_evidence():
             return
         picture = facts.ranks
