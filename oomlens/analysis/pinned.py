@@ -5,7 +5,8 @@ Pinned memory is host RAM the GPU can copy from directly: DataLoader's ``pin_mem
 It comes from ``cudaHostAlloc`` through torch's caching host allocator; when that fails the
 runtime says ``CUDA error: out of memory`` although the card may be nearly empty, and the
 DataLoader reports ``Caught RuntimeError in pin memory thread``.  WSL2 caps pinned memory far
-below the machine's RAM.  ``pinned_failure(facts)`` finds the line or frame that says a pinned
+below the machine's RAM, so under WSL a runtime-level ``CUDA error: out of memory`` is taken for
+a pinned allocation.  ``pinned_failure(facts)`` finds the line or frame that says a pinned
 allocation failed.
 """
 
@@ -32,6 +33,17 @@ class PinnedFailure:
     source: SourceRef
     oom: bool
     """It came with an out-of-memory message (not only a failed pin-memory thread)."""
+    wsl_only: bool = False
+    """Nothing but the platform (WSL) says the failed allocation was a pinned one."""
+
+
+def under_wsl(facts: RunFacts) -> SourceRef | None:
+    """Where the inputs show the run was under WSL (the reader's platform hint), if they do."""
+    for log in facts.logs:
+        for hint in log.platform_hints:
+            if hint.kind == "wsl":
+                return hint.source
+    return None
 
 
 def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
@@ -48,4 +60,12 @@ def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
     for exception in facts.exceptions():
         if _PINNED_TEXT.search(exception.text):
             return PinnedFailure(exception.text[:400], exception.source, False)
+    wsl = under_wsl(facts)
+    if wsl is not None:
+        for event in facts.oom_events():
+            if event.message.message_format == "driver":
+                # WSL2 caps page-locked memory far below the RAM: there a runtime-level OOM
+                # is the pinned allocation far more often than the card.
+                text = event.message.text[:400] + " (under WSL)"
+                return PinnedFailure(text, event.source, True, wsl_only=True)
     return None

@@ -148,11 +148,7 @@ def first_step_optimizer_oom(facts: RunFacts, event: OomEvent) -> bool:
     states (created lazily at the first step) did not fit."""
     if event.phase is not Phase.OPTIMIZER_STEP:
         return False
-    done = steps_completed_before(facts, event)
-    if done is not None:
-        return done == 0
-    log = log_of(facts, event.source)
-    return log is not None and log.steps.total == 0
+    return failed_before_training(facts, event)
 
 
 def optimizer_state_init(event: OomEvent) -> bool:

@@ -119,7 +119,7 @@ class PinnedMemoryRule(Rule):
         """A pinned allocation failed (DataLoader's pin-memory thread, cudaHostAlloc), with no
         ZeRO offload config to blame: the page-locked host memory ran out."""
         return SPEC.diagnose(
-            confidence=0.6 if failure.oom else 0.55,
+            confidence=0.5 if failure.wsl_only else 0.6 if failure.oom else 0.55,
             summary=(
                 "page-locked (pinned) host memory ran out: a pinned allocation failed"
                 + (" with an out-of-memory error" if failure.oom else " in the pin-memory thread")
