@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oomlens.analysis.failure_site import phase_of
 from oomlens.analysis.oom_arithmetic import MessageBalance, balance
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
@@ -79,12 +80,19 @@ def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
     return Evidence(kind, quote(prefix + event.message.text), event.source, note)
 
 
+def phase(event: OomEvent) -> Phase:
+    """The failure's phase: the reader's, or what the innermost frames show when it has none
+    (``oomlens.analysis.failure_site``)."""
+    return phase_of(event)[0]
+
+
 def phase_evidence(event: OomEvent) -> Evidence | None:
-    if event.phase is Phase.UNKNOWN or event.phase_evidence is None:
+    where, frame = phase_of(event)
+    if where is Phase.UNKNOWN or frame is None:
         return None
     return Evidence(
         EvidenceKind.LOG,
-        f"phase {event.phase.value}: {event.phase_evidence}",
+        f"phase {where.value}: {frame}",
         event.traceback.source if event.traceback is not None else event.source,
         "the traceback frame that places the failure",
     )
@@ -146,7 +154,7 @@ def log_of(facts: RunFacts, source: SourceRef) -> LogFacts | None:
 def first_step_optimizer_oom(facts: RunFacts, event: OomEvent) -> bool:
     """The OOM happened in the optimizer step before any step completed: the optimizer's
     states (created lazily at the first step) did not fit."""
-    if event.phase is not Phase.OPTIMIZER_STEP:
+    if phase(event) is not Phase.OPTIMIZER_STEP:
         return False
     return failed_before_training(facts, event)
 

@@ -18,6 +18,7 @@ from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
     oom_evidence,
+    phase,
     quote,
     size,
 )
@@ -199,7 +200,7 @@ class AccumulationMismatchRule(Rule):
         if micro < 2:
             return
         event = allocator_oom(facts)
-        if event is None or event.phase not in (Phase.FORWARD, Phase.BACKWARD):
+        if event is None or phase(event) not in (Phase.FORWARD, Phase.BACKWARD):
             return
         source = facts.config.reading.effective.source
         evidence = [
@@ -219,15 +220,15 @@ class AccumulationMismatchRule(Rule):
             ),
             oom_evidence(
                 event,
-                f"the {event.phase.value} pass with micro batch {micro} ran out of GPU memory",
+                f"the {phase(event).value} pass with micro batch {micro} ran out of GPU memory",
             ),
         ]
         half = micro // 2
         yield SPEC.diagnose(
-            confidence=0.85 if event.phase is Phase.FORWARD else 0.75,
+            confidence=0.85 if phase(event) is Phase.FORWARD else 0.75,
             summary=(
                 f"DeepSpeed derived a micro batch of {micro} per GPU from train_batch_size "
-                f"{train} on {world} GPUs, and the {event.phase.value} pass ran out of memory "
+                f"{train} on {world} GPUs, and the {phase(event).value} pass ran out of memory "
                 f"({size(event.message.allocated_by_pytorch)} allocated)"
             ),
             evidence=tuple(evidence),

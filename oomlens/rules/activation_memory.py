@@ -29,6 +29,7 @@ from oomlens.rules._common import (
     oom_figures,
     others_dominate,
     oversized_evidence,
+    phase,
     phase_evidence,
     size,
     snapshot_evidence,
@@ -121,7 +122,7 @@ class ActivationMemoryRule(Rule):
         n = event.message
         b = message_balance(n, thresholds)
         evidence = [e for e in (phase_evidence(event),) if e is not None]
-        if event.phase in (Phase.FORWARD, Phase.BACKWARD):
+        if phase(event) in (Phase.FORWARD, Phase.BACKWARD):
             confidence = 0.35
             if n.kind is OomKind.DRIVER:
                 # The driver, not the caching allocator, failed: memory outside the
@@ -134,7 +135,7 @@ class ActivationMemoryRule(Rule):
                 evidence.insert(0, capacity_evidence(event, n))
             else:
                 evidence.insert(0, oom_evidence(event))
-        elif event.phase is Phase.UNKNOWN and demand_exceeds_card(b, thresholds):
+        elif phase(event) is Phase.UNKNOWN and demand_exceeds_card(b, thresholds):
             # No frame places the failure: the message alone says this process' own live
             # tensors filled the card, and between the usual suspects (the batch's
             # activations, the model's states) the batch is the more common; a guess, so low.
@@ -229,8 +230,8 @@ class ActivationMemoryRule(Rule):
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"the {event.phase.value} pass filled the GPU with live tensors: {fullness(n)}"
-                if event.phase is not Phase.UNKNOWN
+                f"the {phase(event).value} pass filled the GPU with live tensors: {fullness(n)}"
+                if phase(event) is not Phase.UNKNOWN
                 else f"this process' own live tensors filled the GPU: {fullness(n)}; most "
                 "often the batch's activations (no traceback says which pass)"
             ),

@@ -17,6 +17,7 @@ from oomlens.rules._common import (
     host_kill_evidence,
     leaf_key,
     oom_evidence,
+    phase,
     phase_evidence,
     printed_line,
     quote,
@@ -58,7 +59,7 @@ class CheckpointSaveRule(Rule):
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         evidence: list[Evidence] = []
         confidence = 0.0
-        save_events = [e for e in facts.oom_events() if e.phase is Phase.CHECKPOINT_SAVE]
+        save_events = [e for e in facts.oom_events() if phase(e) is Phase.CHECKPOINT_SAVE]
         said = self._said_while_saving(facts)
         if said is not None and not save_events:
             event, line = said
@@ -73,9 +74,9 @@ class CheckpointSaveRule(Rule):
         elif save_events:
             event = save_events[0]
             evidence.append(oom_evidence(event, "the failure is inside a checkpoint save"))
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
             confidence = 0.75
         else:
             marker = self._save_marker_in_tail(facts)

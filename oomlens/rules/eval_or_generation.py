@@ -16,6 +16,7 @@ from oomlens.rules._common import (
     oom_figures,
     oversized,
     oversized_evidence,
+    phase,
     phase_evidence,
     steps_completed_before,
 )
@@ -46,14 +47,14 @@ class EvalOrGenerationRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         event = allocator_oom(facts)
-        if event is None or event.phase not in (Phase.EVALUATION, Phase.GENERATION):
+        if event is None or phase(event) not in (Phase.EVALUATION, Phase.GENERATION):
             return
         n = event.message
         confidence = 0.75
         evidence = [oom_evidence(event)]
-        phase = phase_evidence(event)
-        if phase is not None:
-            evidence.append(phase)
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
         done = steps_completed_before(facts, event)
         if done:
             confidence += 0.05
@@ -70,7 +71,7 @@ class EvalOrGenerationRule(Rule):
         if oversized(n):
             confidence = min(confidence, 0.3)
             evidence.append(oversized_evidence(event))
-        what = "generation" if event.phase is Phase.GENERATION else "evaluation"
+        what = "generation" if phase(event) is Phase.GENERATION else "evaluation"
         fixes = [
             Fix(
                 f"Use a smaller {what} batch than the training batch allows you to assume.",
@@ -78,7 +79,7 @@ class EvalOrGenerationRule(Rule):
                 cost="longer evaluation",
             ),
         ]
-        if event.phase is Phase.GENERATION:
+        if phase(event) is Phase.GENERATION:
             fixes.append(
                 Fix(
                     "Bound the KV cache: fewer new tokens, fewer prompts per call, or a "

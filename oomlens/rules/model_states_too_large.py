@@ -31,6 +31,7 @@ from oomlens.rules._common import (
     others_dominate,
     oversized,
     oversized_evidence,
+    phase,
     phase_evidence,
     size,
     snapshot_evidence,
@@ -97,10 +98,10 @@ class ModelStatesRule(Rule):
                     "creates its states",
                 )
             )
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
-        elif event.phase is Phase.MODEL_INIT:
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.MODEL_INIT:
             confidence = 0.55
             evidence.append(
                 oom_evidence(
@@ -109,10 +110,10 @@ class ModelStatesRule(Rule):
                     "or partitioned, before any training step",
                 )
             )
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
-        elif event.phase is Phase.OPTIMIZER_STEP and steps_completed_before(facts, event) is None:
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.OPTIMIZER_STEP and steps_completed_before(facts, event) is None:
             # Adam creates its moments at the first step and works on fp32 copies at every
             # step; with no step count to say which, the states are the first suspect (after
             # completed steps they existed and fit: not this path).
@@ -120,10 +121,10 @@ class ModelStatesRule(Rule):
             evidence.append(
                 oom_evidence(event, "the failure is in the optimizer step, which holds the states")
             )
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
-        elif event.phase is Phase.UNKNOWN and demand_exceeds_card(
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.UNKNOWN and demand_exceeds_card(
             message_balance(n, thresholds), thresholds
         ):
             # The card was full of this process' own tensors and no frame says which pass:

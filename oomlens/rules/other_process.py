@@ -15,6 +15,7 @@ from oomlens.rules._common import (
     message_balance,
     oom_evidence,
     oom_figures,
+    phase,
     phase_evidence,
     self_listed_evidence,
     size,
@@ -107,7 +108,7 @@ class OtherProcessRule(Rule):
         n = event.message
         if n.message_format != "driver" or event.traceback is None:
             return  # THC's message is the old allocator's; a lone line places nothing
-        if event.phase not in (Phase.MODEL_INIT, Phase.FORWARD, Phase.BACKWARD, Phase.UNKNOWN):
+        if phase(event) not in (Phase.MODEL_INIT, Phase.FORWARD, Phase.BACKWARD, Phase.UNKNOWN):
             return  # data loading: pinned host memory, another story
         if steps_completed_before(facts, event) or (
             steps_completed_before(facts, event) is None and any_steps(facts)
@@ -121,9 +122,9 @@ class OtherProcessRule(Rule):
                 "outside the allocator failed",
             )
         ]
-        phase = phase_evidence(event)
-        if phase is not None:
-            evidence.append(phase)
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
         evidence.append(
             Evidence(
                 EvidenceKind.DERIVED,

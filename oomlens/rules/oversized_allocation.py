@@ -78,9 +78,9 @@ class OversizedAllocationRule(Rule):
         else:
             return
         evidence = [oom_evidence(event, note)]
-        phase = phase_evidence(event)
-        if phase is not None:
-            evidence.append(phase)
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
         evidence.append(
             Evidence(
                 EvidenceKind.DERIVED,
