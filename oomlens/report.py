@@ -35,7 +35,7 @@ from oomlens.diagnosis import (
 )
 from oomlens.facts import SourceRef
 from oomlens.facts.kernel import FatalSignalKind, KernelOomKill
-from oomlens.facts.log import OomEvent, OomKind, StepSample
+from oomlens.facts.log import LogFacts, OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -305,6 +305,11 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
+        if _a_window_without_an_end(readable_logs):
+            return Verdict.UNKNOWN, (
+                "a few lines with neither a failure nor a normal end: too little to say the "
+                "run did not fail"
+            )
         caught = [e for log in readable_logs for e in log.caught_oom_events]
         if caught:
             return Verdict.NO_FAILURE, (
@@ -316,6 +321,17 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"
     return Verdict.UNKNOWN, "no readable training log"
+
+
+WINDOW_LINES = 20
+"""Fewer lines than this, with no progress line and no line saying the run ended, are a window
+of a log (a paste), not a run that did not fail."""
+
+
+def _a_window_without_an_end(logs: Sequence[LogFacts]) -> bool:
+    if any(log.completion is not None or log.steps.total or log.caught_oom_events for log in logs):
+        return False
+    return sum(log.lines for log in logs) < WINDOW_LINES
 
 
 # -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
