@@ -22,7 +22,12 @@ from oomlens.analysis.pinned import pinned_failure
 from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.analysis.run import step_before
-from oomlens.analysis.signals import host_memory_pressure, signal_deaths, silent_death
+from oomlens.analysis.signals import (
+    host_memory_pressure,
+    shm_permission_denied,
+    signal_deaths,
+    silent_death,
+)
 from oomlens.diagnosis import (
     Diagnosis,
     Evidence,
@@ -35,7 +40,7 @@ from oomlens.diagnosis import (
 )
 from oomlens.facts import SourceRef
 from oomlens.facts.kernel import FatalSignalKind, KernelOomKill
-from oomlens.facts.log import LogFacts, OomEvent, OomKind, StepSample
+from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -207,18 +212,17 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
         certain = any(e.message.certain for e in gpu)
         word = "out of memory" if certain else "probably out of memory (details lost)"
         return Verdict.GPU_OOM, f"GPU {word}: {first.message.kind.value} error at {where}"
-    summaries = [
-        summary for log in facts.logs for summary in log.allocator_summaries if summary.ooms
-    ]
-    if summaries:
-        return Verdict.GPU_OOM, (
-            f"torch.cuda.memory_summary() counts {summaries[0].ooms} CUDA out-of-memory "
-            f"error(s) ({summaries[0].source.describe()})"
-        )
     snapshot_ooms = [d for _, d in facts.snapshot_devices() if d.oom is not None]
     if snapshot_ooms:
         return Verdict.GPU_OOM, (
             f"the allocator snapshot records an out-of-memory on device {snapshot_ooms[0].device}"
+        )
+    summary_ooms = facts.allocator_summary_ooms()
+    if summary_ooms:
+        counted = summary_ooms[0]
+        return Verdict.GPU_OOM, (
+            f"torch.cuda.memory_summary() counts {counted.ooms} CUDA OOM(s) "
+            f"({counted.source.describe()})"
         )
     host_events = [e for e in facts.oom_events() if e.message.kind is OomKind.HOST]
     kills = facts.kernel_oom_kills()
@@ -251,7 +255,7 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
         if line.kind is FatalSignalKind.SHM_EXHAUSTED
     ]
     bus = [d for d in deaths if d.signal == "SIGBUS"]
-    if shm or bus:
+    if (shm or bus) and shm_permission_denied(facts) is None:
         cited = shm[0].source if shm else bus[0].source
         where = cited.describe() if cited is not None else bus[0].text
         return (
@@ -283,16 +287,17 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             )
     refused = config_rejections(facts.logs)
     if refused:
-        what = "batch settings" if refused[0].kind is Rejection.BATCH else "config"
-        return Verdict.CONFIG_ERROR, (
-            f"the {what} were refused at startup ({refused[0].source.describe()})"
-            if what == "batch settings"
-            else f"the config was refused at startup ({refused[0].source.describe()})"
+        where = refused[0].source.describe()
+        return Verdict.CONFIG_ERROR, {
+            Rejection.BATCH: f"the batch settings were refused at startup ({where})",
+            Rejection.SCHEMA: f"the config was refused at startup ({where})",
+            Rejection.SETTING: f"the framework would not run within its memory setting "
+            f"{(refused[0].keys or ('?',))[0]} ({where})",
+        }[refused[0].kind]
+    if _only_cut_errors(facts):
+        return Verdict.UNKNOWN, (
+            "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
         )
-    if deaths and not facts.has_failure_evidence():
-        death = deaths[0]
-        where = f" ({death.source.describe()})" if death.source is not None else ""
-        return Verdict.OTHER_FAILURE, f"a process died of {death.signal}{where}"
     if facts.has_failure_evidence():
         failed = facts.ranks.first_failed
         if failed is not None and failed.first_source is not None:
@@ -305,10 +310,12 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
-        if _a_window_without_an_end(readable_logs):
+        if any(log.tracebacks_cut for log in readable_logs):
+            return Verdict.UNKNOWN, "a traceback stops before its error: the text is cut mid-crash"
+        if not facts.shows_progress_or_end():
             return Verdict.UNKNOWN, (
-                "a few lines with neither a failure nor a normal end: too little to say the "
-                "run did not fail"
+                "no error in the inputs, but no training progress or normal end either: "
+                "a window of a longer log cannot say the run did not fail"
             )
         caught = [e for log in readable_logs for e in log.caught_oom_events]
         if caught:
@@ -323,15 +330,22 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     return Verdict.UNKNOWN, "no readable training log"
 
 
-WINDOW_LINES = 20
-"""Fewer lines than this, with no progress line and no line saying the run ended, are a window
-of a log (a paste), not a run that did not fail."""
-
-
-def _a_window_without_an_end(logs: Sequence[LogFacts]) -> bool:
-    if any(log.completion is not None or log.steps.total or log.caught_oom_events for log in logs):
+def _only_cut_errors(facts: RunFacts) -> bool:
+    """The only failure the inputs show is an exception whose traceback was cut before its
+    message: which error it was (an OOM or not) is not in the text."""
+    exceptions = [e for e in facts.exceptions() if not e.peer_failure]
+    if not exceptions or any(
+        e.text.strip() and not (e.traceback is not None and e.traceback.cut) for e in exceptions
+    ):
         return False
-    return sum(log.lines for log in logs) < WINDOW_LINES
+    if facts.oom_events() or facts.kernel_oom_kills():
+        return False
+    if any(
+        log.process_failures or log.failure_summaries or log.fatal_signals or log.batch_assertions
+        for log in facts.logs
+    ):
+        return False
+    return not any(e.return_code != 0 for e in facts.ranks.launcher_exits)
 
 
 # -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)

@@ -4,7 +4,8 @@ A job that dies at startup because its own configuration was rejected failed for
 pydantic's ``ValidationError`` over a config model (DeepSpeed's ``DeepSpeedZeroConfig``,
 ``DeepSpeedBF16Config``..., and other frameworks' config models), or batch arithmetic that
 does not multiply out (DeepSpeed's batch assertion, transformers' "config values that mismatch
-TrainingArguments" listing batch keys, a trainer's "batch size must be divisible by ...").
+TrainingArguments" listing batch keys, a trainer's "batch size must be divisible by ..."), or a
+framework refusing to run in the memory its own setting allows and naming the setting to change.
 ``rejection_of(exception_class, text)`` says which, from the exception as printed.
 """
 
@@ -35,11 +36,22 @@ _BATCH = re.compile(
 )
 
 
+_ADVISED = re.compile(
+    r"(?i)(?:try|consider|please) (?:increasing|decreasing|reducing|lowering|raising|setting) "
+    r"(?:the )?`?(?P<setting>[A-Za-z_][\w.-]{2,60})`?"
+)
+_MEMORY_WORDS = re.compile(r"(?i)memory|cache blocks|KV cache")
+
+
 class Rejection(StrEnum):
     SCHEMA = "schema"
     """A config model refused a key or a value (unknown key, wrong type)."""
     BATCH = "batch"
     """The batch sizes, accumulation and world size do not agree."""
+    SETTING = "setting"
+    """A framework refused to run within the memory its own setting allows, and names the
+    setting ("No available memory for the cache blocks. Try increasing
+    `gpu_memory_utilization`")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,9 @@ def rejection_of(exception_class: str, text: str) -> ConfigRejectionKind | None:
         return ConfigRejectionKind(Rejection.SCHEMA, None, keys)
     if _BATCH.search(text):
         return ConfigRejectionKind(Rejection.BATCH, None, ())
+    advised = _ADVISED.search(text)
+    if advised is not None and _MEMORY_WORDS.search(text):
+        return ConfigRejectionKind(Rejection.SETTING, None, (advised.group("setting"),))
     return None
 
 

@@ -19,6 +19,7 @@ torchrun's closing signals, with no exception, OOM or config error anywhere);
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from oomlens.facts import SourceRef
@@ -128,3 +129,19 @@ def host_memory_pressure(facts: RunFacts) -> MemorySample | None:
             if last is None or (sample.source.line or 0) >= (last.source.line or 0):
                 last = sample
     return last
+
+
+_SHM_DENIED = re.compile(r"(?:shm_open|/dev/shm|shared memory)[^\n]{0,80}Permission denied", re.I)
+
+
+def shm_permission_denied(facts: RunFacts) -> SourceRef | None:
+    """Where the log says opening shared memory was refused (``shm_open failed : Permission
+    denied``): a permission, not /dev/shm running out."""
+    for log in facts.logs:
+        for number, text in log.tail:
+            if _SHM_DENIED.search(text):
+                return SourceRef(log.path, number, log.layout_rank)
+        for line in log.fatal_signals:
+            if _SHM_DENIED.search(line.text):
+                return line.source
+    return None

@@ -42,6 +42,10 @@ class OomKind(StrEnum):
     MPS = "mps"
     HOST = "host"
     """Host RAM inside torch: ``DefaultCPUAllocator: can't allocate memory``."""
+    FRAMEWORK = "framework"
+    """Another framework's GPU allocator in the same job (XLA/JAX ``RESOURCE_EXHAUSTED: Out of
+    memory while trying to allocate N bytes``, TensorFlow ``OOM when allocating tensor``, MXNet
+    ``cudaMalloc failed: out of memory``)."""
 
 
 class Phase(StrEnum):
@@ -81,7 +85,9 @@ class OomMessage:
     * ``truncated`` (2.2/2.3 builds that cut the message after ``GPU ``),
     * ``exabyte`` (``Tried to allocate more than 1EB memory``),
     * ``malloc_async``, ``driver``, ``thc`` (torch <= 0.4), ``nvml_assert``, ``cublas``,
-      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``.
+      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``;
+    * ``class_only`` (torch's OOM exception named, its message lost: cut);
+    * ``xla``, ``tensorflow``, ``mxnet`` (another framework's allocator).
     """
 
     kind: OomKind
@@ -107,7 +113,8 @@ class OomMessage:
     total_capacity: int | None = None
     free: int | None = None
     process_in_use: int | None = None
-    """``Including non-PyTorch memory, this process has X memory in use``."""
+    """``Including non-PyTorch memory, this process has X memory in use``; or the X of
+    ``Process N has X memory in use`` when that process is this one (``listed_self``)."""
     allocated_by_pytorch: int | None = None
     """``Of the allocated memory X is allocated by PyTorch`` (includes private pools since
     2.4); ``X already allocated`` in the old forms; ``Currently allocated`` (malloc_async);
@@ -225,6 +232,11 @@ class OomEvent:
     reported_elsewhere: int = 0
     """How many later copies of the same message (torchrun summary, error file) were folded
     into this event."""
+    preamble: str | None = None
+    """What its line says before the message when that is more than an exception class: a
+    warning or a log record that wraps the message (``UserWarning: Failed to clone() tensor
+    with name lm_head.weight ... state_dict ... Error: ``, ``batch size 16 ran out of memory,
+    retrying smaller: ``).  Bounded."""
 
     @property
     def rank(self) -> int | None:
@@ -429,7 +441,8 @@ class WorldSize:
 @dataclass(frozen=True, slots=True)
 class ParamCount:
     """The model's parameter count as a line states it (``origin``: ``deepspeed`` zero.Init,
-    ``hf_trainer``, ``peft``, ``script`` for a training script's own line)."""
+    ``hf_trainer``, ``peft``, ``lightning`` (its model summary's ``Total params``), ``script``
+    for a training script's own line)."""
 
     total: int
     trainable: int | None
@@ -635,6 +648,12 @@ class LogFacts:
     platform_hints: tuple[PlatformHint, ...] = ()
     """At most one per kind: the first line that shows it."""
     allocator_summaries: tuple[AllocatorSummary, ...] = ()
+    tracebacks_cut: int = 0
+    """Tracebacks that stopped before their exception line (a window that ends, or a paste
+    that skipped the message): the text is visibly inside a crash."""
+    partial_tracebacks: tuple[ExceptionEvent, ...] = ()
+    """The last few of those, with their frames and the phase the frames show
+    (``exception_class`` is ''): what a window inside a traceback still tells."""
     line_by_line: bool = False
     """The input was small enough to be read line by line with the wider anchor table (a
     paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""

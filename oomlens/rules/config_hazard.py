@@ -3,10 +3,10 @@ causes (they explain what could go wrong, not necessarily what did)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_text, in_bytes
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
@@ -95,23 +95,21 @@ class ConfigHazardRule(Rule):
         """The failure's own message blames a memory setting ("No available memory for the
         cache blocks. Try increasing `gpu_memory_utilization`"): the framework refused to run
         with the budget it was given.  A cause, not a hazard in waiting."""
-        for exception in facts.exceptions():
-            text = exception.text
-            setting = _ADVISED.search(text)
-            if setting is None or not _MEMORY_WORDS.search(text) or exception.peer_failure:
+        for refused in config_rejections(facts.logs):
+            if refused.kind is not Rejection.SETTING or not refused.keys:
                 continue
-            name = setting.group("setting")
+            name = refused.keys[0]
             yield SPEC.diagnose(
                 title=f"{SPEC.title}: {name}",
                 severity=Severity.HIGH,
                 confidence=0.55,
                 summary=f"the framework stopped for lack of memory under its own setting {name}: "
-                + quote(text, 200),
+                + quote(refused.text, 200),
                 evidence=(
                     Evidence(
                         EvidenceKind.LOG,
-                        quote(f"{exception.exception_class}: {text}"),
-                        exception.source,
+                        quote(refused.text),
+                        refused.source,
                         f"the error itself names {name} as the setting to change",
                     ),
                 ),
@@ -122,16 +120,9 @@ class ConfigHazardRule(Rule):
                         cost="a smaller cache or batch",
                     ),
                 ),
-                rank=exception.source.rank,
+                rank=refused.source.rank,
             )
             return
-
-
-_ADVISED = re.compile(
-    r"(?i)(?:try|consider|please) (?:increasing|decreasing|reducing|lowering|raising|setting) "
-    r"(?:the )?`?(?P<setting>[A-Za-z_][\w.-]{2,60})`?"
-)
-_MEMORY_WORDS = re.compile(r"(?i)memory|cache blocks|KV cache")
 
 
 RULE = ConfigHazardRule()

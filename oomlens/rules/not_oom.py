@@ -103,11 +103,23 @@ class NotOomRule(Rule):
         evidence: list[Evidence] = []
         confidence = 0.0
         headline = "the run failed without any memory error"
-        own = [e for e in facts.exceptions() if not e.peer_failure]
+        # An exception whose traceback stops before its message says nothing of what it was.
+        own = [
+            e
+            for e in facts.exceptions()
+            if not e.peer_failure
+            and e.text.strip()
+            and not (e.traceback is not None and e.traceback.cut)
+        ]
         if own:
             first = own[0]
-            if picture.first_failed is not None and picture.first_failed.exceptions:
-                first = picture.first_failed.exceptions[0]
+            placed = (
+                [e for e in picture.first_failed.exceptions if e in own]
+                if (picture.first_failed is not None)
+                else []
+            )
+            if placed:
+                first = placed[0]
             confidence, why = _weigh(first)
             evidence.append(
                 Evidence(

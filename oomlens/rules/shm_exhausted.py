@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.signals import signal_deaths
+from oomlens.analysis.signals import shm_permission_denied, signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind, FatalSignalLine
 from oomlens.facts.log import Phase
@@ -81,6 +81,18 @@ class SharedMemoryRule(Rule):
                 )
         if not confidence:
             return
+        denied = shm_permission_denied(facts)
+        if denied is not None:
+            confidence = min(confidence, 0.3)
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    "opening shared memory was refused: Permission denied",
+                    denied,
+                    "a permission on /dev/shm, not a full one",
+                    supports=False,
+                )
+            )
         yield SPEC.diagnose(
             confidence=confidence,
             summary="a process ran out of shared memory (/dev/shm)",

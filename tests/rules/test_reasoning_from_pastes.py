@@ -210,18 +210,38 @@ def test_a_driver_oom_under_wsl_is_pinned_memory(tmp_path: Path) -> None:
     assert top is not None and top.id == "pinned_memory_exhaustion" and top.confidence == 0.5
 
 
-def test_a_framework_naming_its_memory_setting_is_a_config_hazard(tmp_path: Path) -> None:
-    # GIVEN vLLM's refusal as the engine prints it without docker compose's "vllm-1  | "
-    # prefix (built by code from the real paste)
-    lines = (FIELD / "vllm-10439" / "paste.txt").read_text().splitlines()
-    body = [line.split("] ", 1)[1] for line in lines]
-    log = tmp_path / "engine.log"
-    log.write_text("Traceback (most recent call last):\n" + "\n".join(body) + "\n")
-    report = analyze([log])
+def test_a_framework_naming_its_memory_setting_is_a_config_hazard() -> None:
+    # vLLM behind docker compose: "No available memory for the cache blocks. Try increasing
+    # `gpu_memory_utilization` when initializing the engine."
+    report = _paste("vllm-10439")
+    assert report.verdict.value == "config_error"
     top = report.top
     assert top is not None and top.id == "config_hazard"
     assert "gpu_memory_utilization" in top.title
     assert any(e.kind is EvidenceKind.LOG for e in top.evidence)
+
+
+def test_shared_memory_refused_for_permission_is_not_a_full_dev_shm() -> None:
+    # NCCL: "Call to shm_open failed : Permission denied" then "Error while creating shared
+    # memory segment": the segment was refused, /dev/shm was not full
+    report = _paste("pytorch-37004")
+    assert report.verdict.value == "other_failure"
+    assert report.top is not None and report.top.id == "not_oom"
+    assert _get(report, "shm_exhausted").confidence <= 0.3
+
+
+def test_an_error_cut_before_its_message_names_nothing(tmp_path: Path) -> None:
+    # GIVEN the device-side-assert run's rank-1 traceback, cut before its exception line
+    # (built by code from the real log)
+    lines = (CRASH / "device_side_assert" / "train.log").read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line)
+    end = next(i for i in range(start + 1, len(lines)) if "RuntimeError:" in lines[i])
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(lines[start:end]))
+    # THEN nothing claims it was not memory, and the verdict says the text is cut
+    report = analyze([cut])
+    assert "not_oom" not in _ids(report)
+    assert report.verdict.value == "unknown"
 
 
 def test_a_lone_unplaced_error_is_not_a_confident_not_oom() -> None:

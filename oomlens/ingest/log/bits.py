@@ -64,7 +64,7 @@ _PASTE_CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
         ),
     ),
     (OOM, torch_oom.FRAGMENT_ANCHORS),
-    (EXCEPTION, (b"Error", b"Exception", b"Interrupt", b"Failure")),
+    (EXCEPTION, (b"Error", b"Exception", b"Interrupt", b"Failure", b"Failed: ", b"FATAL: ")),
     (COMPLETION, (b"Trainer.fit` stopped", b"train_runtime", b"raining completed")),
     (
         PLATFORM,
@@ -96,9 +96,11 @@ _PASTE_CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
             b"received by PID",
             b"by signal",
             b"Fatal Python error",
+            b" killed ",
         ),
     ),
     (SUMMARY, (b"Root Cause (first observed failure)", b" FAILED")),
+    (STEP, (b"step", b"Step", b"epoch", b"Epoch", b"iter")),
     (ALLOC_SUMMARY, (b"CUDA OOMs", b"memory summary", b"Allocated memory", b"reserved memory")),
 )
 """Read only on inputs small enough to read line by line (a paste, a window of a log): what is

@@ -106,15 +106,19 @@ def log_facts(reader: LogReader) -> LogFacts:
         caught_oom_events=caught,
         platform_hints=tuple(reader.platform.values()),
         allocator_summaries=tuple(reader.alloc_summaries.items),
+        tracebacks_cut=reader.cut_tracebacks,
+        partial_tracebacks=tuple(reader.partial),
         line_by_line=reader.line_by_line,
     )
 
 
 def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEvent, ...]]:
-    """``(uncaught, caught)`` OOM events.  An OOM is caught (a batch-size finder, a retry loop)
-    when the run ended normally after it and nothing says a process failed, or when it was
-    logged rather than raised (no exception class, no traceback) and the same rank printed
-    training progress after it."""
+    """``(uncaught, caught)`` OOM events.  An OOM raised to the top (printed after a
+    ``Traceback (most recent call last)`` header) is never caught: a run restarted in the same
+    file does not make the first one's crash a retry.  Another is caught (a batch-size finder, a
+    retry loop that logged it) when the run ended normally after it and nothing says a process
+    failed, or when it was logged rather than raised (no exception class) and the same rank
+    printed training progress after it."""
     events = reader.oom.items
     if not events:
         return (), ()
@@ -128,13 +132,14 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     caught: list[OomEvent] = []
     for event in events:
         line = event.source.line or 0
+        raised = event.traceback is not None and not event.traceback.headless
         later_step = reader.last_by_rank.get(event.source.rank)
         logged = event.traceback is None and not event.message.exception_class
-        if (ended_normally and end_line > line) or (
-            logged
-            and later_step is not None
-            and (later_step.source.line or 0) > line
+        progressed = later_step is not None and (later_step.source.line or 0) > line
+        if (
+            not raised
             and event.origin == "log"
+            and ((ended_normally and end_line > line) or (logged and progressed))
         ):
             caught.append(event)
         else:

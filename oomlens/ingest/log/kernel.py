@@ -73,7 +73,8 @@ _SEGV = regex.compile(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s
 _SHM = regex.compile(
     r"insufficient shared memory|shared memory segment /dev/shm|/dev/shm[^\n]{0,120}No space left"
     r" on device|"
-    r"No space left on device[^\n]{0,120}/dev/shm"
+    r"No space left on device[^\n]{0,120}/dev/shm|"
+    r"Error while creating shared memory segment|posix_fallocate failed[^\n]{0,40}No space left"
 )
 
 

@@ -36,6 +36,37 @@ def unquote(text: str) -> str:
     return text
 
 
+_LOGGER_PREFIXES = (
+    # docker compose: "vllm-1  | "
+    regex.compile(r"[\w.-]{1,60} {1,20}\| "),
+    # vLLM's logger: "ERROR 11-18 18:07:28 engine.py:366] "
+    regex.compile(
+        r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+        r"[\w./-]{1,100}:\d{1,6}\] ?"
+    ),
+    # journald / syslog: "Jun 10 16:45:05 host bash[107468]: " (also a CJK month, "6月 10")
+    regex.compile(
+        r"(?:[A-Z][a-z]{2}|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d [\w.-]{1,64} "
+        r"[\w./@-]{1,64}(?:\[\d{1,10}\])?: "
+    ),
+)
+
+
+def strip_logger(text: str) -> str:
+    """A line without another framework's or a service manager's prefix (docker compose's
+    service column, vLLM's logger, journald), which they put before every line of a traceback
+    they relay."""
+    for _ in range(3):
+        for pattern in _LOGGER_PREFIXES:
+            match = pattern.match(text)
+            if match is not None:
+                text = text[match.end() :]
+                break
+        else:
+            return text
+    return text
+
+
 _STANDALONE = regex.compile(
     r"(?P<cls>(?:[A-Za-z_][\w]{0,100}\.){0,8}[A-Za-z_]\w{0,100}?"
     r"(?:Error|Exception|Interrupt|Failure|Fault|Exit))(?::(?: (?P<msg>.{0,8000}))?)?\s{0,8}\Z"
@@ -43,10 +74,22 @@ _STANDALONE = regex.compile(
 _NOT_CLASSES = frozenset({"Error", "Exception", "Failure", "Fault", "Exit", "ERROR"})
 
 
+_FAILED_LINE = regex.compile(r"(?P<cls>Failed|FAILED|Fatal error|FATAL): \S")
+
+
 def standalone_exception_class(text: str) -> str | None:
     """The exception class of a line that is an exception line on its own
     (``RuntimeError: ...``, ``pydantic_core._pydantic_core.ValidationError: 1 validation
-    error ...``): a paste of only the end of a traceback.  Warnings are not exceptions."""
+    error ...``, at most two spaces in: a paste that lost its margin): a paste of only the end
+    of a traceback.  A native library's ``Failed: <what>`` line counts, named as printed.
+    Warnings are not exceptions."""
+    if text[:2] == "  " and text[2:3] != " ":
+        text = text[2:]
+    elif text[:1] == " " and text[1:2] != " ":
+        text = text[1:]
+    failed = _FAILED_LINE.match(text)
+    if failed is not None:
+        return str(failed.group("cls"))
     first = text[:1]
     if not (first.isalpha() or first == "_"):
         return None
@@ -127,7 +170,16 @@ _RECEIVED = regex.compile(
 _BY_SIGNAL = regex.compile(
     r"(?:killed|terminated) by signal (?:(?P<name>SIG[A-Z0-9]{1,10})|(?P<num>\d{1,3}))"
 )
-_FATAL = regex.compile(r"Fatal Python error: (?P<what>Bus error|Segmentation fault|Aborted)")
+_FATAL = regex.compile(
+    r"Fatal Python error: (?P<what>Bus error|Segmentation fault|Aborted)|"
+    r"\[\d{1,4}\] {1,8}(?:\+ )?\d{1,10} (?P<job>killed|bus error|segmentation fault|abort) "
+)
+_JOB_SIGNAL = {
+    "killed": "SIGKILL",
+    "bus error": "SIGBUS",
+    "segmentation fault": "SIGSEGV",
+    "abort": "SIGABRT",
+}
 _FATAL_SIGNAL = {"Bus error": "SIGBUS", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 _SIGNAL_NUMBERS = {"SIGKILL": 9, "SIGBUS": 7, "SIGSEGV": 11, "SIGABRT": 6, "SIGTERM": 15}
 
@@ -152,7 +204,13 @@ def parse_signal_line(text: str) -> SignalLine | None:
         return SignalLine(-number if number else None, name)
     match = _FATAL.search(head)
     if match is not None:
-        name = _FATAL_SIGNAL[match.group("what")]
+        # a shell's job notice (zsh: "[1]    26478 killed     python test.py") or Python's
+        # fault handler
+        name = (
+            _JOB_SIGNAL[match.group("job")]
+            if match.group("job")
+            else _FATAL_SIGNAL[match.group("what")]
+        )
         return SignalLine(-_SIGNAL_NUMBERS[name], name)
     match = _EXIT_STATUS.search(head)
     if match is not None:

@@ -23,6 +23,7 @@ messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -49,7 +50,6 @@ from oomlens.facts.log import (
     LogFacts,
     MemorySample,
     OomEvent,
-    OomKind,
     ParamCount,
     PeerFailureSignal,
     Phase,
@@ -92,6 +92,7 @@ from oomlens.ingest.log.traceback import (
 from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
 MAX_STREAMS = 4096
+MAX_PARTIAL_TRACEBACKS = 16
 MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
 _WORLD_PRIORITY = {
@@ -172,6 +173,7 @@ class LogReader:
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
+        self.partial: deque[ExceptionEvent] = deque(maxlen=MAX_PARTIAL_TRACEBACKS)
         self.lines_since_stale_check = 0
         lim = limits.max_events
         self.oom = BoundedList[OomEvent]("oom_events", limits.max_oom_events)
@@ -408,6 +410,8 @@ class LogReader:
         key = prefix.key
         stream = self._stream(key)
         self.in_traceback = False
+        if self.every_line:
+            rest = paste.strip_logger(rest)  # a traceback relayed line by line by a service
         if stream.open or mask & TB or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref, mask):
                 return
@@ -454,8 +458,12 @@ class LogReader:
             self._finished(finished)
         self.in_traceback = was_open and stream.tb.open
         if stream.tb.exception_class is not None and (
-            (mask & OOM and _complete_on_its_line(rest))
-            or (stream.tb.oom_like and stream.tb.message_lines > 1 and _wrapped_complete(stream))
+            (mask & OOM and torch_oom.complete_on_its_line(rest))
+            or (
+                stream.tb.oom_like
+                and stream.tb.message_lines > 1
+                and torch_oom.wrapped_complete(stream.tb.exception_text)
+            )
         ):
             finished = stream.tb.close()  # nothing follows a complete allocator message
             if finished is not None:
@@ -497,7 +505,7 @@ class LogReader:
             cls = _EXCEPTION_CLASS.search(rest)
             now = self.time_before(data, start)
             finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
-            if _complete_on_its_line(rest):
+            if torch_oom.complete_on_its_line(rest):
                 self._finished_maybe(finished)
                 finished = stream.tb.close()
         elif (
@@ -528,14 +536,21 @@ class LogReader:
 
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
-        if not finished.exception_class and not finished.text:
-            self.cut_tracebacks += 1
-            return
         phase, evidence = (
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
+        if not finished.exception_class and not finished.text:
+            self.cut_tracebacks += 1
+            if traceback is not None and traceback.frames:
+                self.partial.append(
+                    ExceptionEvent(
+                        finished.source, "", "", traceback, phase, evidence, False, None, False
+                    )
+                )
+            return
         messages = torch_oom.parse_oom_messages(
-            finished.text, exception_class=finished.exception_class or None
+            finished.text or finished.exception_class,
+            exception_class=finished.exception_class or None,
         )
         ref = finished.source
         when = finished.time
@@ -549,6 +564,7 @@ class LogReader:
                 origin="log",
                 timestamp=when,
                 timestamp_exact=False,
+                preamble=torch_oom.preamble(finished.text, oom.text, oom.exception_class),
             )
             self._add_oom(event)
         if messages:
@@ -920,22 +936,6 @@ class LogReader:
     def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
         if kind not in self.platform:
             self.platform[kind] = PlatformHint(ref, kind, text[:300])
-
-
-def _wrapped_complete(stream: StreamState) -> bool:
-    """True when the lines of an OOM message collected so far (wrapped by a terminal or a
-    paste) hold a complete allocator message."""
-    message = torch_oom.parse_oom_message(stream.tb.exception_text)
-    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
-
-
-def _complete_on_its_line(text: str) -> bool:
-    """True for an allocator message that ended on this line (its last clause is there)."""
-    if "Tried to allocate" not in text:
-        return False
-    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
-        return True
-    return "is reserved by PyTorch but unallocated" in text
 
 
 def read_log(

@@ -20,7 +20,8 @@ The forms (each from real pastes of the field corpus):
 * IPython/Jupyter: ``<Class>   Traceback (most recent call last)`` (the class first, no colon),
   frames ``File ~/x.py:12, in f(a, b)`` and ``Cell In[5], line 3`` (IPython 8),
   ``Input In [5], in <cell line: 3>()`` (8.0-8.4), ``<path> in f(a, b)`` and
-  ``<ipython-input-5-..> in <module>()`` (before 8), source lines ``----> 3 code`` and
+  ``<ipython-input-5-..> in <module>()`` (before 8), Colab's links
+  ``[<path>](https://localhost:8080/#) in f()``, source lines ``----> 3 code`` and
   ``   1497 code``, Colab's ``N frames`` collapse and ``[... skipping hidden 1 frame]``.
 
 All patterns are anchored and bounded: time is linear in the line's length.
@@ -85,6 +86,10 @@ _IPY_OLD_FRAME = regex.compile(
     r"(?P<file>(?:/|~|[A-Za-z]:\\|<ipython-input-)[^\n]{0,1000}?) in (?P<func>[\w<>.]{1,300}?)"
     r"(?:\(|\Z)"
 )
+_COLAB_FRAME = regex.compile(
+    r"\[(?P<file>[^\]\n]{1,1000})\]\([^)\n]{0,300}\) in (?P<func>[\w<>.: ]{1,300}?)(?:\(|\Z)"
+)
+_IPY_OLD_START = regex.compile(r"(?:/|~|<ipython-input-)[^\s]{0,1000}\Z")
 _IPY_SOURCE = regex.compile(r"(?:-{1,12}> ?|->|\s{1,12})\s{0,12}\d{1,7}(?:\s|\Z)")
 _ELISION = regex.compile(
     r"\s{0,40}(?:\.\.\. \d{1,7} frames? hidden \.\.\.|\[\.\.\. skipping [^\]]{0,80}\]|"
@@ -145,6 +150,13 @@ def line_shape(text: str) -> LineShape:
             )
     elif first == "-" and _IPY_SOURCE.match(text):
         return LineShape(Shape.INSIDE, "ipython")
+    elif first == "[":
+        match = _COLAB_FRAME.match(text)
+        if match is not None:
+            # Colab renders IPython's frames as links: "[<path>](https://localhost:8080/#) in f()"
+            return LineShape(
+                Shape.FRAME, "ipython", Frame(match.group("file"), 0, match.group("func"))
+            )
     return LineShape(Shape.OTHER)
 
 
@@ -187,5 +199,10 @@ def is_source_line(text: str, style: str) -> bool:
     if _ELISION.match(text):
         return True
     if style == "ipython":
-        return _IPY_SOURCE.match(text) is not None or text.startswith("---------")
+        # a frame line cut by the end of a paste (``File /usr/local/lib/python3.10/dist-p``)
+        return (
+            _IPY_SOURCE.match(text) is not None
+            or text.startswith(("---------", "File "))
+            or _IPY_OLD_START.match(text) is not None
+        )
     return False

@@ -55,6 +55,10 @@ FRAGMENT_ANCHORS: tuple[bytes, ...] = (
     b"is allocated by PyTorch",
     b"Allocation on device",
     b"out of mem",
+    b"esource exhausted",
+    b"RESOURCE_EXHAUSTED",
+    b"OOM when allocating",
+    b"OutOfMemoryError",
 )
 """What is left of an allocator message that a paste starts mid-way or wraps: read on inputs
 small enough to be read line by line (see the log reader)."""
@@ -64,7 +68,7 @@ _QUICK = tuple(anchor.decode() for anchor in ANCHORS)
 # "out of memory"; "hipErrorOutOfMemory" holds "OutOfMemory"; cuBLAS/cuDNN/HSA statuses hold
 # "_STATUS_".
 _QUICK_SQUEEZED = (
-    "outofmemory",
+    "outofmem",
     "OutOfMemory",
     "Outofmemory",
     "Triedtoallocate",
@@ -73,6 +77,9 @@ _QUICK_SQUEEZED = (
     "reservedintotalbyPyTorch",
     "isreservedbyPyTorch",
     "wouldexceedallowedmemory",
+    "esourceexhausted",
+    "RESOURCE_EXHAUSTED",
+    "OOMwhenallocating",
 )
 _SIZE = r"(\d{1,24}(?:\.\d{1,6})?)\s?(bytes|[KMGTP]i?B|B)\b"
 
@@ -110,7 +117,9 @@ _SQ_LEGACY_CLAUSE = regex.compile(
 _SQ_MESSAGE_START = regex.compile(
     _BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)|Triedtoallocate(?!\d[\d.]{0,30}[A-Za-z]{1,5}"
     r"on(?:private|shared)pool)|\((?:GPU|NPU|XPU|MLU|GCU|MUSA)\d{1,4};\d|"
-    r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac"
+    r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac|"
+    r"(?<![\d.])\d{1,24}(?:\.\d{1,6})?(?:bytes|[KMGTPE]iB|[KMGTP]B|B)"
+    r"(?:totalcapacity|alreadyallocated|reservedintotalbyPyTorch);"
 )
 """Where an allocator message (or what is left of it in a paste that starts mid-way) begins."""
 _SQ_LIST_GOES_ON = regex.compile(r"\.(?:Of|Includ|\d|If|Please|See)")
@@ -142,9 +151,11 @@ _NCCL_CUDA_FAILURE = regex.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
 _NCCL_ERROR = regex.compile(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
 _DRIVER = regex.compile(
     r"(?P<backend>CUDA|HIP|cuda) (?:driver )?error: out of memory|hipErrorOutOfMemory|"
-    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES"
+    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES|"
+    # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
+    r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
 )
-_THC = regex.compile(r"cuda runtime error \(2\) : out of memory|error=2 : out of memory")
+_THC = regex.compile(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
 _EXCEPTION_BEFORE = regex.compile(
     r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z"
 )
@@ -162,6 +173,9 @@ def looks_like_oom(text: str) -> bool:
 
 _START_FRAGMENTS = (
     "outofmem",
+    "esourceexhausted",
+    "RESOURCE_EXHAUSTED",
+    "OOMwhenallocating",
     "OutOfMemory",
     "Triedtoallocate",
     "totalcapac",
@@ -211,6 +225,8 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
         _parse_nccl,
         _parse_driver,
         _parse_thc,
+        _parse_framework,
+        _parse_class_only,
     ):
         result = parser(text, exception_class)
         if result is not None:
@@ -578,8 +594,93 @@ def _parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
     return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
 
 
+_SQ_XLA = regex.compile(
+    r"(?i:resource_?exhausted):?Outofmemorywhiletryingtoallocate(?P<n>\d{1,24})bytes"
+)
+_SQ_TF = regex.compile(r"OOMwhenallocatingtensor(?:withshape\[[^\]]{0,400}\])?")
+_SQ_MXNET = regex.compile(r"cudaMalloc(?:retry)?failed:outofmem")
+
+
+def _parse_framework(text: str, exception_class: str | None) -> OomMessage | None:
+    """Another framework's GPU allocator in the same job: XLA/JAX, TensorFlow, MXNet."""
+    squeezed, kept = squeeze(text[: MAX_MESSAGE_CHARS * 2])
+    for message_format, pattern in (("xla", _SQ_XLA), ("tensorflow", _SQ_TF), ("mxnet", _SQ_MXNET)):
+        match = pattern.search(squeezed)
+        if match is None:
+            continue
+        tried = match.groupdict().get("n")
+        start = _line_start(text, kept[match.start()])
+        return OomMessage(
+            kind=OomKind.FRAMEWORK,
+            message_format=message_format,
+            certain=True,
+            text=_clip(text, start).replace("\n", ""),
+            complete=message_format != "mxnet"
+            or "memory" in squeezed[match.end() : match.end() + 8],
+            exception_class=_exception_class(text, start) or exception_class,
+            backend=message_format.upper() if message_format == "xla" else None,
+            tried_to_allocate=int(tried) if tried else None,
+        )
+    return None
+
+
+_CUT_FORMS = tuple(f"{backend}outofmemory" for backend in ("CUDA", "HIP", "XPU", "NPU", "MPS"))
+_CLASS_ONLY = regex.compile(
+    r"\s{0,8}(?P<cls>(?:torch\.)?(?:cuda\.)?OutOfMemoryError)\s{0,4}(?::|\Z)"
+)
+
+
+def _parse_class_only(text: str, exception_class: str | None) -> OomMessage | None:
+    """torch's OOM exception named with its message lost: a traceback cut after IPython's
+    header (``OutOfMemoryError   Traceback (most recent call last)``), or a message cut before
+    any of its numbers (``torch.OutOfMemoryError: CUDA out of mem``)."""
+    match = _CLASS_ONLY.match(text)
+    if match is None:
+        return None
+    rest = squeeze(text[match.end() : match.end() + 200])[0].rstrip(".'\"")
+    if rest and not any(form.startswith(rest) for form in _CUT_FORMS):
+        return None  # the class named for another reason (a script printing it)
+    return OomMessage(
+        kind=OomKind.ALLOCATOR,
+        message_format="class_only",
+        certain=True,
+        text=_clip(text, 0).replace("\n", ""),
+        complete=False,
+        exception_class=match.group("cls"),
+    )
+
+
 def _parse_thc(text: str, exception_class: str | None) -> OomMessage | None:
     match = _THC.search(text)
     if match is None:
         return None
     return _simple(OomKind.DRIVER, "thc", text, match.start(), exception_class)
+
+
+def preamble(text: str, message: str, exception_class: str | None) -> str | None:
+    """The words before ``message`` on the first line of ``text``, unless only its exception
+    class (a warning or a log record that wraps the message; ``OomEvent.preamble``)."""
+    first = text.split("\n", 1)[0]
+    at = first.find(message[:24]) if message else -1
+    if at <= 0:
+        return None
+    before = first[:at].strip()
+    if exception_class and before.rstrip(": ") in (exception_class, ""):
+        return None
+    return before[-300:] or None
+
+
+def wrapped_complete(text: str) -> bool:
+    """True when ``text`` (the lines of an OOM message collected so far, wrapped by a terminal
+    or a paste) holds a complete allocator message."""
+    message = parse_oom_message(text)
+    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
+
+
+def complete_on_its_line(text: str) -> bool:
+    """True for an allocator message that ended on this line (its last clause is there)."""
+    if "Tried to allocate" not in text:
+        return False
+    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
+        return True
+    return "is reserved by PyTorch but unallocated" in text

@@ -82,6 +82,7 @@ class TracebackAssembler:
         "_frames_omitted",
         "_frames_tail",
         "_header_ref",
+        "_header_class",
         "_headless",
         "_last_line",
         "_path_start",
@@ -104,6 +105,7 @@ class TracebackAssembler:
         self._last_line = 0
         self._style = "python"
         self._headless = False
+        self._header_class = ""
         self._box_closed = False
         self._path_start = ""
 
@@ -167,6 +169,7 @@ class TracebackAssembler:
         if shape.shape is Shape.HEADER:
             finished = self.close() if self._state else None
             self._begin(ref, shape.style)
+            self._header_class = shape.header_class or ""
             return finished
         stripped = text.strip()
         if stripped in CHAIN_MARKERS:
@@ -258,9 +261,12 @@ class TracebackAssembler:
         self._chained = False
         self._headless = False
         self._path_start = ""
+        header_class, self._header_class = self._header_class, ""
         if state == 1:
             assert traceback is not None
-            return FinishedException(traceback.source, "", "", traceback)
+            # IPython's header names the class: a traceback cut before its message still says
+            # what was raised
+            return FinishedException(traceback.source, header_class, "", traceback)
         assert self._exc_ref is not None
         return FinishedException(
             self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time
@@ -335,6 +341,9 @@ _CHECKPOINT_FUNCS = frozenset(
         "save_state",
         "_save_tpu",
         "save_16bit_state_dict",
+        "get_state_dict",
+        "_full_post_state_dict_hook",
+        "save_lora_weights",
     }
 )
 _GENERATION_FUNCS = frozenset(
@@ -375,6 +384,12 @@ _EVAL_FUNCS = frozenset(
         "do_eval",
         "eval_epoch",
         "val_step",
+        "nested_concat",
+        "nested_numpify",
+        "_nested_gather",
+        "gather_for_metrics",
+        "_evaluation_step",
+        "_predict_step",
     }
 )
 _EVAL_NAME = regex.compile(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
@@ -419,6 +434,7 @@ _STEP_FUNCS = frozenset(
         "clip_grad_norm_",
         "_pre_step",
         "_apply_optimizer",
+        "initialize_optimizer_states",
     }
 )
 _BACKWARD_FUNCS = frozenset(
@@ -473,11 +489,36 @@ _CONTEXT = (
 )
 
 
+_VLLM_INIT = frozenset({"load_model", "load_weights", "_load_weights", "_initialize_model"})
+_VLLM_CACHE = frozenset(
+    {
+        "_allocate_kv_cache",
+        "initialize_cache",
+        "_init_cache",
+        "_initialize_kv_caches",
+        "determine_num_available_blocks",
+        "profile_run",
+        "raise_if_cache_size_invalid",
+        "initialize_from_config",
+    }
+)
+_EVAL_PATHS = ("loops/evaluation_loop.py", "loops/prediction_loop.py")
+
+
 def _frame_phase(frame: Frame) -> Phase | None:
-    func = frame.function
+    # IPython and Colab print qualified names ("_BaseAutoModelClass.from_pretrained")
+    func = frame.function.rsplit(".", 1)[-1]
     path = frame.filename.replace("\\", "/")
     if "torch/utils/data/" in path:
         return Phase.DATA_LOADING
+    if "/vllm/" in path:
+        # an inference engine: its weights are loaded, then its KV cache sized and allocated
+        if func in _VLLM_INIT:
+            return Phase.MODEL_INIT
+        if func in _VLLM_CACHE:
+            return Phase.GENERATION
+    if any(part in path for part in _EVAL_PATHS):
+        return Phase.EVALUATION
     if func in _CHECKPOINT_FUNCS or (func in ("save", "_save") and "torch/serialization" in path):
         return Phase.CHECKPOINT_SAVE
     if func in _GENERATION_FUNCS and (func == "generate" or "generat" in path):
@@ -494,7 +535,7 @@ def _frame_phase(frame: Frame) -> Phase | None:
                 or "deepspeed/__init__" in path
             )
         )
-        or (func in ("to", "cuda", "_apply") and "torch/nn/modules/module.py" in path)
+        or (func in ("to", "cuda", "_apply", "convert") and "torch/nn/modules/module.py" in path)
     ):
         if func == "initialize" and "deepspeed" not in path:
             return None
