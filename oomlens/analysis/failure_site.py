@@ -1,10 +1,12 @@
 """The training phase of a failure when the log reader's phase table says nothing.
 
 The reader classifies a traceback by its frames (``oomlens.ingest.log.traceback``).  A paste
-often keeps only the innermost frames, which are library internals the table does not list:
-``convert`` (the closure of ``Module.to``/``cuda`` moving each tensor), the HF Trainer's
-``nested_concat`` (gathering evaluation predictions), a state-dict loader.  ``phase_of(event)``
-is the reader's phase, or, when that is unknown, what those inner frames show.
+often keeps only the innermost frames, which are library internals: the reader's table knows
+the common ones (``Module.to``'s ``convert``, the HF Trainer's ``nested_concat``); this module
+adds what only says where memory went once the outer frames are gone: a state-dict loader
+placing weights on the device (model loading), the HF Trainer padding predictions together
+(evaluation).  ``phase_of(event)`` is the reader's phase, or, when that is unknown, what those
+inner frames show.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from __future__ import annotations
 from oomlens.facts.log import Frame, OomEvent, Phase
 
 _INNER = (
-    # Module.to()/cuda()/_apply(): the closure that moves each parameter and buffer.
-    (Phase.MODEL_INIT, frozenset({"convert"}), "torch/nn/modules/module.py"),
     # Loading weights onto the device.
     (
         Phase.MODEL_INIT,
@@ -30,14 +30,8 @@ _INNER = (
         ),
         "",
     ),
-    # The HF Trainer gathering evaluation outputs.
-    (
-        Phase.EVALUATION,
-        frozenset(
-            {"nested_concat", "_nested_gather", "torch_pad_and_concatenate", "gather_for_metrics"}
-        ),
-        "",
-    ),
+    # The HF Trainer padding evaluation outputs to one tensor.
+    (Phase.EVALUATION, frozenset({"torch_pad_and_concatenate", "nested_truncate"}), ""),
 )
 
 
