@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlens.analysis.failure_site import phase_of
-from oomlens.analysis.oom_arithmetic import MessageBalance, balance
+from oomlens.analysis.oom_arithmetic import ROUNDING_BYTES, MessageBalance, balance
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
@@ -457,13 +457,47 @@ def demand_exceeds_card(b: MessageBalance, thresholds: Thresholds) -> bool:
     )
     if shortfall <= 0 and not cached_little:
         return False  # the memory was there, in cached pieces: fragmentation's question
-    if b.capped:
-        return True
+    return b.capped or _little_held_elsewhere(b, thresholds)
+
+
+def _little_held_elsewhere(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """Other holders of the card (listed processes, memory no one accounts for beyond a CUDA
+    context's worth) took little of it."""
     unlisted = b.outside_unlisted or 0
     if unlisted < thresholds.other_process_unlisted_min_bytes:
         unlisted = 0  # a CUDA context's worth
     held_elsewhere = unlisted + b.others_total
-    return held_elsewhere < thresholds.other_process_unlisted_fraction * b.capacity
+    return held_elsewhere < thresholds.other_process_unlisted_fraction * (b.capacity or 0)
+
+
+def request_fills_card(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """This process' own demand filled what it could use, with one large request as much of
+    it as the live tensors (``demand_exceeds_card`` asks the live tensors alone to fill it):
+    live tensors plus the request hold most of what it could reach, the request did not fit in
+    the free memory (as printed, to its rounding: a few cached blocks cannot join it), its
+    allocator cached little (no fragmentation question), others took little, and the request
+    is not larger than the card."""
+    if (
+        b.allocated is None
+        or b.request is None
+        or b.reserved is None
+        or b.free is None
+        or b.unallocated is None
+        or b.capacity is None
+        or b.oversized
+        or b.request + ROUNDING_BYTES < b.free
+        or demand_exceeds_card(b, thresholds)
+    ):
+        return False
+    reachable = b.limit if b.capped and b.limit is not None else b.reserved + b.free
+    if not reachable or (b.allocated + b.request) / reachable < thresholds.own_tensors_min_fraction:
+        return False
+    if b.unallocated >= max(
+        thresholds.fragmentation_min_unallocated_bytes,
+        thresholds.fragmentation_min_unallocated_fraction * (b.limit or b.capacity),
+    ):
+        return False
+    return b.capped or _little_held_elsewhere(b, thresholds)
 
 
 def fullness(n: OomMessage) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.analysis.oom_arithmetic import MessageBalance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
-from oomlens.facts.log import OomEvent
+from oomlens.facts.log import OomEvent, OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     OomMessage,
@@ -46,6 +47,14 @@ SPEC = RuleSpec(
     precedence=30,
 )
 
+_API_CALL = re.compile(r"\b(cu(?:da)?[A-Z][A-Za-z0-9_]*)\s*\(")
+"""A CUDA runtime or driver API call named in an error (``cudaFuncSetAttribute(...)``)."""
+_ALLOCATING = ("alloc", "memcreate", "hostregister", "mempool")
+"""Calls whose failure is an allocation's: they are not 'memory needed outside an allocator'
+(``cudaHostAlloc`` is pinned host memory: the pinned-memory rule's)."""
+_NON_ALLOCATING_CALL_CONFIDENCE = 0.3
+"""One sign, read from the failing call's name alone: named, low."""
+
 
 class NonPytorchMemoryRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
@@ -55,6 +64,9 @@ class NonPytorchMemoryRule(Rule):
         if event is None:
             return
         n: OomMessage = event.message
+        if n.kind is OomKind.DRIVER:
+            yield from self._non_allocating_call(event)
+            return
         b = message_balance(n, thresholds)
         outside = b.non_pytorch_self
         if outside is not None and outside >= thresholds.non_pytorch_self_max_bytes:
@@ -87,6 +99,51 @@ class NonPytorchMemoryRule(Rule):
                 ),
             ]
             yield self._diagnosis(event, b, held, confidence, evidence)
+
+    @staticmethod
+    def _non_allocating_call(event: OomEvent) -> Iterator[Diagnosis]:
+        """A driver-level 'out of memory' from a CUDA call that allocates nothing itself
+        (setting a kernel's shared memory, loading a module, creating a stream or a library
+        handle): the driver could not find the little memory that call needs, so the card was
+        already full outside any tensor allocator's request, most often filled by a memory
+        pool that preallocates the card (JAX, TensorFlow, cupy, another framework in the
+        process); another process is the other candidate."""
+        call = _API_CALL.search(event.message.text)
+        if call is None or any(word in call.group(1).lower() for word in _ALLOCATING):
+            return
+        name = call.group(1)
+        yield SPEC.diagnose(
+            confidence=_NON_ALLOCATING_CALL_CONFIDENCE,
+            summary=(
+                f"{name}, a CUDA call that allocates no tensor, ran out of memory: the card was "
+                "already full outside the allocators' requests, most often held by a "
+                "framework's preallocated pool (or by another process)"
+            ),
+            evidence=(
+                oom_evidence(event, f"the failing call is {name}: not an allocation"),
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"{name} needs only the driver's own memory (kernel resources, a module, "
+                    "a handle)",
+                    event.source,
+                    "no size is printed: which holder filled the card is not in the message",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Keep preallocating libraries from taking the whole card (JAX: "
+                    "XLA_PYTHON_CLIENT_PREALLOCATE=false or XLA_PYTHON_CLIENT_MEM_FRACTION; "
+                    "TensorFlow: memory growth), and check nvidia-smi for other processes.",
+                    environment={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+                    cost="none for PyTorch; a preallocating framework may run a little slower",
+                ),
+            ),
+            missing=(
+                "what holds the card besides the job: nvidia-smi (or "
+                "torch.cuda.list_gpu_processes()) just before the failing call",
+            ),
+            rank=event.rank,
+        )
 
     @staticmethod
     def _context(b: MessageBalance, thresholds: Thresholds) -> tuple[int, float] | None:

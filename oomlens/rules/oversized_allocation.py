@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from oomlens.analysis.oom_arithmetic import balance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction
+from oomlens.facts.log import Frame, OomEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
@@ -43,12 +44,50 @@ SPEC = RuleSpec(
 )
 
 
+_TENSOR_OP_FILES = ("_tensor.py", "tensor.py", "variable.py", "functional.py", "overrides.py")
+"""torch's own Python wrappers of tensor operators (``Tensor.__add__``, ``torch.functional``)."""
+_TOP_LEVEL_OP_CONFIDENCE = 0.35
+"""Where the failure happened is the only sign (the message prints no size): named, low."""
+
+
+def _tensor_op_frame(frame: Frame) -> bool:
+    path = frame.filename.replace("\\", "/")
+    if "/torch/" not in path or frame.function == "backward":
+        return False
+    return path.endswith(_TENSOR_OP_FILES) or "/autograd/_functions/" in path
+
+
+def _user_statement(frame: Frame) -> bool:
+    path = frame.filename.replace("\\", "/")
+    return frame.function == "<module>" and not any(
+        part in path for part in ("site-packages", "dist-packages", "/torch/")
+    )
+
+
+def top_level_op(event: OomEvent) -> Frame | None:
+    """The statement of ``event``'s traceback when the failure is one tensor operation written
+    at a script's top level: only module-level frames of the user's files, then (if any)
+    torch's own operator wrappers; no model, training loop, data loader or loader frame."""
+    tb = event.traceback
+    if tb is None or tb.cut or not tb.frames or tb.frames_omitted:
+        return None
+    users = [f for f in tb.frames if _user_statement(f)]
+    if not users or not all(_user_statement(f) or _tensor_op_frame(f) for f in tb.frames):
+        return None
+    if any(_user_statement(f) for f in tb.frames[len(users) :]):
+        return None  # the user's statements must come first, torch's wrappers after them
+    return users[-1]
+
+
 class OversizedAllocationRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         event = allocator_oom(facts)
         if event is None:
+            return
+        if event.message.tried_to_allocate is None:
+            yield from self._top_level_op(facts)
             return
         n = event.message
         b = balance(n, 0)  # the request against the card: no process to attribute
@@ -121,6 +160,50 @@ class OversizedAllocationRule(Rule):
                 "request_share_of_card": a_fraction(None if share is None else round(share, 3)),
             },
         )
+
+    @staticmethod
+    def _top_level_op(facts: RunFacts) -> Iterator[Diagnosis]:
+        """A message without sizes whose traceback is one tensor operation at a script's top
+        level: no training step, model or data pipeline was running, only that operation, and
+        one operation exhausting a GPU is most often a shape far larger than intended (an
+        unintended broadcast to (N, N)); the message cannot show the size, so named low."""
+        for event in facts.gpu_oom_events():
+            statement = top_level_op(event)
+            if statement is None:
+                continue
+            where = f"{statement.filename}:{statement.line}"
+            yield SPEC.diagnose(
+                confidence=_TOP_LEVEL_OP_CONFIDENCE,
+                summary=(
+                    f"one tensor operation at the top level of a script ({where}) ran out of "
+                    "memory, with no model, training step or data loader running: most often a "
+                    "result far larger than intended (a broadcast, a wrong dimension)"
+                ),
+                evidence=(
+                    oom_evidence(event, "the message prints no size"),
+                    Evidence(
+                        EvidenceKind.LOG,
+                        f"the traceback is the statement at {where} and torch's operator code only",
+                        event.traceback.source if event.traceback is not None else event.source,
+                        "nothing else held or asked for memory at that point",
+                    ),
+                ),
+                fixes=(
+                    Fix(
+                        "Print the operands' shapes and dtypes at that line: broadcasting "
+                        "(N, 1, 1) with (N, 1) makes an (N, N, N)-sized result.",
+                        command="print(a.shape, a.dtype, b.shape, b.dtype)  # before the "
+                        "failing line",
+                        cost="debugging",
+                    ),
+                ),
+                missing=(
+                    "the shapes of the failing operation's operands (or a torch build whose "
+                    "OOM message prints the request's size)",
+                ),
+                rank=event.rank,
+            )
+            return
 
 
 RULE = OversizedAllocationRule()

@@ -2,8 +2,9 @@
 with the cause each thread established.
 
 Every labelled case's top diagnosis is its label or an accepted alternative, and its verdict the
-thread's, except the cases listed in ``known_misses.json``: each with why oomlens misses it and
-whether the paste alone could decide it.  A known miss still must not crash, must not call a
+thread's, except the cases listed in ``known_misses.json``: each with why oomlens misses it,
+whether the paste alone could decide it, and what oomlens answers instead (its top diagnosis
+and verdict, held here as listed).  A known miss still must not crash, must not call a
 crash ``no_failure``, and must not be a confident wrong answer (top confidence below 0.6).  The
 list is kept honest both ways: a listed case that oomlens now gets right fails here until it is
 taken off the list.  Unlabelled cases are kept for reading: they must not crash either.
@@ -95,6 +96,8 @@ def test_the_top_diagnosis_and_verdict_are_the_threads(case: str) -> None:
         f"{case} is listed as a {known['miss']} miss but now gives "
         f"{[d.id for d in report.diagnoses[:2]]} / {report.verdict.value}"
     )
+    # ...the very answer listed (a changed answer is a change to review, not noise)...
+    assert ((top.id if top else None), report.verdict.value) == (known["top"], known["verdict"])
     # ...and never a confident wrong answer, never "no failure" for a failure
     if not diagnosis_ok and top is not None:
         assert top.confidence < CONFIDENT, (top.id, top.confidence)
