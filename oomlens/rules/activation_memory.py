@@ -79,8 +79,9 @@ _MIN_CONFIDENCE = 0.25
 """Below this the activations are not worth naming."""
 _LONE_MESSAGE_CONFIDENCE = 0.3
 """A full card and no frame to place the failure: the commonest cause, named low.  Base rate
-(development split of the field corpus): of the lone allocator messages of a full card with no
-frame, 9 of 13 threads blamed activations (the batch), 4 the model's states or a save."""
+(development split of the field corpus): of the 14 lone allocator messages of a full card with
+no frame, 9 threads blamed activations (the batch) and a 10th accepts them, 4 the model's
+states, 1 a checkpoint save."""
 _LARGE_REQUEST_CONFIDENCE = 0.25
 """As above, but one request as large as the live tensors made the difference: a single
 tensor that large is as often an evaluation's accumulated outputs or a shape as activations."""
