@@ -10,6 +10,9 @@ test split first:
 - crashes (exit 1), pastes of a crash called ``no_failure``, OOM numbers that differ from the
   message (``oom_numbers`` as printed, converted here independently of oomlens);
 - the confusion matrix (label x top-1) of the labelled cases, and every miss;
+- a reliability table of the labelled cases shown: the top diagnosis' confidence, in buckets,
+  against how often it is the thread's cause (``insufficient_evidence`` first, which names no
+  cause, on its own line), and how many wrong answers are confident (0.6 or more);
 - files that are not training logs (this repository's README, pyproject.toml, a source file,
   a CSV): each must be refused (exit 3) or answered ``unknown``, never a verdict read from prose.
 
@@ -128,6 +131,31 @@ def pct(hits: int, total: int) -> str:
     return f"{hits}/{total} = {hits / total:.0%}" if total else "0/0"
 
 
+BUCKETS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01)
+"""Confidence buckets of the reliability table: [low, high)."""
+CONFIDENT = 0.6
+"""A wrong top answer at or above this confidence is the worst outcome (the corpus tests)."""
+
+
+def print_reliability(rows: list[dict[str, Any]]) -> None:
+    """Top-1 confidence bucket -> accuracy: is a confidence what it claims?"""
+    print("\nreliability (top-1 confidence -> how often it is the thread's cause):")
+    undecided = [r for r in rows if r["top"][:1] == ["insufficient_evidence"]]
+    named = [r for r in rows if r not in undecided and r["top"]]
+    for low, high in zip(BUCKETS, BUCKETS[1:], strict=False):
+        inside = [r for r in named if low <= (r["confidence"] or 0.0) < high]
+        hits = sum(1 for r in inside if r["top"][0] in r["accepted"])
+        shown = f"{low:.1f}-{min(high, 1.0):.1f}"
+        print(f"  {shown:9} {pct(hits, len(inside)):>14}")
+    print(f"  no cause named (insufficient_evidence first): {len(undecided)}")
+    wrong = [
+        r["id"]
+        for r in named
+        if r["top"][0] not in r["accepted"] and (r["confidence"] or 0.0) >= CONFIDENT
+    ]
+    print(f"  wrong at confidence >= {CONFIDENT}: {len(wrong)} {wrong}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--split", choices=("test", "dev", "all"), default="all")
@@ -136,16 +164,24 @@ def main() -> None:
     args = parser.parse_args()
     split = json.loads((CORPUS / "split.json").read_text())
     cases = sorted(p for p in CORPUS.iterdir() if (p / "case.json").is_file())
+    if args.split != "all":
+        # Only the chosen split (and the unlabelled cases, kept for parsing): tuning on the
+        # development split must not show the held-back cases' results.
+        other = set(split["dev" if args.split == "test" else "test"])
+        cases = [p for p in cases if p.name not in other]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(run_case, cases))
     by_id = {r["id"]: r for r in results}
     labelled = [r for r in results if r["label"] not in (None, "unknown")]
+    if args.split != "all":
+        chosen = set(split[args.split])
+        labelled = [r for r in labelled if r["id"] in chosen]
     groups = {
         "test (held back)": [by_id[i] for i in split["test"] if i in by_id],
         "development": [by_id[i] for i in split["dev"] if i in by_id],
         "all labelled": labelled,
     }
-    print(f"field corpus: {len(results)} cases, {len(labelled)} labelled")
+    print(f"field corpus: {len(results)} cases run, {len(labelled)} labelled in the split shown")
     for name, rows in groups.items():
         if args.split == "test" and not name.startswith("test"):
             continue
@@ -183,6 +219,8 @@ def main() -> None:
     for label in sorted(confusion):
         cells = ", ".join(f"{pred} {n}" for pred, n in confusion[label].most_common())
         print(f"  {label:26} {cells}")
+
+    print_reliability(labelled)
 
     test_ids = set(split["test"])
     print("\nmisses (top-1 not the thread's label), test split first:")

@@ -12,14 +12,23 @@ so (``insufficient_evidence``) and what to capture next time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
 from oomlens import __version__
+from oomlens.analysis.lookalikes import library_failure_explained
+from oomlens.analysis.pinned import pinned_failure
 from oomlens.analysis.preflight import Preflight
+from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.analysis.run import step_before
+from oomlens.analysis.signals import (
+    host_memory_pressure,
+    shm_permission_denied,
+    signal_deaths,
+    silent_death,
+)
 from oomlens.diagnosis import (
     Diagnosis,
     Evidence,
@@ -32,7 +41,7 @@ from oomlens.diagnosis import (
 )
 from oomlens.facts import SourceRef
 from oomlens.facts.capture import CaptureEnd
-from oomlens.facts.kernel import KernelOomKill
+from oomlens.facts.kernel import FatalSignalKind, KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
@@ -179,7 +188,7 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
     verdict, reason = decide_verdict(facts)
     undetermined = insufficient_evidence(facts, verdict, diagnoses)
     if undetermined is not None:
-        diagnoses = (undetermined, *diagnoses)
+        diagnoses = _with_uncertainty(diagnoses, undetermined)
     missing = tuple(dict.fromkeys(m for d in diagnoses for m in d.missing))
     known = docs() | {INSUFFICIENT_EVIDENCE.id: INSUFFICIENT_EVIDENCE.doc}
     return Report(
@@ -196,6 +205,20 @@ def assemble(facts: RunFacts, thresholds: Thresholds) -> Report:
 def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     """The verdict and the sentence that justifies it, from facts alone."""
     gpu = facts.gpu_oom_events()
+    bug = library_failure_explained(facts.logs, gpu)
+    if bug is not None:
+        return Verdict.OTHER_FAILURE, (
+            f"a {gpu[0].message.kind.value} status error follows a bug ({bug.source.describe()}: "
+            f"{' '.join(bug.text.split())[:120]}): a poisoned CUDA context, not a lack of memory"
+        )
+    pinned = pinned_failure(facts)
+    if pinned is not None and all(e.message.kind is OomKind.DRIVER for e in gpu):
+        return Verdict.HOST_OOM, (
+            f"a pinned (page-locked) host allocation failed ({pinned.source.describe()})"
+            if pinned.oom
+            else f"the pin-memory thread failed ({pinned.source.describe()}): pinned host "
+            "memory, most likely"
+        )
     if gpu:
         first = facts.first_gpu_oom() or gpu[0]
         where = first.source.describe()
@@ -247,6 +270,34 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             f"a rank was killed with SIGKILL and no GPU error was printed ({sigkilled}); "
             "on a training node that is almost always the kernel's OOM killer"
         )
+    deaths = signal_deaths(facts)
+    shm = [
+        line
+        for log in facts.logs
+        for line in log.fatal_signals
+        if line.kind is FatalSignalKind.SHM_EXHAUSTED
+    ]
+    bus = [d for d in deaths if d.signal == "SIGBUS"]
+    if (shm or bus) and shm_permission_denied(facts) is None:
+        cited = shm[0].source if shm else bus[0].source
+        where = cited.describe() if cited is not None else bus[0].text
+        return (
+            Verdict.HOST_OOM,
+            f"shared memory (/dev/shm) ran out or could not be mapped ({where})",
+        )
+    silent = silent_death(facts)
+    if silent is not None:
+        pressure = host_memory_pressure(facts)
+        if pressure is not None and (pressure.cpu_percent or 0) >= 100 * HOST_PRESSURE:
+            return Verdict.HOST_OOM, (
+                f"a worker died without printing an error ({silent.source.describe()}: "
+                f"{silent.text}) while the node's memory was {pressure.cpu_percent}% used "
+                f"({pressure.source.describe()})"
+            )
+        return Verdict.OTHER_FAILURE, (
+            f"a worker died without printing an error ({silent.source.describe()}: "
+            f"{silent.text}): a signal; the inputs do not say which"
+        )
     for log in facts.logs:
         if log.batch_assertions:
             return Verdict.CONFIG_ERROR, (
@@ -257,6 +308,19 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             return Verdict.CONFIG_ERROR, (
                 f"DeepSpeed rejected the config ({log.config_errors[0].source.describe()})"
             )
+    refused = config_rejections(facts.logs)
+    if refused:
+        where = refused[0].source.describe()
+        return Verdict.CONFIG_ERROR, {
+            Rejection.BATCH: f"the batch settings were refused at startup ({where})",
+            Rejection.SCHEMA: f"the config was refused at startup ({where})",
+            Rejection.SETTING: f"the framework would not run within its memory setting "
+            f"{(refused[0].keys or ('?',))[0]} ({where})",
+        }[refused[0].kind]
+    if _only_cut_errors(facts):
+        return Verdict.UNKNOWN, (
+            "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
+        )
     if facts.has_failure_evidence():
         failed = facts.ranks.first_failed
         if failed is not None and failed.first_source is not None:
@@ -287,17 +351,44 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
                 "no error in the inputs, but no training progress or normal end either: "
                 "a window of a longer log cannot say the run did not fail"
             )
+        caught = [e for log in readable_logs for e in log.caught_oom_events]
+        if caught:
+            return Verdict.NO_FAILURE, (
+                f"{len(caught)} out-of-memory error(s) were caught by the program (first at "
+                f"{caught[0].source.describe()}) and the run went on; no error, kill or failed "
+                "exit after them"
+            )
         return Verdict.NO_FAILURE, "no error, kill or failed exit in the inputs"
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"
     return Verdict.UNKNOWN, "no readable training log"
 
 
+def _only_cut_errors(facts: RunFacts) -> bool:
+    """The only failure the inputs show is an exception whose traceback was cut before its
+    message: which error it was (an OOM or not) is not in the text."""
+    exceptions = [e for e in facts.exceptions() if not e.peer_failure]
+    if not exceptions or any(
+        e.text.strip() and not (e.traceback is not None and e.traceback.cut) for e in exceptions
+    ):
+        return False
+    if facts.oom_events() or facts.kernel_oom_kills():
+        return False
+    if any(
+        log.process_failures or log.failure_summaries or log.fatal_signals or log.batch_assertions
+        for log in facts.logs
+    ):
+        return False
+    return not any(e.return_code != 0 for e in facts.ranks.launcher_exits)
+
+
 # -- when no cause is sure enough: evidence or silence (a guess presented as a cause is worse)
 
+HOST_PRESSURE = Thresholds().host_memory_pressure_fraction
+"""The verdict's reading of a silent death under memory pressure (the rule's default)."""
 SURE_ENOUGH = 0.5
 """A cause at this confidence or above is worth naming; below, the report says what is missing."""
-_NOT_CAUSES = frozenset({"config_hazard", "internal_error", "non_pytorch_memory"})
+_NOT_CAUSES = frozenset({"config_hazard", "internal_error"})
 INSUFFICIENT_EVIDENCE = RuleSpec(
     id="insufficient_evidence",
     title="Not enough evidence to say why",
@@ -312,6 +403,33 @@ INSUFFICIENT_EVIDENCE = RuleSpec(
 """Not a rule: what the report says when no rule is sure enough."""
 
 
+def _is_cause(d: Diagnosis) -> bool:
+    """A diagnosis that names why the run failed: not an internal error, and not a config
+    hazard read from the config alone (one the failure itself names is a cause)."""
+    if d.id not in _NOT_CAUSES:
+        return True
+    return d.id == "config_hazard" and any(e.kind is EvidenceKind.LOG for e in d.evidence)
+
+
+def _with_uncertainty(
+    diagnoses: Sequence[Diagnosis], undetermined: Diagnosis
+) -> tuple[Diagnosis, ...]:
+    """Where ``insufficient_evidence`` goes.  First only when nothing points anywhere (no
+    cause at all).  When causes were found but none is sure enough, the best-supported one
+    still comes first, at its own low confidence, carrying what to capture next time in its
+    ``missing``; ``insufficient_evidence`` follows the causes (at no more than their
+    confidence, so the list stays most likely first)."""
+    causes = [d for d in diagnoses if _is_cause(d)]
+    if not causes:
+        return (undetermined, *diagnoses)
+    best = causes[0]
+    recipe = tuple(m for m in undetermined.missing if m not in best.missing)
+    ordered = [replace(best, missing=(*best.missing, *recipe))]
+    ordered += [d for d in diagnoses if d is not best]
+    lowest = min(d.confidence for d in ordered)
+    return (*ordered, replace(undetermined, confidence=min(lowest, undetermined.confidence)))
+
+
 def insufficient_evidence(
     facts: RunFacts, verdict: Verdict, diagnoses: Sequence[Diagnosis]
 ) -> Diagnosis | None:
@@ -319,7 +437,7 @@ def insufficient_evidence(
     cause reaches ``SURE_ENOUGH``; None otherwise."""
     if verdict is Verdict.NO_FAILURE:
         return None
-    if any(d.confidence >= SURE_ENOUGH and d.id not in _NOT_CAUSES for d in diagnoses):
+    if any(d.confidence >= SURE_ENOUGH and _is_cause(d) for d in diagnoses):
         return None
     missing: list[str] = []
     if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:

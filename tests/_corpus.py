@@ -13,7 +13,7 @@ from typing import Any
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "crash_logs"
 
 VERDICTS = {"gpu_oom", "host_oom", "config_error", "other_failure", "no_failure", "unknown"}
-DIAGNOSES = {
+ASKED_FOR = {
     "fragmentation",
     "prefetch_overshoot",
     "pinned_memory_exhaustion",
@@ -27,6 +27,16 @@ DIAGNOSES = {
     "host_oom_killed",
     "not_oom",
 }
+"""The scenarios the corpus was built to cover (every one but a host OOM kill has a case)."""
+DIAGNOSES = ASKED_FOR | {
+    "non_pytorch_memory",
+    "shm_exhausted",
+    "oversized_allocation",
+    "config_invalid",
+    "config_hazard",
+    "insufficient_evidence",
+}
+"""Every id a manifest may name (``insufficient_evidence`` only as acceptable)."""
 
 
 def case_names() -> list[str]:
@@ -54,6 +64,16 @@ SCENARIO_SIZES = {
     "3.5b": (3072, 29),
 }
 SCENARIO_VOCAB = 32000
+
+
+def checkable(name: str) -> bool:
+    """A DeepSpeed case ``oomlens check`` can be told about: its ds_config, and a command that
+    names the scenario model and the GPU count (the HF Trainer case's config is all "auto",
+    resolved from TrainingArguments no config check sees)."""
+    if not (case_dir(name) / "ds_config.json").exists():
+        return False
+    command = manifest(name)["command"]
+    return bool(re.search(r"--model \S+", command) and re.search(r"--num_gpus \d+", command))
 
 
 def check_arguments(name: str) -> dict[str, Any]:

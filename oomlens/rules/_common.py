@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oomlens.analysis.failure_site import phase_of
+from oomlens.analysis.oom_arithmetic import ROUNDING_BYTES, MessageBalance, balance
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
 from oomlens.facts.capture import RankCapture
@@ -87,12 +89,19 @@ def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
     return Evidence(kind, quote(prefix + event.message.text), event.source, note)
 
 
+def phase(event: OomEvent) -> Phase:
+    """The failure's phase: the reader's, or what the innermost frames show when it has none
+    (``oomlens.analysis.failure_site``)."""
+    return phase_of(event)[0]
+
+
 def phase_evidence(event: OomEvent) -> Evidence | None:
-    if event.phase is Phase.UNKNOWN or event.phase_evidence is None:
+    where, frame = phase_of(event)
+    if where is Phase.UNKNOWN or frame is None:
         return None
     return Evidence(
         EvidenceKind.LOG,
-        f"phase {event.phase.value}: {event.phase_evidence}",
+        f"phase {where.value}: {frame}",
         event.traceback.source if event.traceback is not None else event.source,
         "the traceback frame that places the failure",
     )
@@ -154,13 +163,9 @@ def log_of(facts: RunFacts, source: SourceRef) -> LogFacts | None:
 def first_step_optimizer_oom(facts: RunFacts, event: OomEvent) -> bool:
     """The OOM happened in the optimizer step before any step completed: the optimizer's
     states (created lazily at the first step) did not fit."""
-    if event.phase is not Phase.OPTIMIZER_STEP:
+    if phase(event) is not Phase.OPTIMIZER_STEP:
         return False
-    done = steps_completed_before(facts, event)
-    if done is not None:
-        return done == 0
-    log = log_of(facts, event.source)
-    return log is not None and log.steps.total == 0
+    return failed_before_training(facts, event)
 
 
 def optimizer_state_init(event: OomEvent) -> bool:
@@ -451,3 +456,138 @@ def captured_pinned_bytes(capture: RankCapture) -> int | None:
     if host is None or host.rss_shmem is None:
         return None
     return int(host.rss_shmem.maximum)
+
+
+def message_balance(n: OomMessage, thresholds: Thresholds) -> MessageBalance:
+    """The OOM message's balance sheet (``oomlens.analysis.oom_arithmetic``), a listed process
+    counting as this job when it holds what the allocator reserved plus at most
+    ``other_process_self_match_bytes``."""
+    return balance(n, thresholds.other_process_self_match_bytes)
+
+
+def oversized(n: OomMessage) -> bool:
+    """The request alone is larger than the whole card (or a 1 EB lower bound was printed)."""
+    return n.message_format == "exabyte" or balance(n, 0).oversized
+
+
+def oversized_evidence(event: OomEvent) -> Evidence:
+    n = event.message
+    return Evidence(
+        EvidenceKind.DERIVED,
+        f"the request ({size(n.tried_to_allocate)}) is larger than the whole card "
+        f"({size(n.total_capacity)})",
+        event.source,
+        "no batch size or memory setting makes room for it: not a lack of memory",
+        supports=False,
+    )
+
+
+def self_listed_evidence(event: OomEvent, b: MessageBalance) -> Evidence | None:
+    """A listed ``Process N`` that is this job seen from a container, with the arithmetic."""
+    if b.self_listed is None or b.reserved is None:
+        return None
+    return Evidence(
+        EvidenceKind.DERIVED,
+        f"process {b.self_listed.pid} holds {size(b.self_listed.bytes)}: this process' allocator "
+        f"reserved {size(b.reserved)} (allocated {size(b.allocated)} + reserved but unallocated "
+        f"{size(b.message.reserved_unallocated)}) and the message has no 'this process has' "
+        "clause",
+        event.source,
+        "that process is this job itself under its host pid (a container), not another one",
+    )
+
+
+def demand_exceeds_card(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """This process' own tensors filled what it could use: live tensors hold most of what it
+    could reach, the request did not fit in the free memory plus its allocator's cached free
+    blocks (or those were few: a defragmented allocator would fail too), other holders took
+    little (a CUDA context's worth aside), and the request is not larger than the card."""
+    shortfall, live = b.shortfall, b.live_share
+    if shortfall is None or live is None or b.capacity is None or b.oversized:
+        return False
+    if live < thresholds.own_tensors_min_fraction:
+        return False
+    cached_little = b.unallocated is not None and b.unallocated < max(
+        thresholds.fragmentation_min_unallocated_bytes,
+        thresholds.fragmentation_min_unallocated_fraction * (b.limit or b.capacity),
+    )
+    if shortfall <= 0 and not cached_little:
+        return False  # the memory was there, in cached pieces: fragmentation's question
+    return b.capped or _little_held_elsewhere(b, thresholds)
+
+
+def _little_held_elsewhere(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """Other holders of the card (listed processes, memory no one accounts for beyond a CUDA
+    context's worth) took little of it."""
+    unlisted = b.outside_unlisted or 0
+    if unlisted < thresholds.other_process_unlisted_min_bytes:
+        unlisted = 0  # a CUDA context's worth
+    held_elsewhere = unlisted + b.others_total
+    return held_elsewhere < thresholds.other_process_unlisted_fraction * (b.capacity or 0)
+
+
+def request_fills_card(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """This process' own demand filled what it could use, with one large request as much of
+    it as the live tensors (``demand_exceeds_card`` asks the live tensors alone to fill it):
+    live tensors plus the request hold most of what it could reach, the request did not fit in
+    the free memory (as printed, to its rounding: a few cached blocks cannot join it), its
+    allocator cached little (no fragmentation question), others took little, and the request
+    is not larger than the card."""
+    if (
+        b.allocated is None
+        or b.request is None
+        or b.reserved is None
+        or b.free is None
+        or b.unallocated is None
+        or b.capacity is None
+        or b.oversized
+        or b.request + ROUNDING_BYTES < b.free
+        or demand_exceeds_card(b, thresholds)
+    ):
+        return False
+    reachable = b.limit if b.capped and b.limit is not None else b.reserved + b.free
+    if not reachable or (b.allocated + b.request) / reachable < thresholds.own_tensors_min_fraction:
+        return False
+    if b.unallocated >= max(
+        thresholds.fragmentation_min_unallocated_bytes,
+        thresholds.fragmentation_min_unallocated_fraction * (b.limit or b.capacity),
+    ):
+        return False
+    return b.capped or _little_held_elsewhere(b, thresholds)
+
+
+def fullness(n: OomMessage) -> str:
+    """How full the card was, in the message's own numbers (or that it printed none)."""
+    if n.allocated_by_pytorch is None or n.limit is None:
+        if n.tried_to_allocate is not None:
+            return f"{size(n.tried_to_allocate)} more was needed"
+        return "the message carries no allocator numbers"
+    return (
+        f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
+        f"{size(n.tried_to_allocate)} more was needed"
+    )
+
+
+def failed_before_training(facts: RunFacts, event: OomEvent) -> bool:
+    """The failure came before any training step completed, as far as the log can tell: no
+    progress line before it where the log has progress lines, or, where it has none, a log
+    that shows the job starting (a parameter count, DeepSpeed's config dump or world info).
+    A paste of the error alone says nothing about when it came."""
+    done = steps_completed_before(facts, event)
+    if done is not None:
+        return done == 0
+    log = log_of(facts, event.source)
+    if log is None or log.steps.total:
+        return False
+    return any(fact is not None for fact in (log.param_count, log.config_dump, log.world_size))
+
+
+def printed_line(facts: RunFacts, source: SourceRef) -> str | None:
+    """The text of the line at ``source`` when the log kept it (its last lines), else None."""
+    log = log_of(facts, source)
+    if log is None or source.line is None:
+        return None
+    for number, text in log.tail:
+        if number == source.line:
+            return text
+    return None

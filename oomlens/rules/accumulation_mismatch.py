@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
+from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count
 from oomlens.facts.log import BatchAssertion, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
     oom_evidence,
+    phase,
+    quote,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -95,7 +98,55 @@ class AccumulationMismatchRule(Rule):
             if log.batch_assertions:
                 yield self._assertion(log.batch_assertions[0])
                 return
+        batch = [r for r in config_rejections(facts.logs) if r.kind is Rejection.BATCH]
+        if batch:
+            yield self._rejected(batch[0])
+            return
         yield from self._derived_micro(facts)
+
+    @staticmethod
+    def _rejected(r: ConfigRejection) -> Diagnosis:
+        """A framework refused the batch arithmetic (transformers' DeepSpeed integration, a
+        trainer's divisibility check) before any training."""
+        listed = ", ".join(r.keys)
+        return SPEC.diagnose(
+            confidence=0.85 if r.keys or "divisible" in r.text else 0.7,
+            summary=(
+                f"the batch settings were refused before training: {listed} disagree"
+                if r.keys
+                else "the batch settings were refused before training: the batch sizes, "
+                "accumulation steps and number of processes do not agree"
+            ),
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(r.text),
+                    r.source,
+                    "raised while the trainer checks its batch arithmetic, before any step",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    'Let one side derive the batch: set the DeepSpeed batch keys to "auto" '
+                    "under the HF Trainer, or make micro batch x accumulation x processes "
+                    "equal the global batch (and divisible as the trainer requires) for the "
+                    "number of processes the job really runs with.",
+                    config_patch={
+                        key: "auto"
+                        for key in r.keys
+                        if key
+                        in (
+                            "train_batch_size",
+                            "train_micro_batch_size_per_gpu",
+                            "gradient_accumulation_steps",
+                        )
+                    }
+                    or None,
+                    cost="none",
+                ),
+            ),
+            rank=r.source.rank,
+        )
 
     def _assertion(self, a: BatchAssertion) -> Diagnosis:
         fixes = tuple(
@@ -149,7 +200,7 @@ class AccumulationMismatchRule(Rule):
         if micro < 2:
             return
         event = allocator_oom(facts)
-        if event is None or event.phase not in (Phase.FORWARD, Phase.BACKWARD):
+        if event is None or phase(event) not in (Phase.FORWARD, Phase.BACKWARD):
             return
         source = facts.config.reading.effective.source
         evidence = [
@@ -169,15 +220,15 @@ class AccumulationMismatchRule(Rule):
             ),
             oom_evidence(
                 event,
-                f"the {event.phase.value} pass with micro batch {micro} ran out of GPU memory",
+                f"the {phase(event).value} pass with micro batch {micro} ran out of GPU memory",
             ),
         ]
         half = micro // 2
         yield SPEC.diagnose(
-            confidence=0.85 if event.phase is Phase.FORWARD else 0.75,
+            confidence=0.85 if phase(event) is Phase.FORWARD else 0.75,
             summary=(
                 f"DeepSpeed derived a micro batch of {micro} per GPU from train_batch_size "
-                f"{train} on {world} GPUs, and the {event.phase.value} pass ran out of memory "
+                f"{train} on {world} GPUs, and the {phase(event).value} pass ran out of memory "
                 f"({size(event.message.allocated_by_pytorch)} allocated)"
             ),
             evidence=tuple(evidence),

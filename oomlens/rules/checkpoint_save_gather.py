@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts import SourceRef
-from oomlens.facts.log import Phase
+from oomlens.facts.log import OomEvent, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     CAPTURE_KERNEL,
@@ -18,7 +18,9 @@ from oomlens.rules._common import (
     host_kill_seen,
     leaf_key,
     oom_evidence,
+    phase,
     phase_evidence,
+    printed_line,
     quote,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -28,6 +30,9 @@ _SAVE_MARKER = re.compile(
     r"(?i)save_16bit_model|save_checkpoint|is about to be saved|saving (?:the )?(?:16-bit )?"
     r"(?:model|checkpoint|weights|state)|_zero3_consolidated_16bit_state_dict|Saving model weights"
 )
+
+
+_STATE_DICT = re.compile(r"state_dict|save_pretrained|save_checkpoint|_save\b|saving", re.I)
 
 
 SPEC = RuleSpec(
@@ -55,13 +60,24 @@ class CheckpointSaveRule(Rule):
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         evidence: list[Evidence] = []
         confidence = 0.0
-        save_events = [e for e in facts.oom_events() if e.phase is Phase.CHECKPOINT_SAVE]
-        if save_events:
+        save_events = [e for e in facts.oom_events() if phase(e) is Phase.CHECKPOINT_SAVE]
+        said = self._said_while_saving(facts)
+        if said is not None and not save_events:
+            event, line = said
+            evidence.append(
+                oom_evidence(
+                    event,
+                    "the line that reports the error says it was building the state dict "
+                    "(saving): " + quote(line, 160),
+                )
+            )
+            confidence = 0.6
+        elif save_events:
             event = save_events[0]
             evidence.append(oom_evidence(event, "the failure is inside a checkpoint save"))
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
             confidence = 0.75
         else:
             marker = self._save_marker_in_tail(facts)
@@ -109,6 +125,19 @@ class CheckpointSaveRule(Rule):
             fixes=tuple(fixes),
             missing=() if (host_kill_seen(facts) or save_events) else (CAPTURE_KERNEL,),
         )
+
+    @staticmethod
+    def _said_while_saving(facts: RunFacts) -> tuple[OomEvent, str] | None:
+        """A GPU OOM whose own line says a save was under way (FSDP's "Failed to clone()
+        tensor ... state_dict" warning, a save_pretrained message around it)."""
+        for event in facts.gpu_oom_events():
+            line = printed_line(facts, event.source)
+            if line is None:
+                continue
+            head = line[: max(0, line.find(event.message.text[:40]))] or line
+            if _STATE_DICT.search(head):
+                return event, head
+        return None
 
     @staticmethod
     def _save_marker_in_tail(facts: RunFacts) -> Evidence | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Severity, a_text, in_bytes
+from oomlens.analysis.rejections import Rejection, config_rejections
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_text, in_bytes
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
+    quote,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -52,6 +54,7 @@ class ConfigHazardRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        yield from self._named_by_the_failure(facts)
         if facts.config is None:
             return
         for hazard in facts.config.reading.hazards:
@@ -86,6 +89,40 @@ class ConfigHazardRule(Rule):
                     "bytes_at_stake": in_bytes(hazard.bytes_at_stake),
                 },
             )
+
+    @staticmethod
+    def _named_by_the_failure(facts: RunFacts) -> Iterator[Diagnosis]:
+        """The failure's own message blames a memory setting ("No available memory for the
+        cache blocks. Try increasing `gpu_memory_utilization`"): the framework refused to run
+        with the budget it was given.  A cause, not a hazard in waiting."""
+        for refused in config_rejections(facts.logs):
+            if refused.kind is not Rejection.SETTING or not refused.keys:
+                continue
+            name = refused.keys[0]
+            yield SPEC.diagnose(
+                title=f"{SPEC.title}: {name}",
+                severity=Severity.HIGH,
+                confidence=0.55,
+                summary=f"the framework stopped for lack of memory under its own setting {name}: "
+                + quote(refused.text, 200),
+                evidence=(
+                    Evidence(
+                        EvidenceKind.LOG,
+                        quote(refused.text),
+                        refused.source,
+                        f"the error itself names {name} as the setting to change",
+                    ),
+                ),
+                fixes=(
+                    Fix(
+                        f"Change {name} as the error says (and the settings that share the same "
+                        "memory: the model length, the batch of sequences), then restart.",
+                        cost="a smaller cache or batch",
+                    ),
+                ),
+                rank=refused.source.rank,
+            )
+            return
 
 
 RULE = ConfigHazardRule()

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
+from oomlens.rules._common import quote
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
@@ -32,6 +34,10 @@ class ConfigInvalidRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        refused = [r for r in config_rejections(facts.logs) if r.kind is Rejection.SCHEMA]
+        if refused:
+            yield self._refused(refused[0])
+            return
         if facts.config is None:
             return
         if any(log.batch_assertions for log in facts.logs):
@@ -63,6 +69,34 @@ class ConfigInvalidRule(Rule):
                     cost="none",
                 ),
             ),
+        )
+
+    @staticmethod
+    def _refused(r: ConfigRejection) -> Diagnosis:
+        """The run's own output shows a config model refusing a key or a value."""
+        what = f"{r.model} refused " if r.model else "the config was refused: "
+        return SPEC.diagnose(
+            confidence=0.85,
+            summary=what + quote(r.text.split("\n", 1)[-1], 160),
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(r.text),
+                    r.source,
+                    "the config's validation failed: an unknown key, or a value of the wrong "
+                    "type (often a key from a newer version, or a removed one)",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Fix the listed keys (remove unknown ones, give the type the model "
+                    "expects), or use the DeepSpeed/framework version the config was written "
+                    "for; `oomlens check CONFIG` re-validates before launch.",
+                    command="oomlens check ds_config.json",
+                    cost="none",
+                ),
+            ),
+            rank=r.source.rank,
         )
 
 

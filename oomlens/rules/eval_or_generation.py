@@ -10,11 +10,14 @@ from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
+    fullness,
     near_full,
     oom_evidence,
     oom_figures,
+    oversized,
+    oversized_evidence,
+    phase,
     phase_evidence,
-    size,
     steps_completed_before,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -44,14 +47,14 @@ class EvalOrGenerationRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         event = allocator_oom(facts)
-        if event is None or event.phase not in (Phase.EVALUATION, Phase.GENERATION):
+        if event is None or phase(event) not in (Phase.EVALUATION, Phase.GENERATION):
             return
         n = event.message
         confidence = 0.75
         evidence = [oom_evidence(event)]
-        phase = phase_evidence(event)
-        if phase is not None:
-            evidence.append(phase)
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
         done = steps_completed_before(facts, event)
         if done:
             confidence += 0.05
@@ -65,7 +68,10 @@ class EvalOrGenerationRule(Rule):
             )
         if near_full(n, thresholds):
             confidence += 0.05
-        what = "generation" if event.phase is Phase.GENERATION else "evaluation"
+        if oversized(n):
+            confidence = min(confidence, 0.3)
+            evidence.append(oversized_evidence(event))
+        what = "generation" if phase(event) is Phase.GENERATION else "evaluation"
         fixes = [
             Fix(
                 f"Use a smaller {what} batch than the training batch allows you to assume.",
@@ -73,7 +79,7 @@ class EvalOrGenerationRule(Rule):
                 cost="longer evaluation",
             ),
         ]
-        if event.phase is Phase.GENERATION:
+        if phase(event) is Phase.GENERATION:
             fixes.append(
                 Fix(
                     "Bound the KV cache: fewer new tokens, fewer prompts per call, or a "
@@ -92,11 +98,9 @@ class EvalOrGenerationRule(Rule):
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
-                f"{size(n.limit)} {n.limit_name}) after training steps had fit"
+                f"{what} ran out of GPU memory ({fullness(n)}) after training steps had fit"
                 if done
-                else f"{what} ran out of GPU memory ({size(n.allocated_by_pytorch)} allocated of "
-                f"{size(n.limit)} {n.limit_name})"
+                else f"{what} ran out of GPU memory ({fullness(n)})"
             ),
             evidence=tuple(evidence),
             fixes=tuple(fixes),

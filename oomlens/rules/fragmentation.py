@@ -18,6 +18,7 @@ from oomlens.rules._common import (
     SnapshotOom,
     allocator_oom,
     first_step_optimizer_oom,
+    message_balance,
     model_overflow,
     oom_evidence,
     oom_figures,
@@ -151,7 +152,11 @@ SPEC = RuleSpec(
         "torch.cuda.memory_stats()['inactive_split_bytes.all.current'] stays small through "
         "training."
     ),
-    thresholds=("fragmentation_min_unallocated_bytes", "fragmentation_min_unallocated_fraction"),
+    thresholds=(
+        "fragmentation_min_unallocated_bytes",
+        "fragmentation_min_unallocated_fraction",
+        "other_process_self_match_bytes",
+    ),
     precedence=10,
 )
 
@@ -163,12 +168,18 @@ class FragmentationRule(Rule):
         for snapshot_oom in snapshot_ooms(facts):
             yield from self._from_snapshot(facts, snapshot_oom, thresholds)
         event = allocator_oom(facts)
-        if event is None or event.message.kind is not OomKind.ALLOCATOR:
+        if event is None:
+            yield from self._from_summary(facts, thresholds)
+            return
+        if event.message.kind is not OomKind.ALLOCATOR:
             return
         n = event.message
-        if n.reserved_unallocated is None or n.limit is None or n.tried_to_allocate is None:
+        b = message_balance(n, thresholds)
+        if b.unallocated is None or n.limit is None or n.tried_to_allocate is None:
             return
-        stuck = n.reserved_unallocated
+        if b.oversized:
+            return  # no cache layout serves a request larger than the card
+        stuck = b.unallocated
         big_enough = stuck >= max(
             thresholds.fragmentation_min_unallocated_bytes,
             thresholds.fragmentation_min_unallocated_fraction * n.limit,
@@ -185,10 +196,12 @@ class FragmentationRule(Rule):
         ]
         confidence = 0.3
         could_hold = n.tried_to_allocate <= stuck
-        allocated = n.allocated_by_pytorch
+        allocated = b.allocated
         need_fits = allocated is not None and allocated + n.tried_to_allocate <= n.limit
         if could_hold and need_fits:
-            confidence = 0.65
+            # The message's arithmetic alone: one signal, medium; a snapshot of the blocks
+            # (below) makes it decisive.
+            confidence = 0.55
             evidence.append(
                 Evidence(
                     EvidenceKind.DERIVED,
@@ -218,7 +231,10 @@ class FragmentationRule(Rule):
             )
             oom = device.oom
             if oom is not None and oom.snapshot_at_oom and not oom.fits_largest_free_block:
-                confidence += 0.2
+                # Decisive: the blocks themselves show no free piece the request fits in
+                # (0.55 + 0.3 keeps the 0.85 this signal had before the message-only reading
+                # was lowered for pastes).
+                confidence += 0.3
                 evidence.append(
                     snapshot_evidence(
                         snapshot,
@@ -297,6 +313,47 @@ class FragmentationRule(Rule):
             rank=event.rank,
             figures=figures,
         )
+
+    def _from_summary(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        """``torch.cuda.memory_summary()`` printed after an OOM, without the message: reserved
+        memory far above the peak of live tensors is the cache holding memory it cannot use."""
+        for log in facts.logs:
+            for summary in log.allocator_summaries:
+                peak = summary.allocated_peak
+                reserved = summary.reserved_peak or summary.reserved_current
+                if not summary.ooms or peak is None or reserved is None:
+                    continue
+                stuck = reserved - peak
+                if reserved < 2 * peak or stuck < thresholds.fragmentation_min_unallocated_bytes:
+                    continue
+                yield SPEC.diagnose(
+                    confidence=0.5,
+                    summary=(
+                        f"the allocator reserved {size(reserved)} while its live tensors never "
+                        f"exceeded {size(peak)}: {size(stuck)} of cache it could not use"
+                    ),
+                    evidence=(
+                        Evidence(
+                            EvidenceKind.LOG,
+                            f"memory_summary: CUDA OOMs {summary.ooms}, cudaMalloc retries "
+                            f"{summary.malloc_retries}; allocated peak {size(peak)}, reserved "
+                            f"{size(reserved)}",
+                            summary.source,
+                            "reserved at least twice the peak of live memory, and an OOM: "
+                            "free memory split into blocks too small to reuse",
+                        ),
+                    ),
+                    fixes=fragmentation_fixes(stuck, False),
+                    missing=(
+                        "the OOM message itself (what was requested, how much was free)",
+                        CAPTURE_SNAPSHOT,
+                    ),
+                    figures={
+                        "allocated_peak": in_bytes(peak),
+                        "reserved": in_bytes(reserved),
+                    },
+                )
+                return
 
     def _from_snapshot(
         self, facts: RunFacts, s: SnapshotOom, thresholds: Thresholds

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.signals import host_memory_pressure, silent_death
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
@@ -16,6 +17,7 @@ from oomlens.rules._common import (
     host_kill_seen,
     kernel_kill_evidence,
     oom_evidence,
+    size,
 )
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
@@ -35,6 +37,7 @@ SPEC = RuleSpec(
         "the node's kernel log shows no 'Killed process' line for the job and the job's cgroup "
         "memory.events no new oom_kill; keep MaxRSS (sacct) well below the limit."
     ),
+    thresholds=("host_memory_pressure_fraction",),
     precedence=120,
 )
 
@@ -71,7 +74,40 @@ class HostOomRule(Rule):
         for event in facts.oom_events():
             if event.message.kind is OomKind.HOST:
                 evidence.append(oom_evidence(event, "a host allocation failed"))
-                confidence = max(confidence, 0.8)
+                # Host RAM ran out for certain; that it is the run's memory and not one
+                # oversized tensor (a batch, a dataset copy) the message alone cannot say.
+                confidence = max(confidence, 0.8 if facts.kernel_oom_kills() else 0.55)
+        if not confidence:
+            silent = silent_death(facts)
+            if silent is not None:
+                # A worker died without a word and the launcher tore down the rest: a signal,
+                # most often the OOM killer's; host memory near full before it says so.
+                confidence = 0.35
+                evidence.append(
+                    Evidence(
+                        EvidenceKind.LOG,
+                        silent.text,
+                        silent.source,
+                        "the launcher killed the other workers after one died without printing "
+                        "an error: a signal, most often the kernel's OOM killer",
+                    )
+                )
+                pressure = host_memory_pressure(facts)
+                if (
+                    pressure is not None
+                    and pressure.cpu_percent is not None
+                    and pressure.cpu_percent >= 100 * thresholds.host_memory_pressure_fraction
+                ):
+                    confidence = 0.6
+                    evidence.append(
+                        Evidence(
+                            EvidenceKind.LOG,
+                            f"CPU Virtual Memory: used = {size(pressure.cpu_used)}, percent = "
+                            f"{pressure.cpu_percent}%",
+                            pressure.source,
+                            "the node's memory was nearly full just before",
+                        )
+                    )
         killed = facts.sigkilled_at()
         if killed is not None:
             evidence.append(

@@ -17,23 +17,33 @@ from oomlens.rules._common import (
     allocator_oom,
     category_share,
     config_evidence,
+    demand_exceeds_card,
     effective_config,
     first_step_optimizer_oom,
+    fullness,
     live_bytes,
+    message_balance,
     model_overflow,
     model_patch_fixes,
     oom_evidence,
     oom_figures,
     optimizer_state_init,
     others_dominate,
+    oversized,
+    oversized_evidence,
+    phase,
     phase_evidence,
     size,
     snapshot_evidence,
     snapshot_oom_evidence,
     snapshot_ooms,
+    steps_completed_before,
 )
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
+
+_LONE_MESSAGE_CONFIDENCE = 0.25
+"""A full card and no frame to place the failure: the model's states, named below the batch."""
 
 SPEC = RuleSpec(
     id="model_states_too_large",
@@ -52,10 +62,16 @@ SPEC = RuleSpec(
         "completes."
     ),
     thresholds=(
+        "fragmentation_min_unallocated_bytes",
+        "fragmentation_min_unallocated_fraction",
         "model_states_max_fraction",
         "model_states_min_fraction",
         "model_states_snapshot_fraction",
+        "other_process_self_match_bytes",
+        "other_process_unlisted_fraction",
+        "other_process_unlisted_min_bytes",
         "others_dominate_fraction",
+        "own_tensors_min_fraction",
     ),
     precedence=60,
 )
@@ -82,16 +98,43 @@ class ModelStatesRule(Rule):
                     "creates its states",
                 )
             )
-            phase = phase_evidence(event)
-            if phase is not None:
-                evidence.append(phase)
-        elif event.phase is Phase.MODEL_INIT:
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.MODEL_INIT:
             confidence = 0.55
             evidence.append(
                 oom_evidence(
                     event,
-                    "the failure is while the model is created "
+                    "the failure is while the model is created, loaded "
                     "or partitioned, before any training step",
+                )
+            )
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.OPTIMIZER_STEP and steps_completed_before(facts, event) is None:
+            # Adam creates its moments at the first step and works on fp32 copies at every
+            # step; with no step count to say which, the states are the first suspect (after
+            # completed steps they existed and fit: not this path).
+            confidence = 0.45
+            evidence.append(
+                oom_evidence(event, "the failure is in the optimizer step, which holds the states")
+            )
+            placed = phase_evidence(event)
+            if placed is not None:
+                evidence.append(placed)
+        elif phase(event) is Phase.UNKNOWN and demand_exceeds_card(
+            message_balance(n, thresholds), thresholds
+        ):
+            # The card was full of this process' own tensors and no frame says which pass:
+            # the states are the second candidate after the batch's activations.
+            confidence = _LONE_MESSAGE_CONFIDENCE
+            evidence.append(
+                oom_evidence(
+                    event,
+                    "live tensors filled the card; no traceback says whether they were the "
+                    "model's states or a batch's activations",
                 )
             )
         located = facts.snapshot_for(event)
@@ -125,6 +168,9 @@ class ModelStatesRule(Rule):
             evidence.append(overflow[0])
         if not confidence:
             return
+        if oversized(n):
+            confidence = min(confidence, 0.2)
+            evidence.append(oversized_evidence(event))
         if others_dominate(n, thresholds):
             confidence *= 0.5
             evidence.append(
@@ -190,11 +236,7 @@ class ModelStatesRule(Rule):
         )
         yield SPEC.diagnose(
             confidence=confidence,
-            summary=(
-                f"parameters, gradients and optimizer states do not fit: "
-                f"{size(n.allocated_by_pytorch)} allocated of {size(n.limit)} {n.limit_name} when "
-                f"{size(n.tried_to_allocate)} more was needed"
-            ),
+            summary=(f"parameters, gradients and optimizer states do not fit: {fullness(n)}"),
             evidence=tuple(evidence),
             fixes=tuple(fixes),
             missing=() if located else (CAPTURE_SNAPSHOT,),

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Fix, Severity, in_bytes
+from oomlens.analysis.oom_arithmetic import MessageBalance
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
+from oomlens.facts.log import OomEvent, OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     OomMessage,
     allocator_oom,
+    message_balance,
     oom_evidence,
     oom_figures,
+    self_listed_evidence,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -32,9 +37,23 @@ SPEC = RuleSpec(
         "the size of a CUDA context (well under a GiB); NCCL_DEBUG=INFO shows the smaller "
         "buffers."
     ),
-    thresholds=("non_pytorch_self_max_bytes",),
+    thresholds=(
+        "context_min_bytes",
+        "context_min_fraction",
+        "non_pytorch_self_max_bytes",
+        "other_process_self_match_bytes",
+        "other_process_unlisted_fraction",
+    ),
     precedence=30,
 )
+
+_API_CALL = re.compile(r"\b(cu(?:da)?[A-Z][A-Za-z0-9_]*)\s*\(")
+"""A CUDA runtime or driver API call named in an error (``cudaFuncSetAttribute(...)``)."""
+_ALLOCATING = ("alloc", "memcreate", "hostregister", "mempool")
+"""Calls whose failure is an allocation's: they are not 'memory needed outside an allocator'
+(``cudaHostAlloc`` is pinned host memory: the pinned-memory rule's)."""
+_NON_ALLOCATING_CALL_CONFIDENCE = 0.3
+"""One sign, read from the failing call's name alone: named, low."""
 
 
 class NonPytorchMemoryRule(Rule):
@@ -45,23 +64,132 @@ class NonPytorchMemoryRule(Rule):
         if event is None:
             return
         n: OomMessage = event.message
-        outside = n.non_pytorch_self
-        if outside is None or outside < thresholds.non_pytorch_self_max_bytes:
+        if n.kind is OomKind.DRIVER:
+            yield from self._non_allocating_call(event)
             return
-        share = outside / n.total_capacity if n.total_capacity else 0.0
-        yield SPEC.diagnose(
-            confidence=0.35 + share,
-            summary=(
-                f"this process held {size(outside)} of GPU memory outside PyTorch's allocator "
-                f"(in use {size(n.process_in_use)}, PyTorch reserved {size(n.reserved)})"
-            ),
-            evidence=(
+        b = message_balance(n, thresholds)
+        outside = b.non_pytorch_self
+        if outside is not None and outside >= thresholds.non_pytorch_self_max_bytes:
+            share = outside / n.total_capacity if n.total_capacity else 0.0
+            evidence = [
                 oom_evidence(
                     event,
-                    f"{size(n.process_in_use)} in use by this process - {size(n.reserved)} "
+                    f"{size(b.in_use_self)} in use by this process - {size(b.reserved)} "
                     f"reserved by PyTorch = {size(outside)} elsewhere",
+                )
+            ]
+            itself = self_listed_evidence(event, b)
+            if itself is not None:
+                evidence.append(itself)
+            yield self._diagnosis(event, b, outside, 0.35 + share, evidence)
+            return
+        context = self._context(b, thresholds)
+        if context is not None:
+            held, confidence = context
+            evidence = [
+                oom_evidence(event),
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"capacity {size(b.capacity)} - reserved by PyTorch {size(b.reserved)} - "
+                    f"free {size(b.free)} = {size(held)} outside PyTorch's allocator",
+                    event.source,
+                    f"{held / (b.capacity or 1):.0%} of this card: the CUDA context, cuDNN/cuBLAS "
+                    "workspaces, other libraries and (on a desktop) the display; without it the "
+                    f"{size(b.request)} request would have fit",
+                ),
+            ]
+            yield self._diagnosis(event, b, held, confidence, evidence)
+
+    @staticmethod
+    def _non_allocating_call(event: OomEvent) -> Iterator[Diagnosis]:
+        """A driver-level 'out of memory' from a CUDA call that allocates nothing itself
+        (setting a kernel's shared memory, loading a module, creating a stream or a library
+        handle): the driver could not find the little memory that call needs, so the card was
+        already full outside any tensor allocator's request, most often filled by a memory
+        pool that preallocates the card (JAX, TensorFlow, cupy, another framework in the
+        process); another process is the other candidate."""
+        call = _API_CALL.search(event.message.text)
+        if call is None or any(word in call.group(1).lower() for word in _ALLOCATING):
+            return
+        name = call.group(1)
+        yield SPEC.diagnose(
+            confidence=_NON_ALLOCATING_CALL_CONFIDENCE,
+            summary=(
+                f"{name}, a CUDA call that allocates no tensor, ran out of memory: the card was "
+                "already full outside the allocators' requests, most often held by a "
+                "framework's preallocated pool (or by another process)"
+            ),
+            evidence=(
+                oom_evidence(event, f"the failing call is {name}: not an allocation"),
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"{name} needs only the driver's own memory (kernel resources, a module, "
+                    "a handle)",
+                    event.source,
+                    "no size is printed: which holder filled the card is not in the message",
                 ),
             ),
+            fixes=(
+                Fix(
+                    "Keep preallocating libraries from taking the whole card (JAX: "
+                    "XLA_PYTHON_CLIENT_PREALLOCATE=false or XLA_PYTHON_CLIENT_MEM_FRACTION; "
+                    "TensorFlow: memory growth), and check nvidia-smi for other processes.",
+                    environment={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+                    cost="none for PyTorch; a preallocating framework may run a little slower",
+                ),
+            ),
+            missing=(
+                "what holds the card besides the job: nvidia-smi (or "
+                "torch.cuda.list_gpu_processes()) just before the failing call",
+            ),
+            rank=event.rank,
+        )
+
+    @staticmethod
+    def _context(b: MessageBalance, thresholds: Thresholds) -> tuple[int, float] | None:
+        """Memory outside the allocator that no listed process accounts for, large for the card
+        and enough to have made the difference (messages without 'this process has')."""
+        held = b.outside_unlisted
+        if (
+            held is None
+            or b.in_use_self is not None
+            or b.others
+            or b.capacity is None
+            or b.free is None
+            or b.request is None
+            or b.capped
+            or b.oversized
+        ):
+            return None
+        share = held / b.capacity
+        if (
+            share < thresholds.context_min_fraction
+            or held < thresholds.context_min_bytes
+            or b.free + held < b.request
+        ):
+            return None
+        # Larger shares are more likely another process (other_process ranks them higher).
+        return held, 0.3 if share >= thresholds.other_process_unlisted_fraction else 0.4
+
+    @staticmethod
+    def _diagnosis(
+        event: OomEvent,
+        b: MessageBalance,
+        outside: int,
+        confidence: float,
+        evidence: list[Evidence],
+    ) -> Diagnosis:
+        n = event.message
+        return SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                f"this process held {size(outside)} of GPU memory outside PyTorch's allocator "
+                f"(in use {size(b.in_use_self)}, PyTorch reserved {size(b.reserved)})"
+                if b.in_use_self is not None
+                else f"{size(outside)} of the {size(b.capacity)} card was outside PyTorch's "
+                f"allocator (PyTorch reserved {size(b.reserved)}, {size(b.free)} free)"
+            ),
+            evidence=tuple(evidence),
             fixes=(
                 Fix(
                     "Shrink NCCL's buffers if they are the cause (set NCCL_DEBUG=INFO to see "
@@ -73,7 +201,11 @@ class NonPytorchMemoryRule(Rule):
                     cost="NCCL: possibly slower collectives",
                 ),
             ),
-            missing=("NCCL's own report of its buffers: NCCL_DEBUG=INFO",),
+            missing=(
+                "NCCL's own report of its buffers: NCCL_DEBUG=INFO",
+                "what holds the card besides PyTorch: torch.cuda.list_gpu_processes() or "
+                "nvidia-smi after allocating a small tensor",
+            ),
             rank=event.rank,
             figures={**oom_figures(n), "non_pytorch_bytes": in_bytes(outside)},
         )

@@ -3,10 +3,15 @@ ranks only died because a peer did."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.lookalikes import BugEvidence, library_failure_explained
+from oomlens.analysis.rejections import config_rejections
+from oomlens.analysis.signals import signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts.log import ExceptionEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     quote,
@@ -35,6 +40,31 @@ _HINTS = (
 )
 
 
+_KNOWN_LOOKALIKES = re.compile(
+    r"device-side assert|illegal memory access|invalid device function|driver on your system "
+    r"is too old|no kernel image is available|Watchdog caught|NCCL error|unhandled system "
+    r"error|CUDA initialization|Segmentation fault|index out of range",
+    re.IGNORECASE,
+)
+_SPEAKS_OF_MEMORY = re.compile(
+    r"out of memory|\bmemory\b|No space left on device|Cannot allocate|alloc(?:ation|ator)? "
+    r"fail|shared memory|pin memory",
+    re.IGNORECASE,
+)
+
+
+def _weigh(exception: ExceptionEvent) -> tuple[float, str]:
+    """How much a rank's own exception says the failure was not about memory."""
+    text = f"{exception.exception_class}: {exception.text}"
+    if _KNOWN_LOOKALIKES.search(text):
+        return 0.85, "a failure known to look like an out-of-memory without being one"
+    if _SPEAKS_OF_MEMORY.search(text):
+        return 0.3, "the failure's own words are about memory: another rule may say more"
+    if exception.traceback is not None and exception.traceback.frames:
+        return 0.85, "the first failure of a rank on its own, with its traceback"
+    return 0.5, "an error with nothing around it to place it"
+
+
 SPEC = RuleSpec(
     id="not_oom",
     title="The run failed, but not for lack of memory",
@@ -57,6 +87,10 @@ class NotOomRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        bug = library_failure_explained(facts.logs, facts.gpu_oom_events())
+        if bug is not None:
+            yield self._poisoned(facts, bug)
+            return
         if (
             facts.oom_events()
             or facts.kernel_oom_kills()
@@ -66,23 +100,38 @@ class NotOomRule(Rule):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return
+        if config_rejections(facts.logs):
+            return  # a refused configuration: the config rules name it
         if not facts.has_failure_evidence():
             return
         picture = facts.ranks
         evidence: list[Evidence] = []
-        confidence = 0.6
+        confidence = 0.0
         headline = "the run failed without any memory error"
-        own = [e for e in facts.exceptions() if not e.peer_failure]
+        # An exception whose traceback stops before its message says nothing of what it was.
+        own = [
+            e
+            for e in facts.exceptions()
+            if not e.peer_failure
+            and e.text.strip()
+            and not (e.traceback is not None and e.traceback.cut)
+        ]
         if own:
             first = own[0]
-            if picture.first_failed is not None and picture.first_failed.exceptions:
-                first = picture.first_failed.exceptions[0]
+            placed = (
+                [e for e in picture.first_failed.exceptions if e in own]
+                if (picture.first_failed is not None)
+                else []
+            )
+            if placed:
+                first = placed[0]
+            confidence, why = _weigh(first)
             evidence.append(
                 Evidence(
                     EvidenceKind.LOG,
                     quote(f"{first.exception_class}: {first.text}"),
                     first.source,
-                    "the first failure of a rank on its own",
+                    why,
                 )
             )
             headline = (
@@ -90,7 +139,6 @@ class NotOomRule(Rule):
                 if first.source.rank is not None
                 else first.exception_class
             )
-            confidence = 0.85
         timeouts = [
             p for log in facts.logs for p in log.peer_failures if p.kind == "watchdog_timeout"
         ]
@@ -126,19 +174,32 @@ class NotOomRule(Rule):
                     None,
                 )
             )
-        if not evidence:
-            evidence.extend(
+        crashes = [d for d in signal_deaths(facts) if d.signal in ("SIGSEGV", "SIGABRT")]
+        if crashes and not confidence:
+            confidence = 0.6
+            headline = f"a process died of {crashes[0].signal}"
+            evidence.append(
                 Evidence(
                     EvidenceKind.LOG,
-                    quote(
-                        f"exit code {failure.exitcode} {failure.signal or ''} "
-                        f"{failure.message or ''}"
-                    ),
-                    failure.source,
+                    quote(crashes[0].text),
+                    crashes[0].source,
+                    "a crash in native code or an abort, not a lack of memory",
                 )
-                for log in facts.logs
-                for failure in log.process_failures[:1]
             )
+        told = [f for log in facts.logs for f in log.process_failures if f.message]
+        if told and not confidence:
+            failure = told[0]
+            confidence = 0.7
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(f"exit code {failure.exitcode} {failure.signal or ''} {failure.message}"),
+                    failure.source,
+                    "the launcher's record of the worker's error",
+                )
+            )
+        if not confidence:
+            return  # only exit codes: a failure, but nothing says what it was
         text = " ".join(e.text for e in evidence)
         fixes = tuple(Fix(hint, cost="debugging") for key, hint in _HINTS if key in text)[:2]
         yield SPEC.diagnose(
@@ -147,6 +208,40 @@ class NotOomRule(Rule):
             evidence=tuple(evidence),
             fixes=fixes,
             rank=picture.first_failed.rank if picture.first_failed else None,
+        )
+
+    @staticmethod
+    def _poisoned(facts: RunFacts, bug: BugEvidence) -> Diagnosis:
+        status = facts.gpu_oom_events()[0]
+        return SPEC.diagnose(
+            confidence=0.75,
+            summary="an indexing bug (or device-side assert) broke the CUDA context; the "
+            f"{status.message.kind.value} status error that looks like memory followed from it",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(bug.text),
+                    bug.source,
+                    "an out-of-range index or a failed kernel assertion",
+                ),
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(status.message.text),
+                    status.source,
+                    "a library status that a poisoned context produces as readily as a full card",
+                    supports=False,
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Find the index that is out of range (token ids >= the vocabulary or "
+                    "position ids >= max positions, labels >= the number of classes): run once "
+                    "on the CPU or with CUDA_LAUNCH_BLOCKING=1 to get the failing line.",
+                    command="CUDA_LAUNCH_BLOCKING=1 python ...",
+                    cost="debugging",
+                ),
+            ),
+            rank=status.rank,
         )
 
 

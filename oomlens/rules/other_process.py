@@ -5,16 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.oom_arithmetic import MessageBalance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction, in_bytes
-from oomlens.facts.log import OomEvent
+from oomlens.facts.log import OomEvent, OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
+    any_steps,
+    message_balance,
     oom_evidence,
     oom_figures,
+    phase,
+    phase_evidence,
+    self_listed_evidence,
     size,
     snapshot_oom_evidence,
     snapshot_ooms,
+    steps_completed_before,
 )
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
@@ -28,7 +35,10 @@ SPEC = RuleSpec(
         "it holds. Memory held by another process (a leftover job, a notebook, a DataLoader "
         "worker that touched CUDA, another rank placed on the same GPU) is simply not there "
         "for this one. Inside containers NVML may show this very process under its host pid; "
-        "oomlens ignores a single listed process whose size matches this process' own."
+        "a listed process that holds what this process' allocator reserved (plus a context's "
+        "worth) and no 'this process has' clause is this job itself, not another process. "
+        "Messages that list no process (torch before 2.2) still balance: capacity minus what "
+        "PyTorch reserved minus what was free is held outside this process' allocator."
     ),
     verify=(
         "nvidia-smi on the node before the next launch lists no compute process on the job's "
@@ -38,7 +48,10 @@ SPEC = RuleSpec(
     thresholds=(
         "other_process_min_fraction",
         "other_process_self_match_bytes",
+        "other_process_unlisted_fraction",
+        "other_process_unlisted_min_bytes",
         "others_dominate_fraction",
+        "small_model_max_bytes",
     ),
     precedence=20,
 )
@@ -72,66 +85,227 @@ class OtherProcessRule(Rule):
         if event is None:
             return
         n = event.message
-        others = event.message.other_processes
-        if not others:
-            yield from self._from_capture(facts, event, thresholds)
+        if n.kind is OomKind.DRIVER:
+            yield from self._driver(facts, event, thresholds)
             return
-        if n.total_capacity is None:
+        b = message_balance(n, thresholds)
+        if b.capacity is None or b.capped or b.oversized:
+            # Under a cap with room left on the device, or for a request larger than the card,
+            # what other processes hold took nothing this process could have had.
             return
-        if n.process_in_use is None and len(others) == 1 and n.reserved is not None:
-            # Containers: NVML reports this process under its host pid.
-            if abs(others[0].bytes - n.reserved) <= thresholds.other_process_self_match_bytes:
-                return
-        held = n.other_processes_total or 0
-        share = held / n.total_capacity
+        if b.others:
+            yield from self._listed(event, b, thresholds)
+        else:
+            # The capture asked NVML itself at the OOM: what it saw outweighs the arithmetic.
+            captured = list(self._from_capture(facts, event, thresholds))
+            if captured:
+                yield from captured
+            else:
+                yield from self._unlisted(event, b, thresholds)
+
+    def _driver(
+        self, facts: RunFacts, event: OomEvent, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """``CUDA error: out of memory`` from the runtime, before the job computed anything:
+        the caching allocator did not run out (it raises its own message), an allocation
+        outside it did (a context, a library's handle, a kernel's module): the card was full
+        before this job's tensors could fill it."""
+        n = event.message
+        if n.message_format != "driver" or event.traceback is None:
+            return  # THC's message is the old allocator's; a lone line places nothing
+        if phase(event) not in (Phase.MODEL_INIT, Phase.FORWARD, Phase.BACKWARD, Phase.UNKNOWN):
+            return  # data loading: pinned host memory, another story
+        if steps_completed_before(facts, event) or (
+            steps_completed_before(facts, event) is None and any_steps(facts)
+        ):
+            return  # the job had been computing: its own memory may have filled the card
+        confidence = 0.45
+        evidence = [
+            oom_evidence(
+                event,
+                "the CUDA runtime, not PyTorch's caching allocator, ran out: an allocation "
+                "outside the allocator failed",
+            )
+        ]
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
+        evidence.append(
+            Evidence(
+                EvidenceKind.DERIVED,
+                "no training step had completed",
+                event.source,
+                "the job's first computations failed: the card was already full",
+            )
+        )
+        params = facts.params
+        if params is not None and params.total * 4 < thresholds.small_model_max_bytes:
+            confidence += 0.15
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    f"the model has {params.total:,} parameters: {size(params.total * 4)} in fp32",
+                    params.source,
+                    "far less than any card holds: the model did not fill it",
+                )
+            )
+        yield SPEC.diagnose(
+            confidence=confidence,
+            summary=(
+                "the CUDA runtime ran out of device memory at the job's first computations: "
+                "something else most likely held the card"
+            ),
+            evidence=tuple(evidence),
+            fixes=self._fixes(None),
+            missing=(
+                "what else used the GPU at the time: nvidia-smi --query-compute-apps="
+                "pid,process_name,used_memory --format=csv",
+            ),
+            rank=event.rank,
+        )
+
+    @staticmethod
+    def _fixes(held: int | None) -> tuple[Fix, ...]:
+        return (
+            Fix(
+                "Find and stop the other process, or run where the GPU is yours alone.",
+                command=(
+                    "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                    "--format=csv  # on the node; SLURM: --exclusive or --gres=gpu:N"
+                ),
+                predicted_saving_bytes=held,
+                cost="none",
+            ),
+            Fix(
+                "If the other process is your own DataLoader worker or a second rank on the "
+                "same GPU, make sure workers never touch CUDA and each rank calls "
+                "torch.cuda.set_device(local_rank) before any CUDA work.",
+                cost="code change",
+            ),
+        )
+
+    def _listed(
+        self, event: OomEvent, b: MessageBalance, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        n = event.message
+        capacity = b.capacity or 0
+        held = b.others_total
+        share = held / capacity
         if share < thresholds.other_process_min_fraction:
             return
         confidence = 0.6
         if share >= thresholds.others_dominate_fraction or (
-            n.process_in_use is not None and held > n.process_in_use
+            b.in_use_self is not None and held > b.in_use_self
         ):
             confidence = 0.85
-        if n.free is not None and n.tried_to_allocate is not None and n.free < n.tried_to_allocate:
-            confidence += 0.05
-        listing = ", ".join(f"pid {p.pid}: {size(p.bytes)}" for p in others[:5])
         evidence = [
             oom_evidence(
                 event,
                 f"other processes hold {size(held)} ({share:.0%} of the "
-                f"{size(n.total_capacity)} card); "
-                f"this process holds {size(n.process_in_use)}",
+                f"{size(capacity)} card); this process holds {size(b.in_use_self)}",
             ),
             Evidence(
                 EvidenceKind.DERIVED,
-                f"other processes on device {event.message.device}: {listing}",
+                "other processes on device "
+                f"{n.device}: " + ", ".join(f"pid {p.pid}: {size(p.bytes)}" for p in b.others[:5]),
                 event.source,
             ),
         ]
-        yield SPEC.diagnose(
+        itself = self_listed_evidence(event, b)
+        if itself is not None:
+            evidence.append(itself)
+        if b.free is not None and b.request is not None:
+            if b.free < b.request:
+                confidence += 0.05
+            if b.free + held < b.request:
+                confidence -= 0.3
+                evidence.append(
+                    Evidence(
+                        EvidenceKind.DERIVED,
+                        f"free {size(b.free)} + held by others {size(held)} < requested "
+                        f"{size(b.request)}",
+                        event.source,
+                        "the request would not have fit even without the other processes",
+                        supports=False,
+                    )
+                )
+        yield self._diagnosis(event, b, held, share, confidence, evidence, ())
+
+    def _unlisted(
+        self, event: OomEvent, b: MessageBalance, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """The message lists no other process (torch < 2.2, or NVML cannot see them from a
+        container): the memory its numbers leave unaccounted for is the evidence."""
+        held = b.outside_unlisted
+        if held is None or b.capacity is None or b.free is None or b.request is None:
+            return
+        share = held / b.capacity
+        if (
+            share < thresholds.other_process_unlisted_fraction
+            or held < thresholds.other_process_unlisted_min_bytes
+            or b.free + held < b.request
+        ):
+            return
+        confidence = 0.55 if share >= thresholds.others_dominate_fraction else 0.45
+        whose = (
+            f"this process holds {size(b.in_use_self)} in all"
+            if b.in_use_self is not None
+            else f"this process' allocator reserved {size(b.reserved)}"
+        )
+        evidence = [
+            oom_evidence(event, f"{whose}; {size(b.free)} free of {size(b.capacity)}"),
+            Evidence(
+                EvidenceKind.DERIVED,
+                f"capacity {size(b.capacity)} - "
+                + (
+                    f"this process {size(b.in_use_self)}"
+                    if b.in_use_self is not None
+                    else f"reserved by PyTorch {size(b.reserved)}"
+                )
+                + f" - free {size(b.free)} = {size(held)} ({share:.0%} of the card) held "
+                "outside this process' allocator",
+                event.source,
+                "a CUDA context takes well under 1 GiB: the rest is most likely another process "
+                "(a leftover job, a notebook, another user), less often this process' own "
+                "non-PyTorch libraries",
+            ),
+        ]
+        yield self._diagnosis(
+            event,
+            b,
+            held,
+            share,
+            confidence,
+            evidence,
+            (
+                "what else used the GPU at the time: nvidia-smi --query-compute-apps="
+                "pid,process_name,used_memory --format=csv (torch 2.2+ also lists them in "
+                "the OOM message)",
+            ),
+        )
+
+    @staticmethod
+    def _diagnosis(
+        event: OomEvent,
+        b: MessageBalance,
+        held: int,
+        share: float,
+        confidence: float,
+        evidence: list[Evidence],
+        missing: tuple[str, ...],
+    ) -> Diagnosis:
+        n = event.message
+        listed = len(b.others)
+        who = f"{listed} other process(es)" if listed else "memory outside this process"
+        return SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"{len(others)} other process(es) held {size(held)} of the GPU's "
-                f"{size(n.total_capacity)}; only {size(n.free)} was free for a "
-                f"{size(n.tried_to_allocate)} request"
+                f"{who} held {size(held)} of the GPU's {size(b.capacity)}; only "
+                f"{size(b.free)} was free for a {size(b.request)} request"
             ),
             evidence=tuple(evidence),
-            fixes=(
-                Fix(
-                    "Find and stop the other process, or run where the GPU is yours alone.",
-                    command=(
-                        "nvidia-smi --query-compute-apps=pid,process_name,used_memory "
-                        "--format=csv  # on the node; SLURM: --exclusive or --gres=gpu:N"
-                    ),
-                    predicted_saving_bytes=held,
-                    cost="none",
-                ),
-                Fix(
-                    "If the other process is your own DataLoader worker or a second rank on the "
-                    "same GPU, make sure workers never touch CUDA and each rank calls "
-                    "torch.cuda.set_device(local_rank) before any CUDA work.",
-                    cost="code change",
-                ),
-            ),
+            fixes=OtherProcessRule._fixes(held),
+            missing=missing,
             rank=event.rank,
             figures={**oom_figures(n), "other_processes_share": a_fraction(round(share, 3))},
         )

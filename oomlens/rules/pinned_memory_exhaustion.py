@@ -1,11 +1,12 @@
-"""ZeRO offload's page-locked host buffers exhausted the node's memory."""
+"""Page-locked (pinned) host memory ran out: ZeRO offload buffers, DataLoader pinning, WSL2."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.diagnosis import Diagnosis, Fix, Severity, a_count, in_bytes
+from oomlens.analysis.pinned import PinnedFailure, pinned_failure
+from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
@@ -16,6 +17,7 @@ from oomlens.rules._common import (
     host_kill_evidence,
     host_kill_seen,
     oom_evidence,
+    quote,
     size,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -36,7 +38,7 @@ def _pinned_blocks(effective: EffectiveDsConfig) -> list[ConfigValue[bool]]:
 
 SPEC = RuleSpec(
     id="pinned_memory_exhaustion",
-    title="Pinned host memory exhausted by ZeRO offload",
+    title="Pinned host memory exhausted",
     severity=Severity.CRITICAL,
     explanation=(
         "ZeRO offload keeps parameters and/or optimizer state in host memory and, with "
@@ -44,7 +46,9 @@ SPEC = RuleSpec(
         "through. Pinned pages cannot be swapped or reclaimed, torch's pinned allocator rounds "
         "each buffer up to a power of two and caches freed blocks, and every rank on the node "
         "pins its own: the node runs out of RAM and the kernel kills a rank (SIGKILL, exit "
-        "-9), or cudaHostAlloc fails with 'CUDA error: out of memory'."
+        "-9), or cudaHostAlloc fails with 'CUDA error: out of memory'. DataLoader's "
+        "pin_memory=True pins every batch the same way (its pin-memory thread reports the "
+        "failure), and WSL2 limits pinned memory far below the machine's RAM."
     ),
     verify=(
         "the job's cgroup memory.events shows no new oom_kill, and the node's kernel log no "
@@ -59,10 +63,11 @@ class PinnedMemoryRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         effective = effective_config(facts)
-        if effective is None:
-            return
-        pinned = _pinned_blocks(effective)
+        pinned = _pinned_blocks(effective) if effective is not None else []
         if not pinned:
+            failure = pinned_failure(facts)
+            if failure is not None:
+                yield self._failed_pinning(failure)
             return
         evidence, confidence, shmem = host_kill_evidence(facts)
         driver = [e for e in facts.gpu_oom_events() if e.message.kind is OomKind.DRIVER]
@@ -108,6 +113,43 @@ class PinnedMemoryRule(Rule):
             ),
             missing=() if host_kill_seen(facts) else (CAPTURE_KERNEL,),
             figures={"pinned_per_killed_rank": in_bytes(shmem), "ranks": a_count(ranks)},
+        )
+
+    @staticmethod
+    def _failed_pinning(failure: PinnedFailure) -> Diagnosis:
+        """A pinned allocation failed (DataLoader's pin-memory thread, cudaHostAlloc), with no
+        ZeRO offload config to blame: the page-locked host memory ran out."""
+        return SPEC.diagnose(
+            confidence=0.5 if failure.wsl_only else 0.6 if failure.oom else 0.55,
+            summary=(
+                "page-locked (pinned) host memory ran out: a pinned allocation failed"
+                + (" with an out-of-memory error" if failure.oom else " in the pin-memory thread")
+            ),
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    quote(failure.text),
+                    failure.source,
+                    "pinning host memory failed (cudaHostAlloc): a host-side limit, not the "
+                    "card's memory; WSL2 and containers cap it well below the RAM",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Stop pinning: DataLoader(pin_memory=False), and pin_memory: false in ZeRO "
+                    "offload blocks; under WSL2 this is the usual fix.",
+                    command="DataLoader(..., pin_memory=False)",
+                    cost="slower host-to-device copies",
+                ),
+                Fix(
+                    "Give the job more lockable host memory (ulimit -l unlimited; WSL2: "
+                    "memory= in .wslconfig) or fewer DataLoader workers and prefetched batches.",
+                    cost="configuration",
+                ),
+            ),
+            missing=("the error the pin-memory thread caught (it follows in the traceback)",)
+            if not failure.oom
+            else (),
         )
 
 

@@ -114,9 +114,9 @@ class PrefetchOvershootRule(Rule):
             )
         else:
             evidence.insert(0, oom_evidence(event))
-        phase = phase_evidence(event)
-        if phase is not None:
-            evidence.append(phase)
+        placed = phase_evidence(event)
+        if placed is not None:
+            evidence.append(placed)
         element = effective.precision.param_bytes
         figures: dict[str, Figure] = {leaf_key(v): a_count(v.value) for v, _ in raised}
         saving: int | None = None

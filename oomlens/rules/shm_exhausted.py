@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.signals import shm_permission_denied, signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.kernel import FatalSignalKind
+from oomlens.facts.kernel import FatalSignalKind, FatalSignalLine
+from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
+from oomlens.rules._common import quote
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
@@ -39,24 +42,84 @@ class SharedMemoryRule(Rule):
             for line in log.fatal_signals
             if line.kind in (FatalSignalKind.SIGBUS, FatalSignalKind.SHM_EXHAUSTED)
         ]
-        if not lines:
+        deaths = [d for d in signal_deaths(facts) if d.signal == "SIGBUS" and d.source]
+        full = [e for e in facts.exceptions() if _NO_SPACE in e.text]
+        evidence = [Evidence(EvidenceKind.LOG, line.text, line.source) for line in lines[:3]]
+        confidence = 0.0
+        if any(line.kind is FatalSignalKind.SHM_EXHAUSTED for line in lines):
+            # NCCL naming /dev/shm, or DataLoader's own "insufficient shared memory" (which
+            # hedges with "might be"): strong alone, decisive with the job's failure around it.
+            nccl = any("nccl" in line.text.lower() for line in lines)
+            failed = _failed_besides(facts, lines)
+            confidence = 0.8 if nccl or failed else 0.55
+        elif lines:
+            confidence = 0.6
+        if deaths:
+            evidence += [
+                Evidence(
+                    EvidenceKind.LOG,
+                    death.text,
+                    death.source,
+                    "SIGBUS: a shared-memory page that could not be backed",
+                )
+                for death in deaths[:2]
+            ]
+            confidence = max(confidence + 0.1, 0.6)
+        if full and not confidence:
+            # ENOSPC with no save in progress: in a container, /dev/shm before the disk.
+            saving = any(e.phase is Phase.CHECKPOINT_SAVE for e in full)
+            if not saving:
+                confidence = 0.4
+                evidence.append(
+                    Evidence(
+                        EvidenceKind.LOG,
+                        quote(f"{full[0].exception_class}: {full[0].text}"),
+                        full[0].source,
+                        "a filesystem is full; outside a checkpoint save it is most often "
+                        "/dev/shm (DataLoader workers, NCCL) in a container, else the disk",
+                    )
+                )
+        if not confidence:
             return
+        denied = shm_permission_denied(facts)
+        if denied is not None:
+            confidence = min(confidence, 0.3)
+            evidence.append(
+                Evidence(
+                    EvidenceKind.LOG,
+                    "opening shared memory was refused: Permission denied",
+                    denied,
+                    "a permission on /dev/shm, not a full one",
+                    supports=False,
+                )
+            )
         yield SPEC.diagnose(
-            confidence=0.8
-            if any(line.kind is FatalSignalKind.SHM_EXHAUSTED for line in lines)
-            else 0.6,
+            confidence=confidence,
             summary="a process ran out of shared memory (/dev/shm)",
-            evidence=tuple(
-                Evidence(EvidenceKind.LOG, line.text, line.source) for line in lines[:3]
-            ),
+            evidence=tuple(evidence),
             fixes=(
                 Fix(
                     "Give the container a larger /dev/shm, or use fewer DataLoader workers.",
-                    command="docker run --shm-size=16g ... / DataLoader(num_workers=...)",
+                    command="docker run --shm-size=16g ... (or --ipc=host) / "
+                    "DataLoader(num_workers=...)",
                     cost="none",
                 ),
             ),
+            missing=("df -h /dev/shm inside the job's container while it runs",),
         )
+
+
+_NO_SPACE = "No space left on device"
+
+
+def _failed_besides(facts: RunFacts, lines: list[FatalSignalLine]) -> bool:
+    """The run shows a failure other than the shared-memory lines themselves."""
+    cited = {line.source for line in lines}
+    if any(not e.peer_failure for e in facts.exceptions()) or facts.ranks.launcher_exits:
+        return True
+    if any(s.first_source not in cited for s in facts.ranks.ranks if s.first_source):
+        return True
+    return any(log.process_failures or log.peer_failures for log in facts.logs)
 
 
 RULE = SharedMemoryRule()

@@ -76,6 +76,30 @@ class Thresholds:
     other_process_self_match_bytes: int = 2 * GIB
     """One listed process within this of what PyTorch reserved is this process under its host
     pid (containers), not another one."""
+    other_process_unlisted_fraction: float = 0.25
+    """Memory on the card that neither this process' allocator nor a listed process accounts
+    for (capacity - reserved - free, messages that list no process), above this fraction of the
+    card: held by another process more likely than by this process' own context and libraries."""
+    other_process_unlisted_min_bytes: int = 3 * GIB // 2
+    """...and at least this many bytes: below it, a CUDA context (0.3-0.7 GiB) plus a desktop's
+    display and libraries' workspaces."""
+    context_min_fraction: float = 0.12
+    """Memory outside the allocator (context, libraries, display) taking this fraction of a
+    card, when the request would have fit without it, is worth naming on its own..."""
+    context_min_bytes: int = 768 * MIB
+    """...when it is at least this large (a bare CUDA context is 0.3-0.7 GiB)."""
+    own_tensors_min_fraction: float = 0.7
+    """Live tensors holding this fraction of what the process could reach (its allocator's
+    holdings plus the free memory): the process' own demand filled the card."""
+    oversized_near_card_fraction: float = 0.9
+    """A single request of this fraction of the card or more, with little allocated, is nearly
+    the whole card in one tensor: suspect the shape before the memory settings."""
+    small_model_max_bytes: int = 2 * GIB
+    """A model whose fp32 weights are under this cannot have filled a training GPU by itself
+    before its first step."""
+    host_memory_pressure_fraction: float = 0.8
+    """The node's memory in use (DeepSpeed's CPU Virtual Memory percent) at or above this just
+    before a worker died silently points at the OOM killer."""
     min_confidence_to_report: float = 0.15
     """Diagnoses below this confidence are dropped from the report."""
 

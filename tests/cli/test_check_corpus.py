@@ -10,7 +10,7 @@ import pytest
 
 from oomlens.analysis.preflight import Preflight
 from oomlens.session import check_config
-from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, manifest
+from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, checkable, manifest
 
 #: Diagnoses a config check can and must catch before launch.
 CONFIG_DIAGNOSES = {
@@ -21,11 +21,7 @@ CONFIG_DIAGNOSES = {
     "checkpoint_save_gather",
 }
 
-CASES = (
-    [n for n in case_names() if (case_dir(n) / "ds_config.json").exists()]
-    if CORPUS_DIR.is_dir()
-    else []
-)
+CASES = [n for n in case_names() if checkable(n)] if CORPUS_DIR.is_dir() else []
 pytestmark = pytest.mark.skipif(not CASES, reason="crash corpus not present")
 
 

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 from oomlens import __version__
 from oomlens.cli import cli
 from oomlens.errors import OomlensError
-from tests._corpus import case_dir, case_names, check_arguments, manifest
+from tests._corpus import case_dir, case_names, check_arguments, checkable, manifest
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 ROOT = GOLDEN_DIR.parents[1]
@@ -103,7 +103,7 @@ def golden_outputs(case: str) -> Iterator[tuple[str, Callable[[], str]]]:
                 return normalise(out if code == 0 else f"exit code {code}\n{out}")
 
             yield f"analyze/{case}/{inputs}.{ext}", produce
-    if (case_dir(case) / "ds_config.json").exists():
+    if checkable(case):
         for fmt, ext in CHECK_FORMATS.items():
 
             def produce_check(fmt: str = fmt) -> str:

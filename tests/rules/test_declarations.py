@@ -27,6 +27,14 @@ _HELPERS_READING = {
         "fragmentation_min_unallocated_fraction",
     },
     "others_dominate": {"others_dominate_fraction"},
+    "message_balance": {"other_process_self_match_bytes"},
+    "demand_exceeds_card": {
+        "own_tensors_min_fraction",
+        "other_process_unlisted_fraction",
+        "other_process_unlisted_min_bytes",
+        "fragmentation_min_unallocated_bytes",
+        "fragmentation_min_unallocated_fraction",
+    },
 }
 
 

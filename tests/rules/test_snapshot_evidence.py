@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from oomlens.facts.run import RunFacts
+from oomlens.report import SURE_ENOUGH
 from oomlens.rules.fragmentation import FragmentationRule
 from oomlens.rules.thresholds import Thresholds
 from oomlens.session import analyze, gather_facts
@@ -31,9 +32,14 @@ def test_a_snapshot_without_its_log_still_gives_the_diagnosis(case: str, expecte
 
 @pytest.mark.parametrize("case", ["memory_leak", "other_process"])
 def test_a_snapshot_that_cannot_tell_says_so(case: str) -> None:
+    # A snapshot alone shows the allocator, not the run: whatever it points at is named with a
+    # low confidence, and the report says what to capture (insufficient_evidence follows).
     report = analyze([case_dir(case) / "snapshot_rank0.pickle"])
-    assert report.top is not None and report.top.id == "insufficient_evidence"
-    assert report.missing
+    assert report.top is not None and report.top.confidence < SURE_ENOUGH
+    ids = [d.id for d in report.diagnoses]
+    assert "insufficient_evidence" in ids
+    # the capture recipe travels with the low-confidence cause
+    assert "the job's combined stdout/stderr (every rank's)" in report.top.missing
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,71 @@
+"""Failures of page-locked (pinned) host memory.
+
+Pinned memory is host RAM the GPU can copy from directly: DataLoader's ``pin_memory=True``
+(a pin-memory thread copies every batch into it), ZeRO offload's buffers, ``tensor.pin_memory()``.
+It comes from ``cudaHostAlloc`` through torch's caching host allocator; when that fails the
+runtime says ``CUDA error: out of memory`` although the card may be nearly empty, and the
+DataLoader reports ``Caught RuntimeError in pin memory thread``.  WSL2 caps pinned memory far
+below the machine's RAM, so under WSL a runtime-level ``CUDA error: out of memory`` is taken for
+a pinned allocation.  ``pinned_failure(facts)`` finds the line or frame that says a pinned
+allocation failed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from oomlens.facts import SourceRef
+from oomlens.facts.run import RunFacts
+
+_PINNED_TEXT = re.compile(
+    r"pin memory thread|cudaHostAlloc|CachingHostAllocator|HostAllocator|pinned memory",
+    re.IGNORECASE,
+)
+_PINNED_FRAMES = frozenset({"pin_memory", "_pin_memory_loop", "pin_memory_loop", "_pin_memory"})
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedFailure:
+    """What says a pinned allocation failed, and where."""
+
+    text: str
+    source: SourceRef
+    oom: bool
+    """It came with an out-of-memory message (not only a failed pin-memory thread)."""
+    wsl_only: bool = False
+    """Nothing but the platform (WSL) says the failed allocation was a pinned one."""
+
+
+def under_wsl(facts: RunFacts) -> SourceRef | None:
+    """Where the inputs show the run was under WSL (the reader's platform hint), if they do."""
+    for log in facts.logs:
+        for hint in log.platform_hints:
+            if hint.kind == "wsl":
+                return hint.source
+    return None
+
+
+def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
+    """The first OOM raised while pinning host memory (its text or its frames say so), else
+    the first exception of a pin-memory thread."""
+    for event in facts.oom_events():
+        frames = event.traceback.frames if event.traceback is not None else ()
+        pinning = [f for f in frames if f.function in _PINNED_FRAMES]
+        if pinning or _PINNED_TEXT.search(event.message.text):
+            where = f" ({pinning[-1].filename}:{pinning[-1].line} in {pinning[-1].function})"
+            return PinnedFailure(
+                event.message.text[:400] + (where if pinning else ""), event.source, True
+            )
+    for exception in facts.exceptions():
+        if _PINNED_TEXT.search(exception.text):
+            return PinnedFailure(exception.text[:400], exception.source, False)
+    wsl = under_wsl(facts)
+    if wsl is not None:
+        for event in facts.oom_events():
+            if event.message.message_format == "driver":
+                # WSL2 caps page-locked memory far below the RAM: there a runtime-level OOM
+                # is the pinned allocation far more often than the card.
+                text = event.message.text[:400] + " (under WSL)"
+                return PinnedFailure(text, event.source, True, wsl_only=True)
+    return None

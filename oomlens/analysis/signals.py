@@ -1,0 +1,147 @@
+"""How workers died when they printed no error of their own: signals, exit codes, launchers.
+
+A process killed by a signal prints nothing; what is left is a launcher's report of it and the
+shell's word.  Negative exit codes are signals (torchrun, DeepSpeed's launcher, Python's
+``subprocess``: ``-9``), a shell reports ``128 + N`` (137), and some launchers report the byte
+``256 - N`` (247).  What each signal usually means on a training node:
+
+* SIGKILL (9): the kernel's OOM killer (host memory), a scheduler's limit, or ``kill -9``;
+* SIGBUS (7): a shared-memory mapping that could not be backed: /dev/shm too small (Docker's
+  64 MB default) for DataLoader workers or NCCL;
+* SIGSEGV (11): a crash in native code, not a lack of memory;
+* SIGABRT (6): an abort (``terminate called``, NCCL's watchdog), not a lack of memory.
+
+``signal_deaths(facts)`` lists every such death the inputs show; ``silent_death(facts)`` says
+whether a worker died with no error printed at all (DeepSpeed's launcher "Killing subprocess",
+torchrun's closing signals, with no exception, OOM or config error anywhere);
+``host_memory_pressure(facts)`` is DeepSpeed's last node-wide ``CPU Virtual Memory`` figure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import MemorySample
+from oomlens.facts.run import RunFacts
+
+_BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
+
+
+def signal_of_exit(code: int | None) -> str | None:
+    """The signal an exit code reports (``-N``, ``128 + N``, ``256 - N``), if it is one of the
+    four that matter here."""
+    if code is None or code in (0, 1, 2):
+        return None
+    for number, name in _BY_NUMBER.items():
+        if code in (-number, 128 + number, 256 - number):
+            return name
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDeath:
+    """A worker reported dead of ``signal`` (``SIGKILL``, ``SIGBUS``, ``SIGSEGV``,
+    ``SIGABRT``), and where that was said."""
+
+    signal: str
+    source: SourceRef | None
+    text: str
+
+
+def signal_deaths(facts: RunFacts) -> list[SignalDeath]:
+    """Every signal death the inputs report, launcher lines first, then shells' words."""
+    found: list[SignalDeath] = []
+    for exit_line in facts.ranks.launcher_exits:
+        name = signal_of_exit(exit_line.return_code)
+        if name is not None:
+            found.append(
+                SignalDeath(
+                    name, exit_line.source, f"exits with return code = {exit_line.return_code}"
+                )
+            )
+    for log in facts.logs:
+        for failure in log.process_failures:
+            name = failure.signal if failure.signal in _BY_NUMBER.values() else None
+            name = name or signal_of_exit(failure.exitcode)
+            if name is not None:
+                found.append(
+                    SignalDeath(name, failure.source, f"exitcode {failure.exitcode} ({name})")
+                )
+        found.extend(
+            SignalDeath(line.kind.value, line.source, line.text)
+            for line in log.fatal_signals
+            if line.kind.value in _BY_NUMBER.values()
+        )
+    for status in facts.ranks.ranks:
+        name = status.signal if status.signal in _BY_NUMBER.values() else None
+        name = name or signal_of_exit(status.exitcode)
+        if name is not None and not any(d.signal == name for d in found):
+            found.append(
+                SignalDeath(
+                    name, status.first_source, f"rank {status.rank} exitcode {status.exitcode}"
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class SilentDeath:
+    """A worker died without printing an error: what says so (the launcher's line)."""
+
+    source: SourceRef
+    text: str
+
+
+def silent_death(facts: RunFacts) -> SilentDeath | None:
+    """The launcher tore the job down (DeepSpeed's ``Killing subprocess``, torchrun's closing
+    signals) and no worker printed an exception, an OOM message or a config error: one of them
+    died of a signal."""
+    if facts.oom_events() or any(not e.peer_failure for e in facts.exceptions()):
+        return None
+    if any(log.batch_assertions or log.config_errors for log in facts.logs):
+        return None
+    if any(
+        x.return_code != 0 and signal_of_exit(x.return_code) is None
+        for x in facts.ranks.launcher_exits
+    ):
+        return None  # an exit code of its own (1): a Python error, printed where we cannot see
+    for log in facts.logs:
+        if log.killed_subprocesses:
+            kill = log.killed_subprocesses[0]
+            return SilentDeath(kill.source, f"Killing subprocess {kill.pid}")
+        if log.closing_signals:
+            closing = log.closing_signals[0]
+            return SilentDeath(
+                closing.source, f"Sending process {closing.pid} closing signal {closing.signal}"
+            )
+    return None
+
+
+def host_memory_pressure(facts: RunFacts) -> MemorySample | None:
+    """The last ``see_memory_usage`` sample that carries DeepSpeed's node-wide CPU figure."""
+    last: MemorySample | None = None
+    for series in facts.memory_series():
+        for sample in series.samples:
+            if sample.cpu_percent is None:
+                continue
+            if last is None or (sample.source.line or 0) >= (last.source.line or 0):
+                last = sample
+    return last
+
+
+_SHM_DENIED = re.compile(r"(?:shm_open|/dev/shm|shared memory)[^\n]{0,80}Permission denied", re.I)
+
+
+def shm_permission_denied(facts: RunFacts) -> SourceRef | None:
+    """Where the log says opening shared memory was refused (``shm_open failed : Permission
+    denied``): a permission, not /dev/shm running out."""
+    for log in facts.logs:
+        for number, text in log.tail:
+            if _SHM_DENIED.search(text):
+                return SourceRef(log.path, number, log.layout_rank)
+        for line in log.fatal_signals:
+            if _SHM_DENIED.search(line.text):
+                return line.source
+    return None
