@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from oomlens import __version__
-from oomlens.analysis.lookalikes import library_failure_explained
+from oomlens.analysis.lookalikes import library_failure_explained, non_memory_failure_lines
 from oomlens.analysis.pinned import pinned_failure
 from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.rejections import Rejection, config_rejections
@@ -306,6 +306,11 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             Rejection.SETTING: f"the framework would not run within its memory setting "
             f"{(refused[0].keys or ('?',))[0]} ({where})",
         }[refused[0].kind]
+    said = non_memory_failure_lines(facts.logs)
+    if said:
+        return Verdict.OTHER_FAILURE, (
+            f"{said[0].why} ({said[0].source.describe()}), and no memory error anywhere"
+        )
     if _only_cut_errors(facts):
         return Verdict.UNKNOWN, (
             "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
