@@ -80,6 +80,10 @@ class CheckpointSaveRule(Rule):
             confidence = 0.75
         else:
             marker = self._save_marker_in_tail(facts)
+            cut = self._cut_in_a_save(facts) if marker is None else None
+            if cut is not None:
+                yield cut
+                return
             if marker is None:
                 return
             kill_evidence, kill_confidence, _ = host_kill_evidence(facts)
@@ -123,6 +127,52 @@ class CheckpointSaveRule(Rule):
             evidence=tuple(evidence),
             fixes=tuple(fixes),
             missing=() if (facts.kernel_oom_kills() or save_events) else (CAPTURE_KERNEL,),
+        )
+
+    @staticmethod
+    def _cut_in_a_save(facts: RunFacts) -> Diagnosis | None:
+        """A traceback cut before its exception, inside a checkpoint save (its frames, or the
+        call on its innermost frame's highlighted line), and no error anywhere else: what
+        failed is lost, where it failed says a save.  Saving is where a run that trained fine
+        runs out (a 16-bit gather, a state dict built on the GPU), so it is named, low."""
+        if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
+            return None
+        if any(not e.peer_failure and e.text.strip() for e in facts.exceptions()):
+            return None
+        cut = next(
+            (
+                e
+                for log in facts.logs
+                for e in log.partial_tracebacks
+                if e.phase is Phase.CHECKPOINT_SAVE and e.phase_evidence
+            ),
+            None,
+        )
+        if cut is None or cut.phase_evidence is None:
+            return None
+        return SPEC.diagnose(
+            confidence=0.35,
+            summary="the traceback stops inside a checkpoint save; its error is cut off",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    cut.phase_evidence,
+                    cut.source,
+                    "the failure happened while saving; if it was out of memory, the save's "
+                    "gather or state dict is what did not fit",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Move the model to the CPU (or gather it there) before saving, or save "
+                    "the partitioned checkpoint and consolidate it offline.",
+                    cost="a slower save",
+                ),
+            ),
+            missing=(
+                "the end of the traceback: its exception line (out of memory or not)",
+                CAPTURE_KERNEL,
+            ),
         )
 
     @staticmethod

@@ -1,0 +1,41 @@
+"""Family evidence read from partial pastes: where a cut traceback stops (a checkpoint save
+shown only by the highlighted call), a signal, a failing component's own line.  Real pastes of
+the development split, and windows of real GPU logs cut by code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomlens.session import analyze
+from tests.ingest.log._field import paste_path
+
+CRASH = Path(__file__).resolve().parents[2] / "fixtures" / "crash_logs"
+
+
+def test_a_traceback_cut_inside_a_save_names_the_save_low() -> None:
+    # bitsandbytes-324: a rich frame "finetune.py:280 in train" whose highlighted line is
+    # "model.save_pretrained(output_dir)", and nothing after it
+    report = analyze([paste_path("bitsandbytes-324")])
+    top = report.top
+    assert top is not None and top.id == "checkpoint_save_gather"
+    assert top.confidence < 0.5  # what failed is cut off: a place, not a proven OOM
+    assert any("model.save_pretrained(output_dir)" in e.text for e in top.evidence)
+    assert any("exception line" in m for m in top.missing)
+    assert report.verdict.value == "unknown"
+
+
+def test_a_traceback_cut_elsewhere_names_no_save(tmp_path: Path) -> None:
+    # GIVEN the generation run's rank-0 traceback cut after its "model.module.generate(" call
+    # (built by code from the real log)
+    lines = [
+        line
+        for line in (CRASH / "generation_oom" / "train.log").read_text().splitlines(True)
+        if "[rank0]:" in line
+    ]
+    start = next(i for i, line in enumerate(lines) if "Traceback (most recent" in line)
+    end = next(i for i in range(start, len(lines)) if "model.module.generate(" in lines[i])
+    window = tmp_path / "window.log"
+    window.write_text("".join(lines[start : end + 2]))
+    report = analyze([window])
+    assert "checkpoint_save_gather" not in [d.id for d in report.diagnoses]
+    assert report.verdict.value == "unknown"
