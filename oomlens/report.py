@@ -283,9 +283,12 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
                 f"{silent.text}) while the node's memory was {pressure.cpu_percent}% used "
                 f"({pressure.source.describe()})"
             )
+        which = (
+            f"{deaths[0].signal} ({deaths[0].text})" if deaths else "the inputs do not say which"
+        )
         return Verdict.OTHER_FAILURE, (
             f"a worker died without printing an error ({silent.source.describe()}: "
-            f"{silent.text}): a signal; the inputs do not say which"
+            f"{silent.text}): a signal; {which}"
         )
     for log in facts.logs:
         if log.batch_assertions:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from oomlens.session import analyze
 from tests.ingest.log._field import paste_path
 
@@ -39,3 +41,34 @@ def test_a_traceback_cut_elsewhere_names_no_save(tmp_path: Path) -> None:
     report = analyze([window])
     assert "checkpoint_save_gather" not in [d.id for d in report.diagnoses]
     assert report.verdict.value == "unknown"
+
+
+def _launcher_end(tmp_path: Path, code: int) -> Path:
+    """The pinned run's last lines (DeepSpeed's launcher killing the ranks and reporting
+    ``exits with return code = -9``), the code changed by code to ``code``."""
+    lines = (CRASH / "pinned_memory_exhaustion" / "train.log").read_text().splitlines(True)
+    end = [line for line in lines if "sigkill_handler" in line]
+    assert end and "return code = -9" in end[-1]
+    window = tmp_path / f"exit{code}.log"
+    window.write_text("".join(end).replace("return code = -9", f"return code = {code}"))
+    return window
+
+
+@pytest.mark.parametrize(
+    ("code", "top", "verdict"),
+    [
+        (-9, "host_oom_killed", "host_oom"),
+        (-7, "shm_exhausted", "host_oom"),
+        (-11, "not_oom", "other_failure"),
+    ],
+)
+def test_the_signal_of_a_silent_death_names_its_family(
+    tmp_path: Path, code: int, top: str, verdict: str
+) -> None:
+    report = analyze([_launcher_end(tmp_path, code)])
+    assert report.top is not None and report.top.id == top
+    assert report.verdict.value == verdict
+    ids = [d.id for d in report.diagnoses]
+    if code != -9:  # a segfault or a bus error is not the OOM killer's doing
+        assert "host_oom_killed" not in ids
+        assert str(code) in report.verdict_reason or code == -7
