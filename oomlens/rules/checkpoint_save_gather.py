@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent, Phase
@@ -135,23 +136,11 @@ class CheckpointSaveRule(Rule):
         call on its innermost frame's highlighted line), and no error anywhere else: what
         failed is lost, where it failed says a save.  Saving is where a run that trained fine
         runs out (a 16-bit gather, a state dict built on the GPU), so it is named, low."""
-        if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
-            return None
-        if any(not e.peer_failure and e.text.strip() for e in facts.exceptions()):
-            return None
-        cut = next(
-            (
-                e
-                for log in facts.logs
-                for e in log.partial_tracebacks
-                if e.phase is Phase.CHECKPOINT_SAVE and e.phase_evidence
-            ),
-            None,
-        )
+        cut = cut_in(facts, frozenset({Phase.CHECKPOINT_SAVE}))
         if cut is None or cut.phase_evidence is None:
             return None
         return SPEC.diagnose(
-            confidence=0.35,
+            confidence=CUT_PLACE_CONFIDENCE + 0.05,  # a save fails for memory more than most
             summary="the traceback stops inside a checkpoint save; its error is cut off",
             evidence=(
                 Evidence(

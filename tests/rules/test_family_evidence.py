@@ -72,3 +72,40 @@ def test_the_signal_of_a_silent_death_names_its_family(
     if code != -9:  # a segfault or a bus error is not the OOM killer's doing
         assert "host_oom_killed" not in ids
         assert str(code) in report.verdict_reason or code == -7
+
+
+@pytest.mark.parametrize(
+    ("case", "rule", "where"),
+    [
+        # HF Trainer's evaluation_loop -> nested_concat, cut before its exception
+        ("transformers-17089", "eval_or_generation", "nested_concat"),
+        # vLLM sizing its KV cache (_initialize_kv_caches), cut
+        ("trl-3128", "eval_or_generation", "_initialize_kv_caches"),
+        # DeepSpeed's engine placing the model on the device (module.to), cut
+        ("deepspeed-6737", "model_states_too_large", "engine.py"),
+    ],
+)
+def test_a_cut_traceback_names_the_family_of_its_place_low(
+    case: str, rule: str, where: str
+) -> None:
+    report = analyze([paste_path(case)])
+    top = report.top
+    assert top is not None and top.id == rule
+    assert top.confidence <= 0.3  # a base rate of the place, not evidence of memory
+    assert any(where in e.text for e in top.evidence)
+    assert report.verdict.value == "unknown"
+
+
+def test_a_cut_evaluation_beside_an_error_of_its_own_is_not_named(tmp_path: Path) -> None:
+    # GIVEN transformers-17089's cut evaluation traceback followed by the device-side-assert
+    # run's first exception line, its rank prefix removed (joined by code): the error that was
+    # printed decides
+    assert_line = next(
+        line.split("]: ", 1)[1]
+        for line in (CRASH / "device_side_assert" / "train.log").read_text().splitlines()
+        if "]: RuntimeError: CUDA error:" in line
+    )
+    both = tmp_path / "both.txt"
+    both.write_text(paste_path("transformers-17089").read_text() + "\n\n" + assert_line + "\n")
+    report = analyze([both])
+    assert "eval_or_generation" not in [d.id for d in report.diagnoses]
