@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from oomlens import __version__
-from oomlens.analysis.lookalikes import library_failure_explained
+from oomlens.analysis.lookalikes import library_failure_explained, non_memory_failure_lines
 from oomlens.analysis.pinned import pinned_failure
 from oomlens.analysis.preflight import Preflight
 from oomlens.analysis.rejections import Rejection, config_rejections
@@ -294,9 +294,12 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
                 f"{silent.text}) while the node's memory was {pressure.cpu_percent}% used "
                 f"({pressure.source.describe()})"
             )
+        which = (
+            f"{deaths[0].signal} ({deaths[0].text})" if deaths else "the inputs do not say which"
+        )
         return Verdict.OTHER_FAILURE, (
             f"a worker died without printing an error ({silent.source.describe()}: "
-            f"{silent.text}): a signal; the inputs do not say which"
+            f"{silent.text}): a signal; {which}"
         )
     for log in facts.logs:
         if log.batch_assertions:
@@ -317,6 +320,11 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             Rejection.SETTING: f"the framework would not run within its memory setting "
             f"{(refused[0].keys or ('?',))[0]} ({where})",
         }[refused[0].kind]
+    said = non_memory_failure_lines(facts.logs)
+    if said:
+        return Verdict.OTHER_FAILURE, (
+            f"{said[0].why} ({said[0].source.describe()}), and no memory error anywhere"
+        )
     if _only_cut_errors(facts):
         return Verdict.UNKNOWN, (
             "a traceback stops before its error and nothing else failed: the text is cut mid-crash"

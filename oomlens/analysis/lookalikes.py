@@ -9,6 +9,15 @@ status error, the status error is its consequence, not an out-of-memory.
 
 ``library_failure_explained(logs, events)`` finds the bug that explains every library OOM
 status of ``events``, if there is one.
+
+Some failures print no exception of their own, only a library's or the driver's line, and say
+on that line that memory was not the problem: torch's ``CUDA initialization: <driver error> ...
+Setting the available devices to be zero`` warning (the driver or the device is in a bad
+state: every later CUDA call fails, whatever memory there is), DeepSpeed's cuBLAS wrappers'
+``!!!! kernel execution error. (m: M, n: N, k: K, error: S)`` with a status that is not an
+allocation failure (``CUBLAS_STATUS_EXECUTION_FAILED`` = 13: the kernel ran and failed, e.g. on
+the wrong device).  ``non_memory_failure_lines(logs)`` finds them in the lines kept at a log's
+end.
 """
 
 from __future__ import annotations
@@ -65,3 +74,69 @@ def library_failure_explained(
     if not events or any(e.message.kind not in LIBRARY_STATUSES for e in events):
         return None
     return bug_evidence(logs)
+
+
+_CUDA_INIT = re.compile(
+    r"CUDA initialization: (?P<what>.{1,200}?)(?: - this may be due to|\. Setting|\Z)",
+)
+_CUDA_INIT_ZERO = re.compile(r"Setting the available devices to be zero")
+_CUBLAS_EXEC = re.compile(
+    r"!!!! kernel execution error\. \((?:batch: \d{1,9}, )?m: \d{1,9}, n: \d{1,9}, "
+    r"k: \d{1,9}, error: (?P<status>\d{1,3})\)"
+)
+_CUBLAS_NOT_MEMORY = {
+    7: "CUBLAS_STATUS_INVALID_VALUE",
+    8: "CUBLAS_STATUS_ARCH_MISMATCH",
+    11: "CUBLAS_STATUS_MAPPING_ERROR",
+    13: "CUBLAS_STATUS_EXECUTION_FAILED",
+    14: "CUBLAS_STATUS_INTERNAL_ERROR",
+    15: "CUBLAS_STATUS_NOT_SUPPORTED",
+}
+"""cuBLAS statuses that are not an allocation failure (``CUBLAS_STATUS_ALLOC_FAILED`` is 3;
+``NOT_INITIALIZED`` (1) is left out: a handle that cannot be created for lack of memory says it
+too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureLine:
+    """A line that reports a failure and says what it was: not a lack of memory."""
+
+    text: str
+    source: SourceRef
+    why: str
+
+
+def non_memory_failure_lines(logs: Sequence[LogFacts]) -> list[FailureLine]:
+    """The lines kept at each log's end that report a CUDA initialization failure or a cuBLAS
+    kernel that failed to execute with a status other than an allocation failure (see the
+    module docstring), first one per kind and log, in log order."""
+    found: list[FailureLine] = []
+    for log in logs:
+        init = cublas = False
+        for number, text in log.tail:
+            source = SourceRef(log.path, number, log.layout_rank)
+            if not init and _CUDA_INIT_ZERO.search(text):
+                match = _CUDA_INIT.search(text)
+                if match is not None and "out of memory" not in match.group("what").lower():
+                    init = True
+                    found.append(
+                        FailureLine(
+                            text.strip()[:400],
+                            source,
+                            "CUDA could not initialize (" + match.group("what").strip() + "): "
+                            "torch sees no GPU at all; a driver or device state problem",
+                        )
+                    )
+            failed = None if cublas else _CUBLAS_EXEC.search(text)
+            name = _CUBLAS_NOT_MEMORY.get(int(failed.group("status"))) if failed else None
+            if failed is not None and name is not None:
+                cublas = True
+                found.append(
+                    FailureLine(
+                        text.strip()[:400],
+                        source,
+                        f"a cuBLAS kernel failed to run: status {failed.group('status')} is "
+                        f"{name}, not an allocation failure",
+                    )
+                )
+    return found

@@ -205,6 +205,10 @@ class Traceback:
     first frame stands for it (a paste, a window of a log)."""
     style: str = "python"
     """How it was drawn: ``python``, ``rich`` (box characters) or ``ipython``."""
+    current_line: str | None = None
+    """The innermost frame's current source line as printed (Python's source line under the
+    frame, rich's ``❱`` line, IPython's ``---->`` line), bounded; None when none was printed.
+    In a traceback cut before its callee's frames it names the call that was running."""
 
 
 @dataclass(frozen=True, slots=True)

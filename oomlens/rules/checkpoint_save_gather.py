@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent, Phase
@@ -81,6 +82,10 @@ class CheckpointSaveRule(Rule):
             confidence = 0.75
         else:
             marker = self._save_marker_in_tail(facts)
+            cut = self._cut_in_a_save(facts) if marker is None else None
+            if cut is not None:
+                yield cut
+                return
             if marker is None:
                 return
             kill_evidence, kill_confidence, _ = host_kill_evidence(facts)
@@ -124,6 +129,40 @@ class CheckpointSaveRule(Rule):
             evidence=tuple(evidence),
             fixes=tuple(fixes),
             missing=() if (host_kill_seen(facts) or save_events) else (CAPTURE_KERNEL,),
+        )
+
+    @staticmethod
+    def _cut_in_a_save(facts: RunFacts) -> Diagnosis | None:
+        """A traceback cut before its exception, inside a checkpoint save (its frames, or the
+        call on its innermost frame's highlighted line), and no error anywhere else: what
+        failed is lost, where it failed says a save.  Saving is where a run that trained fine
+        runs out (a 16-bit gather, a state dict built on the GPU), so it is named, low."""
+        cut = cut_in(facts, frozenset({Phase.CHECKPOINT_SAVE}))
+        if cut is None or cut.phase_evidence is None:
+            return None
+        return SPEC.diagnose(
+            confidence=CUT_PLACE_CONFIDENCE + 0.05,  # a save fails for memory more than most
+            summary="the traceback stops inside a checkpoint save; its error is cut off",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    cut.phase_evidence,
+                    cut.source,
+                    "the failure happened while saving; if it was out of memory, the save's "
+                    "gather or state dict is what did not fit",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Move the model to the CPU (or gather it there) before saving, or save "
+                    "the partitioned checkpoint and consolidate it offline.",
+                    cost="a slower save",
+                ),
+            ),
+            missing=(
+                "the end of the traceback: its exception line (out of memory or not)",
+                CAPTURE_KERNEL,
+            ),
         )
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
@@ -47,7 +48,10 @@ class EvalOrGenerationRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         event = allocator_oom(facts)
-        if event is None or phase(event) not in (Phase.EVALUATION, Phase.GENERATION):
+        if event is None:
+            yield from self._cut_in_evaluation(facts)
+            return
+        if phase(event) not in (Phase.EVALUATION, Phase.GENERATION):
             return
         n = event.message
         confidence = 0.75
@@ -106,6 +110,43 @@ class EvalOrGenerationRule(Rule):
             fixes=tuple(fixes),
             rank=event.rank,
             figures=oom_figures(n),
+        )
+
+    @staticmethod
+    def _cut_in_evaluation(facts: RunFacts) -> Iterator[Diagnosis]:
+        """A traceback cut before its exception inside evaluation or generation, and no error
+        anywhere: where it failed is known, what failed is not (named low, see
+        ``CUT_PLACE_CONFIDENCE``)."""
+        cut = cut_in(facts, frozenset({Phase.EVALUATION, Phase.GENERATION}))
+        if cut is None or cut.phase_evidence is None:
+            return
+        what = "generation" if cut.phase is Phase.GENERATION else "evaluation"
+        yield SPEC.diagnose(
+            confidence=CUT_PLACE_CONFIDENCE,
+            summary=f"the traceback stops inside {what}; its error is cut off",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    cut.phase_evidence,
+                    cut.source,
+                    f"the failure happened during {what}; if it was out of memory, the "
+                    + (
+                        "KV cache or the generation batch"
+                        if what == "generation"
+                        else "evaluation batch or the predictions kept across it"
+                    )
+                    + " is what did not fit",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    f"Use a smaller {what} batch; keep only what the metrics need "
+                    "(eval_accumulation_steps, preprocess_logits_for_metrics) or bound "
+                    "max_new_tokens.",
+                    cost="longer evaluation or shorter outputs",
+                ),
+            ),
+            missing=("the end of the traceback: its exception line (out of memory or not)",),
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.signals import host_memory_pressure, silent_death
+from oomlens.analysis.signals import host_memory_pressure, signal_deaths, silent_death
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
@@ -77,7 +77,9 @@ class HostOomRule(Rule):
                 # Host RAM ran out for certain; that it is the run's memory and not one
                 # oversized tensor (a batch, a dataset copy) the message alone cannot say.
                 confidence = max(confidence, 0.8 if facts.kernel_oom_kills() else 0.55)
-        if not confidence:
+        named = {d.signal for d in signal_deaths(facts)}
+        if not confidence and (not named or "SIGKILL" in named):
+            # (a death the launcher names SIGSEGV, SIGBUS or SIGABRT was not the OOM killer's)
             silent = silent_death(facts)
             if silent is not None:
                 # A worker died without a word and the launcher tore down the rest: a signal,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
@@ -85,6 +86,7 @@ class ModelStatesRule(Rule):
             yield from self._from_snapshot(s, thresholds)
         event = allocator_oom(facts)
         if event is None:
+            yield from self._cut_in_loading(facts)
             return
         n = event.message
         confidence = 0.0
@@ -242,6 +244,36 @@ class ModelStatesRule(Rule):
             missing=() if located else (CAPTURE_SNAPSHOT,),
             rank=event.rank,
             figures=oom_figures(n),
+        )
+
+    @staticmethod
+    def _cut_in_loading(facts: RunFacts) -> Iterator[Diagnosis]:
+        """A traceback cut before its exception while the model is loaded, placed or
+        partitioned, and no error anywhere: named low (``CUT_PLACE_CONFIDENCE``)."""
+        cut = cut_in(facts, frozenset({Phase.MODEL_INIT}))
+        if cut is None or cut.phase_evidence is None:
+            return
+        yield SPEC.diagnose(
+            confidence=CUT_PLACE_CONFIDENCE,
+            summary="the traceback stops while the model is created or loaded; its error is "
+            "cut off",
+            evidence=(
+                Evidence(
+                    EvidenceKind.LOG,
+                    cut.phase_evidence,
+                    cut.source,
+                    "the failure happened before any training step; if it was out of "
+                    "memory, the model's own states did not fit",
+                ),
+            ),
+            fixes=(
+                Fix(
+                    "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch FSDP), "
+                    "load in 8/4-bit, or offload.",
+                    cost="more communication per step",
+                ),
+            ),
+            missing=("the end of the traceback: its exception line (out of memory or not)",),
         )
 
     def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:

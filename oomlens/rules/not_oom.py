@@ -7,7 +7,11 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.lookalikes import BugEvidence, library_failure_explained
+from oomlens.analysis.lookalikes import (
+    BugEvidence,
+    library_failure_explained,
+    non_memory_failure_lines,
+)
 from oomlens.analysis.rejections import config_rejections
 from oomlens.analysis.signals import signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
@@ -102,7 +106,8 @@ class NotOomRule(Rule):
             return
         if config_rejections(facts.logs):
             return  # a refused configuration: the config rules name it
-        if not facts.has_failure_evidence():
+        said = non_memory_failure_lines(facts.logs)
+        if not facts.has_failure_evidence() and not said:
             return
         picture = facts.ranks
         evidence: list[Evidence] = []
@@ -198,6 +203,15 @@ class NotOomRule(Rule):
                     "the launcher's record of the worker's error",
                 )
             )
+        if said:
+            # The failing component's own line says what failed, and that it was not memory:
+            # worth a named cause even when the exception itself was cut off.
+            evidence.extend(
+                Evidence(EvidenceKind.LOG, quote(line.text), line.source, line.why) for line in said
+            )
+            if confidence < 0.6:
+                confidence = 0.6
+                headline = said[0].why.split(":", 1)[0]
         if not confidence:
             return  # only exit codes: a failure, but nothing says what it was
         text = " ".join(e.text for e in evidence)

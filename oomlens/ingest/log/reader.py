@@ -96,7 +96,7 @@ from oomlens.ingest.log.state import (
 from oomlens.ingest.log.timestamps import leading_timestamp
 from oomlens.ingest.log.traceback import (
     FinishedException,
-    classify_phase,
+    classify_traceback,
 )
 from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
@@ -599,7 +599,7 @@ class LogReader:
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
         phase, evidence = (
-            classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
+            classify_traceback(traceback) if traceback is not None else (Phase.UNKNOWN, None)
         )
         if not finished.exception_class and not finished.text:
             self.cut_tracebacks += 1

@@ -11,6 +11,8 @@ Memory is bounded: a traceback keeps its first and last frames, an exception mes
 bounded number of lines and characters.
 
 ``classify_phase(frames)`` maps frames to a ``Phase``; see its docstring for the rules.
+``classify_traceback(traceback)`` also reads the call on the innermost frame's current line when
+the traceback was cut before the callee's frames.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class TracebackAssembler:
     __slots__ = (
         "_box_closed",
         "_chained",
+        "_current",
         "_exc_class",
         "_exc_limit",
         "_exc_lines",
@@ -109,6 +112,7 @@ class TracebackAssembler:
         self._header_class = ""
         self._box_closed = False
         self._path_start = ""
+        self._current: str | None = None
 
     @property
     def open(self) -> bool:
@@ -229,6 +233,7 @@ class TracebackAssembler:
             self._box_closed = True
             return None
         if shape.shape is Shape.INSIDE or is_source_line(text, self._style):
+            self._current = _current_line(text, self._style, self._current)
             return None  # source line, carets, a box's inside, or a blank inside the traceback
         match = _EXCEPTION_LINE.match(text)
         if match is None or _LOG_RECORD.match(text):
@@ -261,6 +266,7 @@ class TracebackAssembler:
                 chained=self._chained,
                 headless=self._headless,
                 style=self._style,
+                current_line=self._current or None,
             )
         self._header_ref = None
         self._chained = False
@@ -289,14 +295,37 @@ class TracebackAssembler:
         self._headless = headless
         self._box_closed = False
         self._path_start = ""
+        self._current = None
 
     def _add_frame(self, frame: Frame) -> None:
+        self._current = None
         if len(self._frames_head) < MAX_HEAD_FRAMES:
             self._frames_head.append(frame)
             return
         if len(self._frames_tail) == MAX_TAIL_FRAMES:
             self._frames_omitted += 1
         self._frames_tail.append(frame)
+
+
+_RICH_CURRENT = regex.compile(r"❱\s{0,8}\d{1,7}\s{0,4}[│┃|]\s{0,200}(?P<code>\S.{0,300})")
+_IPY_CURRENT = regex.compile(r"-{1,12}>\s{0,12}\d{1,7}\s{1,40}(?P<code>\S.{0,300})")
+_CARET_CHARS = frozenset("^~ \t")
+
+
+def _current_line(text: str, style: str, current: str | None) -> str | None:
+    """The innermost frame's current source line so far, given one more line inside the
+    traceback: rich's ``❱ N │ code``, IPython's ``----> N code``, or the first source line
+    under a Python frame (not its carets)."""
+    if style == "rich":
+        match = _RICH_CURRENT.search(box_body(text)) if "❱" in text else None
+        return match.group("code").rstrip() if match is not None else current
+    if style == "ipython":
+        match = _IPY_CURRENT.match(text.strip())
+        return match.group("code").rstrip() if match is not None else current
+    code = text.strip()
+    if current is None and code and not set(code[:400]) <= _CARET_CHARS:
+        return code[:300]
+    return current
 
 
 def _starts_inside(shape: LineShape, text: str) -> bool:
@@ -623,3 +652,26 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
     if phase is Phase.FORWARD and no_grad:
         return Phase.EVALUATION, _evidence(frame)
     return phase, _evidence(frame)
+
+
+_CALL = regex.compile(r"(?P<name>[A-Za-z_]\w{0,100})\s{0,4}\(")
+
+
+def classify_traceback(traceback: Traceback) -> tuple[Phase, str | None]:
+    """``classify_phase`` of the traceback's frames; when the traceback was cut before its
+    exception, the calls on its innermost frame's current source line stand for the frames the
+    text lost (``model.save_pretrained(output_dir)`` highlighted in a cut rich traceback is a
+    checkpoint save), and the evidence quotes that line."""
+    phase, evidence = classify_phase(traceback.frames)
+    current = traceback.current_line
+    if not traceback.cut or not current or not traceback.frames:
+        return phase, evidence
+    last = traceback.frames[-1]
+    calls = tuple(Frame(last.filename, last.line, m.group("name")) for m in _CALL.finditer(current))
+    called, said = classify_phase(traceback.frames + calls)
+    if said is None or said == evidence or not any(said == _evidence(c) for c in calls):
+        return phase, evidence
+    return called, (
+        f"{last.filename}:{last.line} in {last.function} calls {current[:160]} (the traceback "
+        "stops there)"
+    )
