@@ -55,14 +55,13 @@ from oomlens.facts.log import (
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, steps, torch_oom, torchrun
-from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, OOM, SUMMARY, TB, TERMINATE
+from oomlens.ingest.log import batches, deepspeed, steps, torch_oom, torchrun
+from oomlens.ingest.log.bits import DS_CPU, OOM, SUMMARY, TB, TERMINATE
 from oomlens.ingest.log.collect import log_facts
 from oomlens.ingest.log.matchers import Line, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
-    AnchorScanner,
     BoundedList,
     MemoryKeeper,
     ReaderLimits,
@@ -73,7 +72,7 @@ from oomlens.ingest.log.traceback import (
     FinishedException,
     classify_phase,
 )
-from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
+from oomlens.ingest.textstream import LineCleaner, StreamStats, TextSource, open_text
 
 MAX_STREAMS = 4096
 MAX_CONFIG_DUMP_LINES = 2000
@@ -94,28 +93,27 @@ _TERMINATE = regex.compile(
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
 
 
-_SCANNER: AnchorScanner | None = None
-
-
-def _scanner() -> AnchorScanner:
-    global _SCANNER
-    if _SCANNER is None:
-        _SCANNER = AnchorScanner(ANCHORS, ANCHOR_BITS)
-    return _SCANNER
-
-
 class LogReader:
     """The state of one pass; use ``read_log``."""
 
     def __init__(
-        self, source: TextSource, *, rank: int | None, host: str | None, limits: ReaderLimits
+        self,
+        source: TextSource,
+        *,
+        rank: int | None,
+        host: str | None,
+        limits: ReaderLimits,
+        jobs: int = 1,
     ) -> None:
         self.source = source
+        self.jobs = jobs
         self.path = source.display
         self.layout_rank = rank
         self.layout_host = host
         self.limits = limits
         self.cleaner = LineCleaner(source.stats, source.max_line_bytes)
+        self.quiet_cleaner = LineCleaner(StreamStats(), source.max_line_bytes)
+        """Cleans the lines read behind another (labels): their repairs are not counted."""
         try:
             self.year: int | None = datetime.fromtimestamp(os.stat(source.path).st_mtime).year
         except OSError:  # pragma: no cover
@@ -135,7 +133,7 @@ class LogReader:
         self.prefix_chars = 0
         self.consumed_until = 0
         self.ended_in_traceback = False
-        self.block_newlines = np.zeros(0, dtype=np.int64)
+        self.block_newlines: np.ndarray | None = None
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
@@ -182,62 +180,13 @@ class LogReader:
     # --- the pass -------------------------------------------------------------------------
 
     def run(self) -> LogFacts:
-        scanner = _scanner()
-        number = 1
-        for block in self.source.blocks(number_lines=False):
-            data = block.data
-            self.consumed_until = 0
-            after = self._scan_block(data, scanner.hits(data), number)
-            self._sample_progress_bar(data, number)
-            self.prev_tail = data[-16384:]
-            number = after
+        number = batches.read(self, self.jobs)
         self.source.stats.lines = number - 1
         self.tail = self._tail(number)
         self._close_all(at_end=True)
         self._fold_summary_ooms()
         self.oom.items.sort(key=lambda e: e.source.line or 0)
         return log_facts(self)
-
-    def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> int:
-        """Process the block's candidate lines (every line while a stream is open); returns
-        the number of the line after the block."""
-        size = len(data)
-        positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-        self.block_newlines = positions
-        newline_count = len(positions)
-        line_count = newline_count + (0 if data.endswith(b"\n") else 1)
-        count = len(hits)
-        line_of: list[int] = (
-            np.searchsorted(positions, [h[0] for h in hits]).tolist() if count else []
-        )
-        index = 0
-        k = 0  # the next line (index within the block) to look at
-        while True:
-            if not self.open_streams:
-                while index < count and (
-                    line_of[index] < k or hits[index][0] < self.consumed_until
-                ):
-                    index += 1
-                if index >= count:
-                    return first_line + line_count
-                k = line_of[index]
-            elif k >= line_count:
-                return first_line + line_count
-            mask = 0
-            while index < count and line_of[index] <= k:
-                if line_of[index] == k:
-                    mask |= hits[index][1]
-                index += 1
-            start = int(positions[k - 1]) + 1 if k else 0
-            end = int(positions[k]) if k < newline_count else size
-            if start >= self.consumed_until:
-                self._line(data, start, end, first_line + k, mask)
-            k += 1
-            if self.open_streams:
-                self.lines_since_stale_check += 1
-                if self.lines_since_stale_check >= 32:
-                    self.lines_since_stale_check = 0
-                    self._close_stale(first_line + k)
 
     def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
         """The last ``TAIL_LINES`` lines of the input, from the last block's bytes."""
@@ -252,7 +201,7 @@ class LogReader:
         first = next_line - len(lines)
         return tuple((first + i, self.cleaner.clean(raw)[:2000]) for i, raw in enumerate(lines))
 
-    def _sample_progress_bar(self, data: bytes, first_line: int) -> None:
+    def sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
         for anchor in steps.TQDM_ANCHORS:
             hit = data.rfind(anchor)
@@ -265,6 +214,8 @@ class LogReader:
             rest, prefix = strip_prefixes(text, self.known_hosts)
             progress = steps.parse_step_line(rest)
             if progress is not None and progress.kind == "tqdm":
+                if self.block_newlines is None:
+                    self.block_newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
                 number = first_line + int(np.searchsorted(self.block_newlines, start))
                 rank = self._rank_of(prefix)
                 self.add_step(
@@ -274,7 +225,8 @@ class LogReader:
                 )
             return
 
-    def _line(self, data: bytes, start: int, end: int, number: int, mask: int) -> None:
+    def read_line(self, data: bytes, start: int, end: int, number: int, mask: int) -> None:
+        """The per-line path for one line (``start``..``end`` of block ``data``)."""
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
@@ -332,7 +284,7 @@ class LogReader:
             )
         return self.layout_rank
 
-    def _stream(self, key: tuple[object, ...]) -> StreamState:
+    def stream_of(self, key: tuple[object, ...]) -> StreamState:
         stream = self.streams.get(key)
         if stream is None:
             if len(self.streams) >= MAX_STREAMS:
@@ -363,7 +315,7 @@ class LogReader:
             rank = record.rank
         ref = SourceRef(self.path, number, rank, host)
         key = prefix.key
-        stream = self._stream(key)
+        stream = self.stream_of(key)
         self.in_traceback = False
         if stream.open or mask & TB or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref, mask):
@@ -559,8 +511,15 @@ class LogReader:
             keeper = self.memory[key] = MemoryKeeper(ref.rank, ref.host, self.limits)
         keeper.add(sample)
 
-    def label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
-        """The previous line of the same stream (the ``see_memory_usage`` label)."""
+    def label_before(
+        self, data: bytes, start: int, key: tuple[object, ...], prev_tail: bytes | None = None
+    ) -> str | None:
+        """The previous line of the same stream (the ``see_memory_usage`` label): the line just
+        before when it starts with the same raw prefix, else the nearest of the 16 lines before
+        (within 16 KiB, the previous block's tail, ``prev_tail``, included) with the same
+        stream key.  A look behind: it counts no repairs (the lines it reads are counted, if
+        ever, when they are read themselves)."""
+        clean = self.quiet_cleaner.clean
         if start > 0 and self.prefix_chars >= 0:
             # Usually the line just before, with the same raw prefix: no need to re-parse it.
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
@@ -571,13 +530,13 @@ class LogReader:
                 b"(",
             ):
                 raw = data[after : start - 1]
-                label = deepspeed.strip_logger(self.cleaner.clean(raw)).strip()
+                label = deepspeed.strip_logger(clean(raw)).strip()
                 if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
                     return None
                 return label[:200]
         window = data[max(0, start - 16384) : start]
         if start < 16384:
-            window = self.prev_tail + window
+            window = (self.prev_tail if prev_tail is None else prev_tail) + window
         end = len(window)
         for _ in range(16):
             if end <= 0:
@@ -585,8 +544,7 @@ class LogReader:
             begin = window.rfind(b"\n", 0, end - 1) + 1
             raw = window[begin:end]
             end = begin
-            text = self.cleaner.clean(raw)
-            rest, prefix = strip_prefixes(text, self.known_hosts)
+            rest, prefix = strip_prefixes(clean(raw), self.known_hosts)
             if prefix.key != key:
                 continue
             label = deepspeed.strip_logger(rest).strip()
@@ -836,7 +794,7 @@ class LogReader:
 
     # --- closing ----------------------------------------------------------------------------
 
-    def _close_stale(self, number: int) -> None:
+    def close_stale(self, number: int) -> None:
         """Close tracebacks whose stream stopped writing (its process died); failure blocks
         and config dumps end by themselves or at their bounded length."""
         for key, stream in list(self.open_streams.items()):
@@ -880,6 +838,7 @@ def read_log(
     display: str | None = None,
     limits: ReaderLimits | None = None,
     chunk_bytes: int | None = None,
+    jobs: int = 1,
 ) -> LogFacts:
     """Read one training log in one streaming pass; see the module docstring.
 
@@ -895,5 +854,5 @@ def read_log(
         raise InputError(source.display, f"cannot be read ({exc})") from exc
     if empty:
         raise InputError(source.display, "is empty", "pass the log of the failed run")
-    reader = LogReader(source, rank=rank, host=host, limits=limits or ReaderLimits())
+    reader = LogReader(source, rank=rank, host=host, limits=limits or ReaderLimits(), jobs=jobs)
     return reader.run()

@@ -177,6 +177,39 @@ def grouped_sums(
     return result
 
 
+GroupStats = tuple[int, float, float, float, float, int, int]
+"""count, first, last, minimum, maximum, sum, index-weighted sum (see ``RunningStats.merge``)."""
+
+
+def grouped_stats(groups: np.ndarray, values: np.ndarray) -> dict[int, GroupStats]:
+    """For each group id, what ``RunningStats.merge`` takes for its values in order (finite
+    float64 values; the index of a value is its position among its group's)."""
+    if len(values) == 0:
+        return {}
+    order = np.argsort(groups, kind="stable")
+    g, v = groups[order], values[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    ends = np.append(starts[1:], len(g))
+    sizes = ends - starts
+    index = np.arange(len(g)) - np.repeat(starts, sizes)
+    sums = grouped_sums(g, v, index)
+    low = np.minimum.reduceat(v, starts)
+    high = np.maximum.reduceat(v, starts)
+    out: dict[int, GroupStats] = {}
+    for k, group in enumerate(g[starts].tolist()):
+        total, weighted = sums[group]
+        out[group] = (
+            int(sizes[k]),
+            float(v[starts[k]]),
+            float(v[ends[k] - 1]),
+            float(low[k]),
+            float(high[k]),
+            total,
+            weighted,
+        )
+    return out
+
+
 class RunningStats:
     """Count, first, last, min, max, mean and the least-squares slope of value against sample
     index (0, 1, 2...), in O(1) memory.  The sums behind the mean and the slope are exact
