@@ -146,6 +146,7 @@ def _process(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, number: int
     for b, block in enumerate(batch.blocks):
         count = scan.line_counts[b]
         reader.consumed_until = 0
+        reader.block_newlines = None
         context.block = b
         h = _scan_block(context, block, h, block_ends[b], line_base, number)
         reader.sample_progress_bar(block, number)

@@ -294,6 +294,9 @@ def line_keys(head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     plain = np.flatnonzero(~prefixed)
     if len(plain):
         keys[plain[_no_prefix(c[plain])]] = NO_KEY
+    # Cleaning turns full-width forms and non-breaking spaces into ASCII, which can make a
+    # prefix of what was none: a head with a byte past ASCII is for the prefix parser.
+    keys[(c >= 128).any(axis=1)] = UNSURE
     return keys, lengths
 
 
@@ -674,7 +677,7 @@ def _walk(
         np.maximum(before, block_start - LABEL_WINDOW),
     )
     lo = max(0, int(line.min()) - LABEL_LINES)
-    hi = int(line.max())
+    hi = int(line.max()) + 1  # (the memory lines themselves: never a step back, but never empty)
     head = _heads(lines.window, starts[lo:hi])
     keys, prefix = line_keys(head)
     keys[lines.dirty[lo:hi]] = UNSURE

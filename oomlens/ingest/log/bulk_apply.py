@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from oomlens.facts import SourceRef
 from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
 from oomlens.ingest.log import bulk
 from oomlens.ingest.log.deepspeed import MemoryReading
-from oomlens.ingest.log.series import RunningStats, grouped_stats, grouped_sums
+from oomlens.ingest.log.series import Lazy, RunningStats, grouped_stats, grouped_sums
 from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
 
 if TYPE_CHECKING:
@@ -307,51 +307,134 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     kept = keeper_of >= 0
     columns = [grouped_stats(keeper_of[kept], values[kept, c]) for c in range(3)]
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
-    when_cache: dict[int, datetime | None] = {}
-
-    def make_sample(r: int) -> MemorySample:
-        p = pending[r]
-        if p is None:
-            i = int(line[r])
-            source = int(run.time_source[i])
-            when = when_cache.get(source)
-            if when is None and source not in when_cache:
-                when = when_cache[source] = run.when(i)
-            reading = MemoryReading(
-                int(scan.a[j[r]]), int(scan.b[j[r]]), int(scan.c[j[r]]), int(scan.d[j[r]])
-            )
-            label = None if labels[r] < 0 else texts[int(labels[r])]
-            p = (run.ref(i), label, reading, when, run.step(i))
-        ref, label, reading, when, step = p
-        c = int(cpu[r])
-        has = c >= 0
-        return MemorySample(
-            ref,
-            label,
-            reading.allocated,
-            reading.max_allocated,
-            reading.reserved,
-            reading.max_reserved,
-            int(scan.a[lo + c]) if has else None,
-            float(scan.f[lo + c]) if has else None,
-            step,
-            when,
-        )
-
+    rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
     for k, keeper in enumerate(keepers):
         assert keeper is not None
         mine = np.flatnonzero(keeper_of == k)
 
         def make(positions: list[int], mine: np.ndarray = mine) -> list[MemorySample]:
-            return [make_sample(int(mine[p])) for p in positions]
+            return [_build(f) for f in rows_of.fields(mine[positions])]
 
-        keeper.samples.extend(len(mine), make)
+        def lazy(positions: list[int], mine: np.ndarray = mine) -> list[Lazy]:
+            return [Lazy(_build_any, f) for f in rows_of.fields(mine[positions])]
+
+        keeper.samples.extend(len(mine), make, lazy)
         keeper.allocated.merge(*columns[0][k])
         keeper.max_allocated.merge(*columns[1][k])
         keeper.reserved.merge(*columns[2][k])
         if k in cpu_stats:
             keeper.cpu.merge(*cpu_stats[k])
     _labels(keepers, keeper_of, labels, values, texts)
+
+
+_Fields = tuple[
+    SourceRef | tuple[str, int, int | None, str | None],
+    str | None,
+    int,
+    int,
+    int,
+    int,
+    int | None,
+    float | None,
+    int | None,
+    datetime | None,
+]
+
+
+class _SampleRows:
+    """What a run's closed samples are made of, read out row by row only for the samples a
+    series keeps."""
+
+    def __init__(
+        self,
+        run: Run,
+        line: np.ndarray,
+        cpu: np.ndarray,
+        pending: list[Pending | None],
+        labels: np.ndarray,
+        texts: list[str],
+    ) -> None:
+        self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
+        self.labels, self.texts = labels, texts
+        self.when: dict[int, datetime | None] = {}
+
+    def fields(self, rows: np.ndarray) -> list[_Fields]:
+        run, scan, lo = self.run, self.run.scan, self.run.lo
+        line = self.line[rows]
+        i = np.maximum(line, 0)
+        j = lo + i
+        cpu = self.cpu[rows]
+        c = lo + np.maximum(cpu, 0)
+        has_cpu = (cpu >= 0).tolist()
+        step_source = run.step_source[i]
+        steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1).tolist()
+        columns = zip(
+            rows.tolist(),
+            i.tolist(),
+            run.numbers[i].tolist(),
+            run.rank[i].tolist(),
+            self.labels[rows].tolist(),
+            scan.a[j].tolist(),
+            scan.b[j].tolist(),
+            scan.c[j].tolist(),
+            scan.d[j].tolist(),
+            scan.a[c].tolist(),
+            scan.f[c].tolist(),
+            has_cpu,
+            steps,
+            run.time_source[i].tolist(),
+            strict=True,
+        )
+        path, host = run.reader.path, run.reader.layout_host
+        last_step = run.reader.last_step
+        out: list[_Fields] = []
+        for r, at, number, rank, label, a, b, cc, d, used, pct, has, step, source in columns:
+            cpu_used, cpu_pct = (used, pct) if has else (None, None)
+            p = self.pending[r]
+            if p is not None:
+                reading = p[2]
+                out.append(
+                    (
+                        p[0],
+                        p[1],
+                        reading.allocated,
+                        reading.max_allocated,
+                        reading.reserved,
+                        reading.max_reserved,
+                        cpu_used,
+                        cpu_pct,
+                        p[4],
+                        p[3],
+                    )
+                )
+                continue
+            when = self.when.get(source)
+            if when is None and source not in self.when:
+                when = self.when[source] = run.when(at)
+            out.append(
+                (
+                    (path, number, None if rank < 0 else rank, host),
+                    None if label < 0 else self.texts[label],
+                    a,
+                    b,
+                    cc,
+                    d,
+                    cpu_used,
+                    cpu_pct,
+                    last_step if step < 0 else step,
+                    when,
+                )
+            )
+        return out
+
+
+def _build(f: _Fields) -> MemorySample:
+    ref = f[0] if isinstance(f[0], SourceRef) else SourceRef(*f[0])
+    return MemorySample(ref, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9])
+
+
+def _build_any(f: object) -> object:
+    return _build(cast(_Fields, f))
 
 
 def _labels(

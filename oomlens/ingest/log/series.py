@@ -10,16 +10,35 @@ values rounded once.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import numpy as np
 
 from oomlens.facts.log import SeriesStats
 
 T = TypeVar("T")
+
+
+class Lazy:
+    """An item of a ``Thinned`` built only if it is kept: ``build(row)``.  The bulk path hands
+    the series its last items this way (most of them leave the tail again, unkept, when the
+    next items come)."""
+
+    __slots__ = ("build", "row")
+
+    def __init__(self, build: Callable[[object], object], row: object) -> None:
+        self.build = build
+        self.row = row
+
+
+def _real(item: T) -> T:
+    if isinstance(item, Lazy):
+        return cast(T, item.build(item.row))
+    return item
 
 
 class Thinned(Generic[T]):
@@ -51,7 +70,7 @@ class Thinned(Generic[T]):
         if len(self._tail) == self._tail.maxlen:
             old_index, old = self._tail[0]
             if old_index % self._stride == 0:
-                self._middle.append((old_index, old))
+                self._middle.append((old_index, _real(old)))
                 if len(self._middle) > self._middle_max:
                     self._stride *= 2
                     self._middle = [(i, v) for i, v in self._middle if i % self._stride == 0]
@@ -80,24 +99,35 @@ class Thinned(Generic[T]):
         positions.extend(range(max(start, evicted_end) - old, n))
         return positions, stride
 
-    def extend(self, n: int, make: Callable[[list[int]], Sequence[T]]) -> None:
+    def extend(
+        self,
+        n: int,
+        make: Callable[[list[int]], Sequence[T]],
+        lazy: Callable[[list[int]], Sequence[Lazy]] | None = None,
+    ) -> None:
         """Add ``n`` items at once, as ``n`` calls of ``add`` would; ``make(positions)`` builds
         only the items that are kept (positions 0-based among the ``n``, ascending), so that
-        adding a million items costs what the few hundred kept ones cost."""
+        adding a million items costs what the few hundred kept ones cost.  With ``lazy``, the
+        items that end in the tail are ``Lazy`` ones from it, built when they are kept."""
         if n <= 0:
             return
         positions, stride = self.wanted(n)
-        items = make(positions)
-        old, new = self.count, self.count + n
         head, tail_max = self._head_max, self._tail.maxlen or 1
-        evicted_end = max(head, new - tail_max)
+        evicted_end = max(head, self.count + n - tail_max)
+        if lazy is None:
+            items: list[T] = list(make(positions))
+        else:
+            split = bisect.bisect_left(positions, evicted_end - self.count)
+            items = list(make(positions[:split]))
+            items += cast(list[T], list(lazy(positions[split:])))
+        old, new = self.count, self.count + n
         middle = [(i, v) for i, v in self._middle if i % stride == 0]
         tail: list[tuple[int, T]] = []
         for i, v in self._tail:
             if i >= evicted_end:
                 tail.append((i, v))
             elif i % stride == 0:
-                middle.append((i, v))
+                middle.append((i, _real(v)))
         for position, item in zip(positions, items, strict=True):
             index = old + position
             if index < head:
@@ -112,9 +142,9 @@ class Thinned(Generic[T]):
         self.count = new
 
     def items(self) -> tuple[T, ...]:
-        return (
-            tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in self._tail)
-        )
+        tail = [(i, _real(v)) for i, v in self._tail]
+        self._tail = deque(tail, maxlen=self._tail.maxlen)
+        return tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in tail)
 
 
 _SCALE = 1130
