@@ -39,6 +39,9 @@ MIN_RUN = 32
 """Bulk lines applied at once below this count go the per-line way: the fixed cost of applying
 a run is that of a few dozen lines read one by one (measured)."""
 TAIL_BYTES = 16384
+PARALLEL_MIN_BYTES = 32 << 20
+"""A log smaller than this on disk is scanned in the reading process: starting workers costs
+more than they save there."""
 
 
 def default_jobs() -> int:
@@ -121,6 +124,13 @@ def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> in
 
 def _process(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, number: int) -> int:
     """Read one scanned batch, block by block; returns the next line number."""
+    number = _process_blocks(reader, batch, scan, number)
+    if reader.progress is not None:
+        reader.progress(reader.source.stats.bytes_read)
+    return number
+
+
+def _process_blocks(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, number: int) -> int:
     hit_line = scan.hit_line
     # where each run must stop: the next line for the per-line path, the end of a tqdm block
     n = len(hit_line)

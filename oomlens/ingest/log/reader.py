@@ -72,7 +72,13 @@ from oomlens.ingest.log.traceback import (
     FinishedException,
     classify_phase,
 )
-from oomlens.ingest.textstream import LineCleaner, StreamStats, TextSource, open_text
+from oomlens.ingest.textstream import (
+    Compression,
+    LineCleaner,
+    StreamStats,
+    TextSource,
+    open_text,
+)
 
 MAX_STREAMS = 4096
 MAX_CONFIG_DUMP_LINES = 2000
@@ -107,6 +113,7 @@ class LogReader:
     ) -> None:
         self.source = source
         self.jobs = jobs
+        self.progress: Callable[[int], None] | None = None
         self.path = source.display
         self.layout_rank = rank
         self.layout_host = host
@@ -839,8 +846,15 @@ def read_log(
     limits: ReaderLimits | None = None,
     chunk_bytes: int | None = None,
     jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LogFacts:
     """Read one training log in one streaming pass; see the module docstring.
+
+    ``jobs``: processes that scan the input ahead of the pass (``batches``), 0 for one per
+    core; a log under ``batches.PARALLEL_MIN_BYTES`` on disk is scanned in this process
+    whatever ``jobs`` says.  The facts are the same for any ``jobs``.  ``progress(read,
+    total)`` is told the bytes read after each batch of a log of at least that size (``total``
+    0 when compressed).
 
     Raises InputError when the file does not exist, cannot be read, is a directory, is
     empty, or cannot be decompressed at all.
@@ -849,10 +863,18 @@ def read_log(
         path, display=display, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {})
     )
     try:
-        empty = os.path.getsize(path) == 0
+        size = os.path.getsize(path)
     except OSError as exc:  # pragma: no cover - open_text checked it
         raise InputError(source.display, f"cannot be read ({exc})") from exc
-    if empty:
+    if size == 0:
         raise InputError(source.display, "is empty", "pass the log of the failed run")
-    reader = LogReader(source, rank=rank, host=host, limits=limits or ReaderLimits(), jobs=jobs)
+    large = size >= batches.PARALLEL_MIN_BYTES
+    if jobs <= 0:
+        jobs = batches.default_jobs()
+    reader = LogReader(
+        source, rank=rank, host=host, limits=limits or ReaderLimits(), jobs=jobs if large else 1
+    )
+    if large and progress is not None:
+        total = size if source.compression is Compression.NONE else 0
+        reader.progress = lambda done: progress(done, total)
     return reader.run()

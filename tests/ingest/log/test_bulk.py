@@ -90,6 +90,7 @@ def test_parallel_scan_gives_the_facts_of_one_pass(
     one = read_log(path, chunk_bytes=chunk)
     # batches of one block each: the work spreads over both workers, results merge in order
     monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    monkeypatch.setattr(batches, "PARALLEL_MIN_BYTES", 0)
     two = read_log(path, chunk_bytes=chunk, jobs=2)
     assert _same(one, two)
     assert _same(one, _per_line(path, monkeypatch, chunk_bytes=chunk))
@@ -103,6 +104,7 @@ def test_compressed_log_reads_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     plain.write_text(text)
     packed = tmp_path / "run.log.gz"
     packed.write_bytes(gzip.compress(text.encode()))
+    monkeypatch.setattr(batches, "PARALLEL_MIN_BYTES", 0)
     a, b = read_log(plain, jobs=2), read_log(packed, jobs=2)
     facts = repr((a.memory, a.steps, a.cache_flushes, a.oom_events))
     packed_facts = repr((b.memory, b.steps, b.cache_flushes, b.oom_events))
