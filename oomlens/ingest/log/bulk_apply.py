@@ -308,17 +308,26 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     columns = [grouped_stats(keeper_of[kept], values[kept, c]) for c in range(3)]
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
     rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
+    # The rows each keeper's thinned series keeps, read out for all keepers at once.
+    by_keeper = np.argsort(keeper_of, kind="stable")
+    sizes = np.bincount(keeper_of[kept], minlength=len(keepers))
+    groups = np.split(by_keeper[rows - int(kept.sum()) :], np.cumsum(sizes)[:-1])
+    plans = []
+    for keeper, mine in zip(keepers, groups, strict=True):
+        assert keeper is not None
+        positions, stride = keeper.samples.wanted(len(mine))
+        plans.append((positions, stride, keeper.samples.tail_split(len(mine), positions)))
+    wanted = [mine[positions] for mine, (positions, _, _) in zip(groups, plans, strict=True)]
+    fields = rows_of.fields(np.concatenate(wanted)) if wanted else []
+    at = 0
     for k, keeper in enumerate(keepers):
         assert keeper is not None
-        mine = np.flatnonzero(keeper_of == k)
-
-        def make(positions: list[int], mine: np.ndarray = mine) -> list[MemorySample]:
-            return [_build(f) for f in rows_of.fields(mine[positions])]
-
-        def lazy(positions: list[int], mine: np.ndarray = mine) -> list[Lazy]:
-            return [Lazy(_build_any, f) for f in rows_of.fields(mine[positions])]
-
-        keeper.samples.extend(len(mine), make, lazy)
+        positions, stride, split = plans[k]
+        mine_fields = fields[at : at + len(positions)]
+        at += len(positions)
+        items: list[MemorySample] = [_build(f) for f in mine_fields[:split]]
+        items += cast(list[MemorySample], [Lazy(_build_any, f) for f in mine_fields[split:]])
+        keeper.samples.place(len(groups[k]), positions, stride, items)
         keeper.allocated.merge(*columns[0][k])
         keeper.max_allocated.merge(*columns[1][k])
         keeper.reserved.merge(*columns[2][k])

@@ -112,16 +112,31 @@ class Thinned(Generic[T]):
         if n <= 0:
             return
         positions, stride = self.wanted(n)
-        head, tail_max = self._head_max, self._tail.maxlen or 1
-        evicted_end = max(head, self.count + n - tail_max)
         if lazy is None:
             items: list[T] = list(make(positions))
         else:
-            split = bisect.bisect_left(positions, evicted_end - self.count)
+            split = self.tail_split(n, positions)
             items = list(make(positions[:split]))
             items += cast(list[T], list(lazy(positions[split:])))
+        self.place(n, positions, stride, items)
+
+    def tail_split(self, n: int, positions: list[int]) -> int:
+        """How many of ``wanted(n)``'s positions are kept for good (the rest end in the tail,
+        where the next items may push them out)."""
+        evicted_end = max(self._head_max, self.count + n - (self._tail.maxlen or 1))
+        return bisect.bisect_left(positions, evicted_end - self.count)
+
+    def place(self, n: int, positions: list[int], stride: int, items: Sequence[T]) -> None:
+        """``extend``'s second half: ``items`` for the ``positions`` and ``stride`` of
+        ``wanted(n)`` (for callers that build the items of many series at once)."""
+        head, tail_max = self._head_max, self._tail.maxlen or 1
         old, new = self.count, self.count + n
-        middle = [(i, v) for i, v in self._middle if i % stride == 0]
+        evicted_end = max(head, new - tail_max)
+        middle = (
+            self._middle
+            if stride == self._stride
+            else [(i, v) for i, v in self._middle if i % stride == 0]
+        )
         tail: list[tuple[int, T]] = []
         for i, v in self._tail:
             if i >= evicted_end:
