@@ -194,6 +194,13 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
         return Verdict.GPU_OOM, (
             f"the allocator snapshot records an out-of-memory on device {snapshot_ooms[0].device}"
         )
+    summary_ooms = facts.allocator_summary_ooms()
+    if summary_ooms:
+        counted = summary_ooms[0]
+        return Verdict.GPU_OOM, (
+            f"torch.cuda.memory_summary() counts {counted.ooms} CUDA OOM(s) "
+            f"({counted.source.describe()})"
+        )
     host_events = [e for e in facts.oom_events() if e.message.kind is OomKind.HOST]
     kills = facts.kernel_oom_kills()
     slurm_kills = [k for log in facts.logs for k in log.slurm_oom_kills]
@@ -239,6 +246,13 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
+        if any(log.tracebacks_cut for log in readable_logs):
+            return Verdict.UNKNOWN, "a traceback stops before its error: the text is cut mid-crash"
+        if not facts.shows_progress_or_end():
+            return Verdict.UNKNOWN, (
+                "no error in the inputs, but no training progress or normal end either: "
+                "a window of a longer log cannot say the run did not fail"
+            )
         return Verdict.NO_FAILURE, "no error, kill or failed exit in the inputs"
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"

@@ -105,8 +105,13 @@ def oom_event_to_dict(event: OomEvent) -> dict[str, Any]:
         "process_in_use": m.process_in_use,
         "allocated_by_pytorch": m.allocated_by_pytorch,
         "reserved_unallocated": m.reserved_unallocated,
+        "reserved_total": m.reserved_total,
         "allowed": m.allowed,
         "private_pools": m.private_pools,
+        "other_allocations": m.other_allocations,
+        "backend": m.backend,
+        "this_process_pid": m.listed_self.pid if m.listed_self is not None else None,
+        "preamble": event.preamble,
         "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in m.other_processes],
     }
 
@@ -130,6 +135,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     facts = report.facts
     picture = facts.ranks
     events = facts.oom_events()
+    caught = facts.caught_oom_events()
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "oomlens_version": report.oomlens_version,
@@ -138,6 +144,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "diagnoses": [diagnosis_to_dict(d) for d in report.diagnoses],
         "oom_events": [oom_event_to_dict(e) for e in events[:MAX_OOM_EVENTS]],
         "oom_events_total": len(events),
+        "caught_oom_events": [oom_event_to_dict(e) for e in caught[:MAX_OOM_EVENTS]],
         "ranks": {
             "first_failed": picture.first_failed.rank if picture.first_failed else None,
             "basis": picture.basis,

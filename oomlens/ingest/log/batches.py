@@ -96,6 +96,8 @@ def _scan_remote(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.Batch
 def read(reader: LogReader, jobs: int = 1) -> int:
     """Read the whole input; returns the number of the line after the last."""
     number = 1
+    if reader.every_line:
+        return _read_line_by_line(reader)
     if jobs <= 1:
         for batch in _batches(reader):
             number = _process(reader, batch, _scan(batch), number)
@@ -106,6 +108,24 @@ def read(reader: LogReader, jobs: int = 1) -> int:
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         return _read_ahead(reader, pool, jobs, number)
+
+
+def _read_line_by_line(reader: LogReader) -> int:
+    """A small input (a paste, a window of a log; ``LogReader.every_line``): block by block as
+    read, every line visited, anchors from the wider table, until the text read passes
+    ``LINE_BY_LINE_MAX_TEXT`` (then the rest is read as any log, one block a batch)."""
+    from oomlens.ingest.log.reader import LINE_BY_LINE_MAX_TEXT
+
+    number = 1
+    tail = b""
+    for block in reader.source.blocks(number_lines=False):
+        if reader.every_line and reader.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
+            reader.every_line = False
+        batch = _Batch([block.data], tail)
+        scan = bulk.scan_batch(batch.data(), batch.starts, tail, paste=reader.every_line)
+        number = _process(reader, batch, scan, number)
+        tail = block.data[-TAIL_BYTES:]
+    return number
 
 
 def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> int:
@@ -220,7 +240,7 @@ def _scan_block(
     positions: np.ndarray | None = None
     k = 0
     while True:
-        if not reader.open_streams:
+        if not reader.open_streams and not reader.every_line:
             while h < h_end and hit_line[h] - line_base < k:
                 h += 1
             if h >= h_end:

@@ -37,7 +37,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from oomlens.ingest.log import deepspeed
-from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, DS_MEMORY, FLUSH, STEP
+from oomlens.ingest.log.bits import (
+    ANCHOR_BITS,
+    ANCHORS,
+    DS_CPU,
+    DS_MEMORY,
+    FLUSH,
+    PASTE_ANCHOR_BITS,
+    PASTE_ANCHORS,
+    STEP,
+)
 from oomlens.ingest.log.state import AnchorScanner
 from oomlens.ingest.textstream import MAX_LINE_BYTES, LineCleaner, StreamStats
 
@@ -194,6 +203,7 @@ def _empty_scan(line_counts: list[int]) -> BatchScan:
 
 class _Anchors:
     _scanner: AnchorScanner | None = None
+    _paste: AnchorScanner | None = None
 
     @classmethod
     def hits(cls, data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +211,13 @@ class _Anchors:
         if cls._scanner is None:
             cls._scanner = AnchorScanner(ANCHORS, ANCHOR_BITS)
         return cls._scanner.arrays(data)
+
+    @classmethod
+    def paste_hits(cls, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """The same with the wider table of inputs read line by line."""
+        if cls._paste is None:
+            cls._paste = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
+        return cls._paste.arrays(data)
 
 
 _HEAD = 32
@@ -437,10 +454,13 @@ class _Labels:
         return ident
 
 
-def scan_batch(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
+def scan_batch(
+    data: bytes, block_starts: list[int], prev_tail: bytes, *, paste: bool = False
+) -> BatchScan:
     """Scan ``data`` (whole lines: the reader's blocks, starting at ``block_starts``, one after
     another); ``prev_tail`` is the last 16 KiB of the block before the batch (``b""`` at the
-    start of the input).  See the module docstring."""
+    start of the input).  See the module docstring.  ``paste``: the anchors of the wider table
+    (``bits.PASTE_ANCHORS``) of inputs read line by line, and no bulk lines."""
     arr = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(arr == 10)
     size = len(data)
@@ -452,9 +472,9 @@ def scan_batch(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchS
     scan = _empty_scan(line_counts)
     if not len(starts):
         return scan
-    _find_hits(scan, data, ends)
+    _find_hits(scan, data, ends, paste)
     scan.hit_start = starts[scan.hit_line]
-    if AVAILABLE and len(scan.hit_line):
+    if AVAILABLE and len(scan.hit_line) and not paste:
         lines = _Lines(data, arr, starts, ends, bounds, block_first)
         _shapes(scan, lines)
         _consumed_cpu(scan, lines)
@@ -462,8 +482,8 @@ def scan_batch(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchS
     return scan
 
 
-def _find_hits(scan: BatchScan, data: bytes, ends: np.ndarray) -> None:
-    offsets, bits = _Anchors.hits(data)
+def _find_hits(scan: BatchScan, data: bytes, ends: np.ndarray, paste: bool) -> None:
+    offsets, bits = (_Anchors.paste_hits if paste else _Anchors.hits)(data)
     if not len(offsets):
         return
     lines = np.searchsorted(ends, offsets)

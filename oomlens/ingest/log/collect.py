@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from oomlens.facts.log import CacheFlushSummary, LogFacts, StepSeries
+from oomlens.facts.log import CacheFlushSummary, LogFacts, OomEvent, StepSeries
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
@@ -50,6 +50,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         reader.fatal,
     )
     dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
+    uncaught, caught = _split_caught(reader)
     return LogFacts(
         path=reader.path,
         compression=str(reader.source.compression),
@@ -60,7 +61,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         ended_mid_line=stats.ended_mid_line,
         ended_in_traceback=reader.ended_in_traceback,
         layout_rank=reader.layout_rank,
-        oom_events=tuple(reader.oom.items),
+        oom_events=uncaught,
         exceptions=tuple(reader.exceptions.items),
         memory=tuple(k.freeze() for k in reader.memory.values()),
         cache_flushes=CacheFlushSummary(
@@ -101,4 +102,46 @@ def log_facts(reader: LogReader) -> LogFacts:
         dropped=dropped,
         notes=tuple(notes),
         tail=reader.tail,
+        completion=reader.completion,
+        caught_oom_events=caught,
+        platform_hints=tuple(reader.platform.values()),
+        allocator_summaries=tuple(reader.alloc_summaries.items),
+        tracebacks_cut=reader.cut_tracebacks,
+        partial_tracebacks=tuple(reader.partial),
+        line_by_line=reader.line_by_line,
     )
+
+
+def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEvent, ...]]:
+    """``(uncaught, caught)`` OOM events.  An OOM raised to the top (printed after a
+    ``Traceback (most recent call last)`` header) is never caught: a run restarted in the same
+    file does not make the first one's crash a retry.  Another is caught (a batch-size finder, a
+    retry loop that logged it) when the run ended normally after it and nothing says a process
+    failed, or when it was logged rather than raised (no exception class) and the same rank
+    printed training progress after it."""
+    events = reader.oom.items
+    if not events:
+        return (), ()
+    completion = reader.completion
+    failed = bool(reader.failures.items) or any(
+        e.return_code != 0 for e in reader.launcher_exits.items
+    )
+    ended_normally = completion is not None and not failed
+    end_line = completion.source.line or 0 if completion is not None else 0
+    uncaught: list[OomEvent] = []
+    caught: list[OomEvent] = []
+    for event in events:
+        line = event.source.line or 0
+        raised = event.traceback is not None and not event.traceback.headless
+        later_step = reader.last_by_rank.get(event.source.rank)
+        logged = event.traceback is None and not event.message.exception_class
+        progressed = later_step is not None and (later_step.source.line or 0) > line
+        if (
+            not raised
+            and event.origin == "log"
+            and ((ended_normally and end_line > line) or (logged and progressed))
+        ):
+            caught.append(event)
+        else:
+            uncaught.append(event)
+    return tuple(uncaught), tuple(caught)

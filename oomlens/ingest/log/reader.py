@@ -23,6 +23,7 @@ messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -35,9 +36,11 @@ from oomlens.facts import SourceRef
 from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
+    AllocatorSummary,
     BatchAssertion,
     CacheFlushWarning,
     ClosingSignal,
+    CompletionLine,
     ConfigErrorLine,
     DsConfigDump,
     ExceptionEvent,
@@ -50,15 +53,24 @@ from oomlens.facts.log import (
     ParamCount,
     PeerFailureSignal,
     Phase,
+    PlatformHint,
     ProcessFailure,
     StepSample,
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import batches, deepspeed, steps, torch_oom, torchrun
-from oomlens.ingest.log.bits import DS_CPU, OOM, SUMMARY, TB, TERMINATE
+from oomlens.ingest.log import batches, deepspeed, paste, steps, torch_oom, torchrun
+from oomlens.ingest.log.bits import (
+    DS_CPU,
+    EXCEPTION,
+    MAIN,
+    OOM,
+    SUMMARY,
+    TB,
+    TERMINATE,
+)
 from oomlens.ingest.log.collect import log_facts
-from oomlens.ingest.log.matchers import Line, takers
+from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
@@ -81,6 +93,7 @@ from oomlens.ingest.textstream import (
 )
 
 MAX_STREAMS = 4096
+MAX_PARTIAL_TRACEBACKS = 16
 MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
 _WORLD_PRIORITY = {
@@ -97,6 +110,13 @@ _TERMINATE = regex.compile(
     r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'"
 )
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
+
+
+LINE_BY_LINE_BYTES = 1 << 20
+"""An input this small on disk is read line by line with the wider anchor table (a paste, a
+window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
+LINE_BY_LINE_MAX_TEXT = 16 << 20
+"""...up to this much decompressed text (a small compressed file can inflate a lot)."""
 
 
 class LogReader:
@@ -122,9 +142,13 @@ class LogReader:
         self.quiet_cleaner = LineCleaner(StreamStats(), source.max_line_bytes)
         """Cleans the lines read behind another (labels): their repairs are not counted."""
         try:
-            self.year: int | None = datetime.fromtimestamp(os.stat(source.path).st_mtime).year
+            info = os.stat(source.path)
+            self.year: int | None = datetime.fromtimestamp(info.st_mtime).year
+            self.every_line = info.st_size <= LINE_BY_LINE_BYTES
         except OSError:  # pragma: no cover
             self.year = None
+            self.every_line = False
+        self.line_by_line = self.every_line
         self.last_time: datetime | None = None
         self.last_step: int | None = None
         self.known_hosts: set[str] = set()
@@ -144,6 +168,7 @@ class LogReader:
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
+        self.partial: deque[ExceptionEvent] = deque(maxlen=MAX_PARTIAL_TRACEBACKS)
         self.lines_since_stale_check = 0
         lim = limits.max_events
         self.oom = BoundedList[OomEvent]("oom_events", limits.max_oom_events)
@@ -181,6 +206,10 @@ class LogReader:
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
+        self.completion: CompletionLine | None = None
+        self.platform: dict[str, PlatformHint] = {}
+        self.alloc_summaries = BoundedList[AllocatorSummary]("allocator_summaries", 64)
+        self.alloc_device: int | None = None
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
         """The matchers for each combination of line kinds seen (a handful)."""
 
@@ -237,6 +266,8 @@ class LogReader:
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
+        if self.every_line and text:
+            text = paste.unquote(text)
         if text:
             self._handle(text, number, data, start, None, 0, mask)
         else:
@@ -313,7 +344,9 @@ class LogReader:
         first = rest[:1]
         if first and first in "[0123456789IWEF":
             when, has_year = leading_timestamp(rest, self.year)
-            if when is not None:
+            if when is not None and (not self.every_line or mask & MAIN or self.open_streams):
+                # read line by line, only the lines a fast pass would see move the clock: the
+                # times facts carry do not depend on how the input was read
                 self.last_time = when
                 if has_year:
                     self.year = when.year
@@ -324,6 +357,8 @@ class LogReader:
         key = prefix.key
         stream = self.stream_of(key)
         self.in_traceback = False
+        if self.every_line:
+            rest = paste.strip_logger(rest)  # a traceback relayed line by line by a service
         if stream.open or mask & TB or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref, mask):
                 return
@@ -369,7 +404,14 @@ class LogReader:
         if finished is not None:
             self._finished(finished)
         self.in_traceback = was_open and stream.tb.open
-        if mask & OOM and stream.tb.exception_class is not None and _complete_on_its_line(rest):
+        if stream.tb.exception_class is not None and (
+            (mask & OOM and torch_oom.complete_on_its_line(rest))
+            or (
+                stream.tb.oom_like
+                and stream.tb.message_lines > 1
+                and torch_oom.wrapped_complete(stream.tb.exception_text)
+            )
+        ):
             finished = stream.tb.close()  # nothing follows a complete allocator message
             if finished is not None:
                 self._finished(finished)
@@ -406,23 +448,30 @@ class LogReader:
                 finished = stream.tb.start_exception(
                     terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
-        elif mask & OOM:
-            oom = torch_oom.parse_oom_message(rest)
-            if oom is not None:
-                cls = _EXCEPTION_CLASS.search(rest)
-                now = self.time_before(data, start)
-                finished = stream.tb.start_exception(
-                    cls.group("cls") if cls else "", rest, ref, now
-                )
-                if _complete_on_its_line(rest):
-                    self._finished_maybe(finished)
-                    finished = stream.tb.close()
+        elif mask & OOM and torch_oom.starts_oom(rest):
+            cls = _EXCEPTION_CLASS.search(rest)
+            now = self.time_before(data, start)
+            finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
+            if torch_oom.complete_on_its_line(rest):
+                self._finished_maybe(finished)
+                finished = stream.tb.close()
         elif (
             mask & SUMMARY
             and rest.rstrip().endswith("ChildFailedError:")
             and stream.failure_block is None
         ):
             stream.failure_block = torchrun.FailureBlockParser(ref)
+        elif mask & SUMMARY and self.every_line and stream.failure_block is None:
+            # a paste that starts inside torchrun's failure table
+            if torchrun.starts_failure_table(rest):
+                stream.failure_block = torchrun.FailureBlockParser(ref, headless=True)
+                stream.failure_block.feed(rest, ref.line)
+        elif mask & EXCEPTION:
+            cls_name = paste.standalone_exception_class(rest)
+            if cls_name is not None:
+                finished = stream.tb.start_exception(
+                    cls_name, rest, ref, self.time_before(data, start)
+                )
         self._finished_maybe(finished)
         self.sync_open(key, stream)
 
@@ -434,18 +483,25 @@ class LogReader:
 
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
-        if not finished.exception_class and not finished.text:
-            self.cut_tracebacks += 1
-            return
         phase, evidence = (
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
-        oom = torch_oom.parse_oom_message(
-            finished.text, exception_class=finished.exception_class or None
+        if not finished.exception_class and not finished.text:
+            self.cut_tracebacks += 1
+            if traceback is not None and traceback.frames:
+                self.partial.append(
+                    ExceptionEvent(
+                        finished.source, "", "", traceback, phase, evidence, False, None, False
+                    )
+                )
+            return
+        messages = torch_oom.parse_oom_messages(
+            finished.text or finished.exception_class,
+            exception_class=finished.exception_class or None,
         )
         ref = finished.source
         when = finished.time
-        if oom is not None:
+        for oom in messages:
             event = OomEvent(
                 source=ref,
                 message=oom,
@@ -455,9 +511,12 @@ class LogReader:
                 origin="log",
                 timestamp=when,
                 timestamp_exact=False,
+                preamble=torch_oom.preamble(finished.text, oom.text, oom.exception_class),
             )
             self._add_oom(event)
+        if messages:
             return
+        after_exception(self, finished)
         if traceback is None and not finished.exception_class:
             return
         peer = (
@@ -827,14 +886,9 @@ class LogReader:
                 self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
 
-
-def _complete_on_its_line(text: str) -> bool:
-    """True for an allocator message that ended on this line (its last clause is there)."""
-    if "Tried to allocate" not in text:
-        return False
-    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
-        return True
-    return "is reserved by PyTorch but unallocated" in text
+    def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
+        if kind not in self.platform:
+            self.platform[kind] = PlatformHint(ref, kind, text[:300])
 
 
 def read_log(
