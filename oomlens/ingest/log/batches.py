@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from oomlens.ingest.log import bulk, bulk_apply, steps
+from oomlens.ingest.log import bulk, bulk_apply
 from oomlens.ingest.log.bulk_apply import stream_key
 
 if TYPE_CHECKING:
@@ -165,11 +165,7 @@ def _process_blocks(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, numb
     for count in scan.line_counts:
         line_base += count
         block_ends.append(int(np.searchsorted(hit_line, line_base)))
-    stops = [
-        end
-        for block, end in zip(batch.blocks, block_ends, strict=True)
-        if any(anchor in block for anchor in steps.TQDM_ANCHORS)
-    ]
+    stops = [end for bar, end in zip(scan.progress_bars, block_ends, strict=True) if bar]
     context = _Context(reader, batch, scan, number, next_stop, stops)
     h = 0
     line_base = 0
@@ -179,7 +175,8 @@ def _process_blocks(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, numb
         reader.block_newlines = None
         context.block = b
         h = _scan_block(context, block, h, block_ends[b], line_base, number)
-        reader.sample_progress_bar(block, number)
+        if scan.progress_bars[b]:
+            reader.sample_progress_bar(block, number)
         reader.prev_tail = block[-TAIL_BYTES:]
         number += count
         line_base += count

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oomlens.ingest.log import deepspeed
+from oomlens.ingest.log import deepspeed, steps
 from oomlens.ingest.log.bits import (
     ANCHOR_BITS,
     ANCHORS,
@@ -100,7 +100,7 @@ _BODIES: dict[int, tuple[str | None, str | None]] = {
     FLUSH_LINE: (
         None,
         _TS + r"\[WARNING\] \[stage3\.py:\d{1,7}:[A-Za-z_]{1,40}\] (?P<a>\d{1,12}) pytorch "
-        r"allocator cache flushes since last step\.[ -Z\\^-~]*\n?$",
+        r"allocator cache flushes since last step\.",
     ),
     STEP_GENERIC: (
         rf"(?:rank (?P<c>\d{{1,6}}) )?step (?P<a>\d{{1,12}})(?:/(?P<b>\d{{1,12}}))? loss "
@@ -118,8 +118,10 @@ _BODIES: dict[int, tuple[str | None, str | None]] = {
 """Each shape as printed (see ``deepspeed``, ``steps``): the text after the line's prefix, as a
 plain ``print`` (first) and as a logger record (second, which the logger's timestamp starts).
 What the per-line parsers accept beyond these (other spacing, other wordings) goes the
-per-line way.  The free text after the cache-flush warning holds no ``[`` (no glued prefix) and
-no control character.  Every pattern is one-pass (at each byte, one way on): RE2 extracts
+per-line way.  The cache-flush pattern ends with the sentence the count is in: what follows
+(DeepSpeed's advice, 400 bytes) is read by nothing but the glued-prefix split and cleaning, and
+``_Lines`` keeps lines with a glued ``[rankN]:``, a control character or a byte past ASCII out
+of the bulk path.  Every pattern is one-pass (at each byte, one way on): RE2 extracts
 from those an order of magnitude faster than from ambiguous ones (measured: the flush line
 10.7 microseconds a line with a trailing `` *`` after its free text, well under one without)."""
 
@@ -177,6 +179,8 @@ class BatchScan:
     """bool: a CPU line read ahead by the memory line just before it (same block, same raw
     prefix): the per-line path never visits it."""
     labels: list[str] = field(default_factory=list)
+    progress_bars: list[bool] = field(default_factory=list)
+    """Per block: whether it holds a tqdm bar's anchor (``LogReader.sample_progress_bar``)."""
 
 
 def _empty_scan(line_counts: list[int]) -> BatchScan:
@@ -470,6 +474,11 @@ def scan_batch(
     block_first = np.searchsorted(starts, bounds[:-1])
     line_counts = np.diff(np.append(block_first, len(starts))).tolist()
     scan = _empty_scan(line_counts)
+    ends_of_blocks = bounds[1:].tolist()
+    scan.progress_bars = [
+        any(data.find(anchor, begin, end) >= 0 for anchor in steps.TQDM_ANCHORS)
+        for begin, end in zip(bounds[:-1].tolist(), ends_of_blocks, strict=True)
+    ]
     if not len(starts):
         return scan
     _find_hits(scan, data, ends, paste)
@@ -531,6 +540,14 @@ class _Lines:
         controls = _controls(self.data)
         if len(controls):
             self.dirty[np.searchsorted(self.ends, controls)] = True
+        if not self.data.isascii():
+            self.dirty[np.searchsorted(self.ends, np.flatnonzero(self.arr >= 128))] = True
+        glued = _glued(self.data, self.arr)
+        if len(glued):
+            # a "[rank"/"[default" past a line's start (a prefix after the first one, or one
+            # glued on by interleaved writes): the per-line path splits or re-reads those
+            at_start = np.isin(glued, self.starts)
+            self.dirty[np.searchsorted(self.ends, glued[~at_start])] = True
         offsets = np.concatenate((self.starts, [len(self.data)])).astype(np.int32)
         self.array = pa.Array.from_buffers(
             pa.binary(), len(self.starts), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
@@ -538,6 +555,22 @@ class _Lines:
 
     def block_of(self, line: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.block_first, line, side="right") - 1
+
+
+def _glued(data: bytes, arr: np.ndarray) -> np.ndarray:
+    """Offsets of ``[rank`` and ``[default`` in ``data``."""
+    found = []
+    opens: np.ndarray | None = None
+    for word in (b"[rank", b"[default"):
+        if word not in data:
+            continue
+        if opens is None:
+            opens = np.flatnonzero(arr == 91)
+        ok = np.ones(len(opens), dtype=bool)
+        for j, byte in enumerate(word[1:], start=1):
+            ok &= arr[np.minimum(opens + j, len(arr) - 1)] == byte
+        found.append(opens[ok])
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
 
 def _controls(data: bytes) -> np.ndarray:
