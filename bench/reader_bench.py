@@ -28,15 +28,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.log_bench import _ere  # noqa: E402
-from bench.multirank_log import generate  # noqa: E402
 from oomlens.ingest.log import ANCHORS  # noqa: E402
 
 MiB = 1024**2
+GENERATE = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from typing import Any
+from bench.multirank_log import generate
+counts = generate(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], ranks=int(sys.argv[4]))
+print(" ".join(f"{{k}}={{v}}" for k, v in counts.items()))
+"""
 READER = """
 import hashlib, sys
 from oomlens.ingest.log import read_log
@@ -48,7 +57,7 @@ print(f"lines={facts.lines} memory_samples={sum(s.total_samples for s in facts.m
 """
 
 
-def _measure(command: list[str]) -> dict[str, object]:
+def _measure(command: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     with tempfile.TemporaryFile() as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
@@ -74,7 +83,15 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
     for shape, target in (("dense", 3.0), ("sparse", 2.0)):
         path = workdir / f"{shape}.log"
         start = time.perf_counter()
-        counts = generate(path, int(args.size_gb * 1024**3), shape, ranks=args.ranks)
+        # generated in a child: a child's peak RSS counts its parent's memory at fork time
+        made = subprocess.run(
+            [sys.executable, "-c", GENERATE, str(path), str(int(args.size_gb * 1024**3)), shape]
+            + [str(args.ranks)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        counts = {k: int(v) for k, v in (x.split("=") for x in made.stdout.split())}
         print(
             f"\n{shape}: {counts['bytes'] / MiB:.0f} MiB, {counts['lines']:,} lines, "
             f"{args.ranks} ranks (generated in {time.perf_counter() - start:.0f} s)",

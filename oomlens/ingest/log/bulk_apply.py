@@ -285,7 +285,8 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
 
     for r in np.flatnonzero(labels == bulk.LABEL_DEFERRED).tolist():
         labels[r] = text_id(run.deferred(int(j[r])))
-    for r, p in enumerate(pending):
+    for r in np.flatnonzero(line < 0).tolist():
+        p = pending[r]
         if p is not None:
             values[r] = (p[2].allocated, p[2].max_allocated, p[2].reserved)
             ranks[r] = -1 if p[0].rank is None else p[0].rank
@@ -461,6 +462,17 @@ def _labels(
     width = int(labels.max()) + 1
     pair = keeper_of[labelled] * width + labels[labelled]
     accepted: dict[int, tuple[RunningStats, RunningStats]] = {}
+    # A keeper that follows MAX_LABELS labels takes no new one: only its own labels matter,
+    # looked up once per label text of the run rather than once per (keeper, label).
+    full = np.asarray([k is not None and len(k.labels) >= MAX_LABELS for k in keepers])
+    if full.any():
+        ids = np.unique(labels[labelled])
+        known = np.zeros((len(keepers), width), dtype=bool)
+        for k in np.flatnonzero(full).tolist():
+            followed = keepers[k].labels  # type: ignore[union-attr]
+            known[k, ids] = [texts[i] in followed for i in ids.tolist()]
+        wanted = ~full[keeper_of[labelled]] | known[keeper_of[labelled], labels[labelled]]
+        labelled, pair = labelled[wanted], pair[wanted]
     for combined in _first_occurrences(pair):
         keeper = keepers[combined // width]
         assert keeper is not None
