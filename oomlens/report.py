@@ -1,6 +1,7 @@
 """The result of an analysis: the verdict, the ranked diagnoses, and the facts behind them.
 
-Renderers read only a ``Report``, and the report's vocabulary (``Diagnosis``, ``Evidence``,
+Renderers read only a ``Report`` (or ``oomlens check``'s ``CheckReport``, ``oomlens whatif``'s
+``WhatIfReport``), and the report's vocabulary (``Diagnosis``, ``Evidence``,
 ``Fix``, ``Severity``, re-exported here from ``oomlens.diagnosis``).  ``assemble(facts,
 thresholds)`` makes one: the verdict is decided from facts alone (what happened: a GPU OOM, a
 host OOM kill, a rejected config, another failure, nothing), the rules' diagnoses say why, most
@@ -34,6 +35,7 @@ from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
+from oomlens.facts.whatif import WhatIf
 from oomlens.rules._common import (
     CAPTURE_CONFIG,
     CAPTURE_KERNEL,
@@ -132,6 +134,16 @@ class CheckReport:
 
     document: ClassVar[str] = "check"
     preflight: Preflight
+    oomlens_version: str = __version__
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfReport:
+    """What ``oomlens whatif`` found: a snapshot's recording replayed under other allocator
+    settings (``oomlens.analysis.whatif``)."""
+
+    document: ClassVar[str] = "whatif"
+    whatif: WhatIf
     oomlens_version: str = __version__
 
 

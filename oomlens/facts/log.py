@@ -587,6 +587,33 @@ class AllocatorSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """What a whole card had in use, by every process, as a tool printed it: an
+    ``nvidia-smi`` usage row (``78000MiB / 81920MiB``; ``origin`` ``nvidia_smi``) or a
+    script's ``1998 MiB free of 143156 MiB`` (``script``).  ``device`` when the table or the
+    line says it."""
+
+    source: SourceRef
+    device: int | None
+    used: int
+    total: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A row of ``nvidia-smi``'s process table: who holds how much of which card (``kind``
+    ``C`` compute, ``G`` graphics such as Xorg, ``C+G``); ``used`` None for ``N/A``."""
+
+    source: SourceRef
+    device: int
+    pid: int
+    kind: str
+    name: str
+    used: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LogFacts:
     """Everything ``read_log`` found in one training log.
 
@@ -654,6 +681,8 @@ class LogFacts:
     partial_tracebacks: tuple[ExceptionEvent, ...] = ()
     """The last few of those, with their frames and the phase the frames show
     (``exception_class`` is ''): what a window inside a traceback still tells."""
+    gpu_usage: tuple[GpuUsage, ...] = ()
+    gpu_processes: tuple[GpuProcess, ...] = ()
     line_by_line: bool = False
     """The input was small enough to be read line by line with the wider anchor table (a
     paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""

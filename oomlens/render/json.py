@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent
 from oomlens.facts.memory_model import CapacityVerdict, Device
 from oomlens.facts.ranks import RankStatus
 from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.render.whatif import whatif_to_dict
 from oomlens.report import (
     CHECK_SCHEMA_VERSION,
     SCHEMA_VERSION,
@@ -24,8 +25,12 @@ from oomlens.report import (
     Evidence,
     Fix,
     Report,
+    WhatIfReport,
 )
 from oomlens.untrusted import strip_controls
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 MAX_OOM_EVENTS = 64
 """Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""
@@ -295,12 +300,14 @@ def _json_safe(value: object) -> bool:
 class JsonRenderer(Renderer):
     format: ClassVar[Format] = Format.JSON
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
-        data = (
-            check_to_dict(document)
-            if isinstance(document, CheckReport)
-            else report_to_dict(document)
-        )
+    def render(self, document: Document, options: RenderOptions) -> str:
+        data: dict[str, Any]
+        if isinstance(document, CheckReport):
+            data = check_to_dict(document)
+        elif isinstance(document, WhatIfReport):
+            data = _stripped(whatif_to_dict(document))
+        else:
+            data = report_to_dict(document)
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 

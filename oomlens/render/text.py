@@ -8,15 +8,19 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import click
 
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
-from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
+from oomlens.render.whatif import whatif_text
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict, WhatIfReport
 from oomlens.units import format_size
 from oomlens.untrusted import strip_controls
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 _VERDICT_COLOUR = {
     Verdict.GPU_OOM: "red",
@@ -112,9 +116,11 @@ def render_text(report: Report, *, colour: bool = False) -> str:
 class TextRenderer(Renderer):
     format: ClassVar[Format] = Format.TEXT
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+    def render(self, document: Document, options: RenderOptions) -> str:
         if isinstance(document, CheckReport):
             return check_text(document) + "\n"
+        if isinstance(document, WhatIfReport):
+            return whatif_text(document)
         return render_text(document, colour=options.colour)
 
 

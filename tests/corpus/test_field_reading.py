@@ -75,3 +75,55 @@ def test_a_csv_is_refused(tmp_path: Path) -> None:
     target.write_text("step,loss\n" + "".join(f"{s},{2.5 - s / 100:.3f}\n" for s in range(20)))
     with pytest.raises(NoUsableInputError, match="a CSV table, not a log"):
         analyze([target], options=OPTIONS)
+
+
+def _decorate(text: str, how: str) -> str:
+    if how == "quoted":
+        return "".join(f"> {line}\n" for line in text.splitlines())
+    if how == "crlf":
+        return text.replace("\n", "\r\n")
+    if how == "ansi":
+        return "".join(f"\x1b[1;31m{line}\x1b[0m\n" for line in text.splitlines())
+    assert how == "nbsp"
+    return text.replace(" ", "\u00a0")
+
+
+@pytest.mark.parametrize("how", ["quoted", "crlf", "ansi", "nbsp"])
+def test_decorating_every_paste_changes_no_number(tmp_path: Path, how: str) -> None:
+    for case in CASES:
+        expected = _manifest(case).get("oom_numbers")
+        paste_file = FIELD / case / "paste.txt"
+        target = tmp_path / f"{case}.txt"
+        target.write_bytes(_decorate(paste_file.read_text(errors="replace"), how).encode())
+        report = report_to_dict(analyze([target], options=OPTIONS))
+        assert report["verdict"] != "no_failure", (case, report["verdict_reason"])
+        if not expected:
+            continue
+        first = report["oom_events"][0]
+        for key, printed in expected.items():
+            want = printed if key == "device" else _printed(printed)
+            assert first[key] == want, (case, key)
+
+
+@pytest.mark.parametrize("width", [13, 23, 47, 80])
+def test_wrapping_every_paste_at_any_width_changes_no_number(tmp_path: Path, width: int) -> None:
+    # a terminal (or a paste box) cuts every line at a column, wherever it falls
+    for case in CASES:
+        text = (FIELD / case / "paste.txt").read_text(errors="replace")
+        wrapped = "\n".join(
+            line[i : i + width]
+            for line in text.splitlines()
+            for i in range(0, max(len(line), 1), width)
+        )
+        target = tmp_path / f"{case}.txt"
+        target.write_text(wrapped + "\n")
+        report = report_to_dict(analyze([target], options=OPTIONS))
+        assert report["verdict"] != "no_failure", (case, report["verdict_reason"])
+        expected = _manifest(case).get("oom_numbers")
+        if not expected:
+            continue
+        assert report["oom_events"], case
+        first = report["oom_events"][0]
+        for key, printed in expected.items():
+            want = printed if key == "device" else _printed(printed)
+            assert first[key] == want, (case, key)

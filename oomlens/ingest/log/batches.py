@@ -121,10 +121,11 @@ def _read_line_by_line(reader: LogReader) -> int:
     for block in reader.source.blocks(number_lines=False):
         if reader.every_line and reader.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
             reader.every_line = False
-        batch = _Batch([block.data], tail)
-        scan = bulk.scan_batch(batch.data(), batch.starts, tail, paste=reader.every_line)
+        data = bulk.plain_spaces(block.data) if reader.every_line else block.data
+        batch = _Batch([data], tail)
+        scan = bulk.scan_batch(data, batch.starts, tail, paste=reader.every_line)
         number = _process(reader, batch, scan, number)
-        tail = block.data[-TAIL_BYTES:]
+        tail = data[-TAIL_BYTES:]
     return number
 
 

@@ -17,7 +17,10 @@ TB, OOM, TERMINATE, DS_MEMORY, DS_CPU, FLUSH, CONFIG_DUMP, BATCH, CONFIG_ERROR =
     1 << i for i in range(9)
 )
 LAUNCHER, WORLD, AGENT, SUMMARY, PEER, KERNEL, STEP, PARAMS = (1 << i for i in range(9, 17))
-EXCEPTION, COMPLETION, PLATFORM, SIGNAL, ALLOC_SUMMARY = (1 << i for i in range(17, 22))
+EXCEPTION, COMPLETION, PLATFORM, SIGNAL, ALLOC_SUMMARY, GPU_TABLE, OOM_START = (
+    1 << i for i in range(17, 24)
+)
+"""``OOM_START``: a line where the squeezed text of a paste shows an OOM message beginning."""
 
 COMPLETION_ANCHORS: tuple[bytes, ...] = (b"exits successfully", b"inished")
 """A run that ended normally (``inished``: ``training finished``, ``Finished training``,
@@ -101,6 +104,7 @@ _PASTE_CATEGORIES: tuple[tuple[int, tuple[bytes, ...]], ...] = (
     ),
     (SUMMARY, (b"Root Cause (first observed failure)", b" FAILED")),
     (STEP, (b"step", b"Step", b"epoch", b"Epoch", b"iter")),
+    (GPU_TABLE, (b"MiB /", b"MiB |", b" free of ", b"MiB  |", b" On ", b" Off ")),
     (ALLOC_SUMMARY, (b"CUDA OOMs", b"memory summary", b"Allocated memory", b"reserved memory")),
 )
 """Read only on inputs small enough to read line by line (a paste, a window of a log): what is

@@ -36,13 +36,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oomlens.ingest.log import deepspeed, steps
+from oomlens.ingest.log import deepspeed, steps, torch_oom
 from oomlens.ingest.log.bits import (
     ANCHOR_BITS,
     ANCHORS,
     DS_CPU,
     DS_MEMORY,
     FLUSH,
+    OOM,
+    OOM_START,
     PASTE_ANCHOR_BITS,
     PASTE_ANCHORS,
     STEP,
@@ -218,10 +220,37 @@ class _Anchors:
 
     @classmethod
     def paste_hits(cls, data: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """The same with the wider table of inputs read line by line."""
+        """The same with the wider table of inputs read line by line, and the starts of the
+        lines where an OOM message begins in the paste's squeezed text (an anchor a wrap cut in
+        two is found there), as ``OOM | OOM_START`` hits."""
         if cls._paste is None:
             cls._paste = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
-        return cls._paste.arrays(data)
+        offsets, bits = cls._paste.arrays(data)
+        text = data.decode("utf-8", "replace")
+        starts = torch_oom.message_starts(text)
+        if not starts:
+            return offsets, bits
+        newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        extra = []
+        for start in starts:
+            line = text.count("\n", 0, start)  # the bytes' line: decoding keeps every newline
+            extra.append(int(newlines[line - 1]) + 1 if line else 0)
+        offsets = np.concatenate((offsets, np.asarray(extra, dtype=np.int64)))
+        bits = np.concatenate((bits, np.full(len(extra), OOM | OOM_START, dtype=np.int64)))
+        order = np.argsort(offsets, kind="stable")
+        return offsets[order], bits[order]
+
+
+_SPACES = (b"\xc2\xa0", b"\xe2\x80\xaf", b"\xe2\x80\x87", b"\xe3\x80\x80")
+
+
+def plain_spaces(data: bytes) -> bytes:
+    """A paste's non-breaking and ideographic spaces as spaces, before the anchors are searched:
+    a browser or a CJK input method puts them between the words an anchor is made of."""
+    for space in _SPACES:
+        if space in data:
+            data = data.replace(space, b" ")
+    return data
 
 
 _HEAD = 32

@@ -576,7 +576,8 @@ def _steps(run: Run) -> None:
     for rank in _first_occurrences(text_rank):
         key = None if rank < 0 else rank
         if key in reader.last_by_rank or len(reader.last_by_rank) < MAX_STREAMS:
-            reader.last_by_rank[key] = sample(last_of[rank])
+            last = reader.last_by_rank[key] = sample(last_of[rank])
+            reader.progress_line[key] = last.source.line or 0
 
 
 __all__ = ["apply_run", "grouped_sums", "stream_key", "when_of"]

@@ -1,10 +1,20 @@
-"""The ``LogFacts`` a finished pass of the log reader hands back."""
+"""The ``LogFacts`` a finished pass of the log reader hands back, and the folding of failure
+summaries' quotes into the OOMs they quote."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from oomlens.facts.log import CacheFlushSummary, LogFacts, OomEvent, StepSeries
+from oomlens.facts.log import (
+    CacheFlushSummary,
+    LogFacts,
+    OomEvent,
+    Phase,
+    ProcessFailure,
+    StepSeries,
+)
+from oomlens.ingest.log.state import BoundedList
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
@@ -108,6 +118,8 @@ def log_facts(reader: LogReader) -> LogFacts:
         allocator_summaries=tuple(reader.alloc_summaries.items),
         tracebacks_cut=reader.cut_tracebacks,
         partial_tracebacks=tuple(reader.partial),
+        gpu_usage=tuple(reader.gpu_usage.items),
+        gpu_processes=tuple(reader.gpu_processes.items),
         line_by_line=reader.line_by_line,
     )
 
@@ -133,9 +145,8 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     for event in events:
         line = event.source.line or 0
         raised = event.traceback is not None and not event.traceback.headless
-        later_step = reader.last_by_rank.get(event.source.rank)
         logged = event.traceback is None and not event.message.exception_class
-        progressed = later_step is not None and (later_step.source.line or 0) > line
+        progressed = reader.progress_line.get(event.source.rank, 0) > line
         if (
             not raised
             and event.origin == "log"
@@ -145,3 +156,53 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
         else:
             uncaught.append(event)
     return tuple(uncaught), tuple(caught)
+
+
+def _oom_key(event: OomEvent) -> tuple[object, ...]:
+    m = event.message
+    return (m.kind, m.tried_to_allocate, m.total_capacity, m.free, m.process_in_use, m.text[:400])
+
+
+def fold_summary_ooms(oom: BoundedList[OomEvent], summary_ooms: list[ProcessFailure]) -> None:
+    """A failure summary quotes the OOM its worker printed before: fold each quote into the
+    latest earlier event with the same message (giving it the summary's rank when it had
+    none); a quote with no such event becomes an event of its own."""
+    events: list[OomEvent] = oom.items
+    by_key: dict[tuple[object, ...], list[int]] = {}
+    for index, event in enumerate(events):
+        by_key.setdefault(_oom_key(event), []).append(index)
+    for failure in summary_ooms:
+        assert failure.oom is not None
+        quote = OomEvent(
+            failure.source,
+            failure.oom,
+            Phase.UNKNOWN,
+            None,
+            None,
+            "failure_summary",
+            failure.timestamp,
+            False,
+            failure.local_rank,
+        )
+        line = failure.source.line or 0
+        candidates = [
+            i
+            for i in by_key.get(_oom_key(quote), [])
+            if (events[i].source.line or 0) < line
+            and events[i].origin == "log"
+            and events[i].source.rank in (None, failure.rank, failure.local_rank)
+        ]
+        if not candidates:
+            oom.add(quote)
+            continue
+        index = max(candidates, key=lambda i: events[i].source.line or 0)
+        earlier = events[index]
+        source = earlier.source
+        if source.rank is None and failure.rank is not None:
+            source = replace(source, rank=failure.rank)
+        events[index] = replace(
+            earlier,
+            source=source,
+            reported_elsewhere=earlier.reported_elsewhere + 1,
+            local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank,
+        )

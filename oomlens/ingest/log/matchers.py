@@ -22,6 +22,8 @@ from oomlens.facts.log import (
     CacheFlushWarning,
     CompletionLine,
     ConfigErrorLine,
+    GpuProcess,
+    GpuUsage,
     ParamCount,
     PeerFailureSignal,
     ProcessFailure,
@@ -38,6 +40,7 @@ from oomlens.ingest.log.bits import (
     DS_MEMORY,
     EXCEPTION,
     FLUSH,
+    GPU_TABLE,
     KERNEL,
     LAUNCHER,
     OOM,
@@ -280,6 +283,28 @@ def _summary_rows(reader: LogReader, line: Line) -> bool:
     return True
 
 
+def _gpu_table(reader: LogReader, line: Line) -> bool:
+    """``nvidia-smi``'s tables (and a script's ``X MiB free of Y MiB``)."""
+    device = paste.smi_device(line.rest)
+    if device is not None:
+        reader.smi_device = device
+        return False
+    row = paste.parse_gpu_row(line.rest, reader.smi_device)
+    if row is not None:
+        origin = "nvidia_smi" if "/" in line.rest and "W" in line.rest else "script"
+        reader.gpu_usage.add(GpuUsage(line.ref, row.device, row.used, row.total, origin))
+        reader.smi_device = None
+        return False
+    process = paste.parse_gpu_process(line.rest)
+    if process is not None:
+        reader.gpu_processes.add(
+            GpuProcess(
+                line.ref, process.device, process.pid, process.kind, process.name, process.used
+            )
+        )
+    return False
+
+
 def _add_signal_failure(
     reader: LogReader, ref: SourceRef, found: paste.SignalLine, text: str
 ) -> None:
@@ -330,6 +355,7 @@ MATCHERS: tuple[LineMatcher, ...] = (
     LineMatcher(BATCH, _batch_assertion),
     LineMatcher(CONFIG_ERROR, _config_error),
     LineMatcher(LAUNCHER | COMPLETION | STEP, _completion),
+    LineMatcher(GPU_TABLE, _gpu_table),
     LineMatcher(LAUNCHER, _launcher),
     LineMatcher(PARAMS, _param_count),
     LineMatcher(WORLD, _world_size),

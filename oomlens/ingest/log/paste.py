@@ -260,3 +260,75 @@ def summary_row(text: str) -> tuple[str, int, int] | None:
         return match.group("name"), parse_size(match.group("cur")), parse_size(match.group("peak"))
     except ValueError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    device: int | None
+    used: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessRow:
+    device: int
+    pid: int
+    kind: str
+    name: str
+    used: int | None
+
+
+_SMI_NAME_ROW = regex.compile(r"\|\s{1,8}(?P<gpu>\d{1,3})\s{1,8}[A-Za-z][^|]{0,60}\|")
+_SMI_GPU_ROW = regex.compile(
+    r"\|?\s{0,8}(?:N/A|\d{1,3}%)\s{1,8}-?\d{1,3}C\s{1,8}\S{1,8}\s{1,12}(?:\d{1,5}W|N/A)\s{0,4}/"
+    r"\s{0,4}(?:\d{1,5}W|N/A)\s{1,8}\|\s{0,12}(?P<used>\d{1,9})MiB\s{0,4}/\s{0,4}"
+    r"(?P<total>\d{1,9})MiB\s{0,4}\|"
+)
+_SMI_PROCESS_ROW = regex.compile(
+    r"\|\s{1,8}(?P<gpu>\d{1,3})\s{1,12}(?:(?:N/A|\d{1,6})\s{1,12}(?:N/A|\d{1,6})\s{1,12})?"
+    r"(?P<pid>\d{1,10})\s{1,12}(?P<kind>C\+G|C|G)\s{1,12}(?P<name>\S[^|]{0,200}?)\s{1,40}"
+    r"(?P<mem>\d{1,9}MiB|N/A)\s{0,4}\|"
+)
+_FREE_OF = regex.compile(
+    r"(?P<free>\d{1,9}(?:\.\d{1,4})?) ?(?P<fu>MiB|GiB|MB|GB) free of (?P<total>\d{1,9}"
+    r"(?:\.\d{1,4})?) ?(?P<tu>MiB|GiB|MB|GB)"
+)
+
+
+def smi_device(text: str) -> int | None:
+    """The GPU index of an ``nvidia-smi`` name row (``|   0  NVIDIA H200   On  | ...``)."""
+    match = _SMI_NAME_ROW.match(text[:300])
+    return int(match.group("gpu")) if match is not None else None
+
+
+def parse_gpu_row(text: str, device: int | None) -> GpuRow | None:
+    """An ``nvidia-smi`` usage row (``| N/A 34C P0 60W / 300W | 78000MiB / 81920MiB |``) or a
+    script's ``1998 MiB free of 143156 MiB``: what the whole card had in use, by everyone."""
+    head = text[:400]
+    match = _SMI_GPU_ROW.match(head)
+    if match is not None:
+        mib = 2**20
+        return GpuRow(device, int(match.group("used")) * mib, int(match.group("total")) * mib)
+    match = _FREE_OF.search(head)
+    if match is not None:
+        free = parse_size(f"{match.group('free')} {match.group('fu')}")
+        total = parse_size(f"{match.group('total')} {match.group('tu')}")
+        if 0 <= free <= total:
+            return GpuRow(device, total - free, total)
+    return None
+
+
+def parse_gpu_process(text: str) -> GpuProcessRow | None:
+    """A row of ``nvidia-smi``'s process table
+    (``|  0  N/A  N/A  12345  C  python  78000MiB |``)."""
+    match = _SMI_PROCESS_ROW.match(text[:400])
+    if match is None:
+        return None
+    memory = match.group("mem")
+    return GpuProcessRow(
+        int(match.group("gpu")),
+        int(match.group("pid")),
+        match.group("kind"),
+        match.group("name").strip()[:200],
+        int(memory[:-3]) * 2**20 if memory != "N/A" else None,
+    )

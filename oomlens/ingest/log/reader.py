@@ -15,6 +15,12 @@ are decoded and
 matched, except while some stream (rank) has a traceback, an exception message, a failure
 summary or the config dump open: then every line is read until it closes (or goes stale).
 
+Inputs of paste size (``LINE_BY_LINE_BYTES`` on disk) are read line by line instead, with a
+wider anchor table (``bits.PASTE_ANCHORS``): what people paste is cut and wrapped anywhere,
+decorated (quote markers, fences), starts inside a traceback or mid-message, and a cheap
+anchor on the first line of every fact cannot be counted on.  Only the lines the fast pass
+would see move the clock, so the times facts carry do not depend on how an input was read.
+
 How it stays bounded: a fixed number of facts per kind (the rest counted in
 ``LogFacts.dropped``), thinned time series with running statistics, bounded tracebacks and
 messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
@@ -45,6 +51,8 @@ from oomlens.facts.log import (
     DsConfigDump,
     ExceptionEvent,
     FailureSummary,
+    GpuProcess,
+    GpuUsage,
     KilledSubprocess,
     LauncherExit,
     LogFacts,
@@ -65,11 +73,12 @@ from oomlens.ingest.log.bits import (
     EXCEPTION,
     MAIN,
     OOM,
+    OOM_START,
     SUMMARY,
     TB,
     TERMINATE,
 )
-from oomlens.ingest.log.collect import log_facts
+from oomlens.ingest.log.collect import fold_summary_ooms, log_facts
 from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
@@ -210,6 +219,12 @@ class LogReader:
         self.platform: dict[str, PlatformHint] = {}
         self.alloc_summaries = BoundedList[AllocatorSummary]("allocator_summaries", 64)
         self.alloc_device: int | None = None
+        self.smi_device: int | None = None
+        self.last_prefix: LinePrefix | None = None
+        self.progress_line: dict[int | None, int] = {}
+        """The line of each rank's last training progress (not a progress bar)."""
+        self.gpu_usage = BoundedList[GpuUsage]("gpu_usage", 64)
+        self.gpu_processes = BoundedList[GpuProcess]("gpu_processes", 64)
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
         """The matchers for each combination of line kinds seen (a handful)."""
 
@@ -220,7 +235,7 @@ class LogReader:
         self.source.stats.lines = number - 1
         self.tail = self._tail(number)
         self._close_all(at_end=True)
-        self._fold_summary_ooms()
+        fold_summary_ooms(self.oom, self.summary_ooms)
         self.oom.items.sort(key=lambda e: e.source.line or 0)
         return log_facts(self)
 
@@ -311,6 +326,19 @@ class LogReader:
                 return
         self._handle_rest(rest, prefix, number, data, start, mask)
 
+    def _wrapped_prefix(self, prefix: LinePrefix) -> LinePrefix:
+        """A terminal that wraps a prefixed line prints the prefix once: a line with none that
+        follows a rank's unfinished exception message continues that message."""
+        last, self.last_prefix = self.last_prefix, prefix
+        if prefix.key or last is None or not last.key:
+            return prefix
+        stream = self.streams.get(last.key)
+        own = self.streams.get(())
+        if stream is None or stream.tb.exception_class is None or (own is not None and own.open):
+            return prefix
+        self.last_prefix = last
+        return last
+
     def _rank_of(self, prefix: LinePrefix) -> int | None:
         if prefix.rank is not None:
             if prefix.local_rank is not None and len(self.local_to_global) < MAX_STREAMS:
@@ -334,6 +362,8 @@ class LogReader:
     def _handle_rest(
         self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int, mask: int
     ) -> None:
+        if self.every_line:
+            prefix = self._wrapped_prefix(prefix)
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
         if rank is not None and rank not in self.ranks_seen and len(self.ranks_seen) < MAX_STREAMS:
@@ -448,7 +478,7 @@ class LogReader:
                 finished = stream.tb.start_exception(
                     terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
-        elif mask & OOM and torch_oom.starts_oom(rest):
+        elif mask & OOM and (mask & OOM_START or torch_oom.starts_oom(rest)):
             cls = _EXCEPTION_CLASS.search(rest)
             now = self.time_before(data, start)
             finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
@@ -535,18 +565,6 @@ class LogReader:
                 timestamp=when,
                 timestamp_exact=False,
             )
-        )
-
-    @staticmethod
-    def _oom_key(event: OomEvent) -> tuple[object, ...]:
-        m = event.message
-        return (
-            m.kind,
-            m.tried_to_allocate,
-            m.total_capacity,
-            m.free,
-            m.process_in_use,
-            m.text[:400],
         )
 
     def _add_oom(self, event: OomEvent) -> None:
@@ -741,52 +759,6 @@ class LogReader:
         if len(self.summary_ooms) < self.limits.max_events:
             self.summary_ooms.append(failure)
 
-    def _fold_summary_ooms(self) -> None:
-        """A failure summary quotes the OOM its worker printed before: fold each quote into
-        the latest earlier event with the same message (giving it the summary's rank when it
-        had none); a quote with no such event becomes an event of its own."""
-        events: list[OomEvent] = self.oom.items
-        by_key: dict[tuple[object, ...], list[int]] = {}
-        for index, event in enumerate(events):
-            by_key.setdefault(self._oom_key(event), []).append(index)
-        for failure in self.summary_ooms:
-            assert failure.oom is not None
-            quote = OomEvent(
-                failure.source,
-                failure.oom,
-                Phase.UNKNOWN,
-                None,
-                None,
-                "failure_summary",
-                failure.timestamp,
-                False,
-                failure.local_rank,
-            )
-            line = failure.source.line or 0
-            candidates = [
-                i
-                for i in by_key.get(self._oom_key(quote), [])
-                if (events[i].source.line or 0) < line
-                and events[i].origin == "log"
-                and events[i].source.rank in (None, failure.rank, failure.local_rank)
-            ]
-            if not candidates:
-                self.oom.add(quote)
-                continue
-            index = max(candidates, key=lambda i: events[i].source.line or 0)
-            earlier = events[index]
-            source = earlier.source
-            if source.rank is None and failure.rank is not None:
-                source = replace(source, rank=failure.rank)
-            events[index] = replace(
-                earlier,
-                source=source,
-                reported_elsewhere=earlier.reported_elsewhere + 1,
-                local_rank=earlier.local_rank
-                if earlier.local_rank is not None
-                else failure.local_rank,
-            )
-
     def _finish_config_dump(self, stream: StreamState) -> None:
         collector, stream.config_dump = stream.config_dump, None
         lines, stream.config_lines = stream.config_lines, []
@@ -857,6 +829,8 @@ class LogReader:
         self.last_step_sample = sample
         if ref.rank in self.last_by_rank or len(self.last_by_rank) < MAX_STREAMS:
             self.last_by_rank[ref.rank] = sample
+            if reading.kind != "tqdm":  # a bar may be loading checkpoint shards
+                self.progress_line[ref.rank] = ref.line or 0
 
     # --- closing ----------------------------------------------------------------------------
 

@@ -201,7 +201,10 @@ def _size(number: str, unit: str) -> int:
 
 
 def _exception_class(text: str, start: int) -> str | None:
-    match = _EXCEPTION_BEFORE.search(text, max(0, start - 160), start)
+    before = text[max(0, start - 160) : start]
+    if "\n" in before:
+        before = before.replace("\n", "")  # a class name wrapped by the terminal
+    match = _EXCEPTION_BEFORE.search(before)
     return match.group("cls") if match else None
 
 
@@ -287,6 +290,29 @@ def allocator_starts(text: str) -> list[int]:
 _SQ_NEXT_MESSAGE = regex.compile(
     _BACKENDS + r"outofmemory(?=\.|\Z|Tried)|(?<!memory\.)Triedtoallocate"
 )
+_SQ_CLASS_BEFORE = regex.compile(r"[A-Za-z_][\w.]{0,120}?(?:Error|Exception):['\"]?\Z")
+
+
+def message_starts(text: str) -> list[int]:
+    """Where the OOM messages of ``text`` (a whole paste) begin, their exception class
+    included, wherever the lines were wrapped: indices into ``text``.  What a paste's lines
+    cannot show, the squeezed text does (an anchor cut in two by a wrap)."""
+    squeezed, kept = squeeze(text)
+    found: list[int] = []
+    position = 0
+    while len(found) < 1000:
+        match = _SQ_MESSAGE_START.search(squeezed, position)
+        if match is None:
+            break
+        start = match.start()
+        cls = _SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
+        found.append(kept[cls.start() if cls is not None else start])
+        after = _SQ_NEXT_MESSAGE.search(squeezed, match.end())
+        if after is None:
+            break
+        position = after.start()
+    found += [kept[m.start()] for m in _SQ_ASYNC_START.finditer(squeezed)][:100]
+    return sorted(found)
 
 
 def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | None:

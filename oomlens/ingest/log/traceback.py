@@ -41,8 +41,9 @@ CHAIN_MARKERS = (
 MAX_HEAD_FRAMES = 8
 MAX_TAIL_FRAMES = 56
 MAX_EXCEPTION_LINES = 12
-MAX_OOM_MESSAGE_LINES = 64
-"""An OOM message wrapped at a narrow column spans this many lines at most."""
+MAX_OOM_MESSAGE_LINES = 160
+"""An OOM message wrapped at a narrow column spans this many lines at most (800 characters
+at five columns)."""
 MAX_EXCEPTION_CHARS = 8000
 STALE_AFTER_LINES = 400
 """An open traceback whose stream printed nothing for this many lines of the file is closed:
@@ -189,6 +190,8 @@ class TracebackAssembler:
         if self._state == 1:
             return self._in_frames(text, stripped, shape, ref, now)
         # state 2: continuation lines of the exception message
+        if len(self._exc_lines) == MAX_EXCEPTION_LINES and looks_like_oom(self.exception_text):
+            self._exc_limit = MAX_OOM_MESSAGE_LINES  # its first line was cut before saying so
         if (
             not stripped
             or _LOG_RECORD.match(text)
@@ -229,6 +232,8 @@ class TracebackAssembler:
             return None  # source line, carets, a box's inside, or a blank inside the traceback
         match = _EXCEPTION_LINE.match(text)
         if match is None or _LOG_RECORD.match(text):
+            if self._style == "ipython" and match is None:
+                return None  # a frame line wrapped by the paste: only the exception ends it
             # Not an exception line: the traceback was cut here.
             return self.close()
         self._state = 2

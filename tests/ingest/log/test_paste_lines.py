@@ -262,3 +262,34 @@ def test_the_paste_patterns_stay_linear_on_adversarial_lines() -> None:
             pattern.match(attack, timeout=5.0)
             pattern.search(attack[:8000], timeout=5.0)
     assert torch_oom.parse_oom_message("Tried to allocate 1.00 MiB " * 3000) is not None
+
+
+def test_nvidia_smi_tables_in_a_paste() -> None:
+    mib = 2**20
+    # gpt2chitchat-19: four cards, the first one full
+    usage = read_log(paste_path("gpt2chitchat-19")).gpu_usage
+    assert [(u.device, u.used, u.total, u.origin) for u in usage] == [
+        (0, 15514 * mib, 16130 * mib, "nvidia_smi"),
+        (1, 0, 16130 * mib, "nvidia_smi"),
+        (2, 0, 16130 * mib, "nvidia_smi"),
+        (3, 0, 16130 * mib, "nvidia_smi"),
+    ]
+    # textsum-4: the usage row pasted without its leading "|"
+    [row] = read_log(paste_path("textsum-4")).gpu_usage
+    assert (row.used, row.total) == (0, 12194 * mib)
+    # so-70074789: the process table (Xorg and gnome-shell on the card)
+    processes = read_log(paste_path("so-70074789")).gpu_processes
+    assert [(p.device, p.pid, p.kind, p.name, p.used) for p in processes] == [
+        (0, 1047, "G", "/usr/lib/xorg/Xorg", 168 * mib),
+        (0, 5521, "G", "/usr/lib/xorg/Xorg", 363 * mib),
+        (0, 5637, "G", "/usr/bin/gnome-shell", 161 * mib),
+    ]
+
+
+def test_a_scripts_free_of_total_line(tmp_path: Path) -> None:
+    # the shape of a script printing torch.cuda.mem_get_info() before loading its model
+    path = _write(tmp_path, ["model 125m: 134M parameters; 1998 MiB free of 143156 MiB"])
+    facts = read_log(path)
+    [row] = facts.gpu_usage
+    assert (row.used, row.total, row.origin) == ((143156 - 1998) * 2**20, 143156 * 2**20, "script")
+    assert facts.param_count is not None and facts.param_count.total == 134_000_000

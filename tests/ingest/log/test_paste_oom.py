@@ -228,3 +228,15 @@ def test_several_messages_are_split_only_at_a_new_message() -> None:
     assert len(parse_oom_messages(one)) == 1
     two = parse_oom_messages(one + " " + one.replace("(GPU 0;", "(GPU 1;"))
     assert [m.device for m in two] == [0, 1]
+
+
+@pytest.mark.parametrize("width", [40, 80, 133])
+def test_a_ranks_message_wrapped_by_the_terminal_keeps_its_rank(tmp_path: Path, width: int) -> None:
+    # swift-7826's "[rank3]: torch.OutOfMemoryError: ..." line: the terminal prints the prefix
+    # once, the wrapped rest of the line has none
+    line = line_with("swift-7826", "Tried to allocate")
+    target = tmp_path / "paste.txt"
+    target.write_text("\n".join(line[i : i + width] for i in range(0, len(line), width)) + "\n")
+    [event] = read_log(target).oom_events
+    assert event.source.rank == 3 and event.message.complete
+    _assert_exact(event.message, "swift-7826")
