@@ -12,7 +12,7 @@ that block's lines and the next block's).
 Scanning is pure (a batch's bytes in, arrays out), so it is what runs in parallel: with
 ``jobs`` > 1, up to ``2 * jobs`` batches are scanned by worker processes while the reader reads
 the earlier ones, and the reader applies every result in input order.  The facts are the same
-whatever ``jobs`` is (tested); memory grows by the batches in flight (8 blocks each).
+whatever ``jobs`` is (tested); memory grows by the batches in flight (``BATCH_BLOCKS`` blocks each).
 """
 
 from __future__ import annotations
@@ -179,6 +179,9 @@ def _process_blocks(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, numb
         if scan.progress_bars[b]:
             reader.sample_progress_bar(block, number)
         reader.prev_tail = block[-TAIL_BYTES:]
+        # the input's last bytes (its tail lines), whatever the blocks: a short block adds on
+        ends = reader.end_bytes + block if len(block) < TAIL_BYTES else block
+        reader.end_bytes = ends[-TAIL_BYTES:]
         number += count
         line_base += count
     return number

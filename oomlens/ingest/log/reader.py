@@ -168,6 +168,8 @@ class LogReader:
         self.ranks_seen: set[int] = set()
         self.hosts_seen: set[str] = set()
         self.prev_tail = b""
+        self.end_bytes = b""
+        """The input's last 16 KiB read, across blocks (``batches``)."""
         self.block_data = b""
         self.in_traceback = False
         self.prefix_chars = 0
@@ -240,8 +242,9 @@ class LogReader:
         return log_facts(self)
 
     def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
-        """The last ``TAIL_LINES`` lines of the input, from the last block's bytes."""
-        data = self.prev_tail
+        """The last ``TAIL_LINES`` lines of the input, from its last 16 KiB (of however many
+        blocks: the same lines whatever the block size)."""
+        data = self.end_bytes
         if not data:
             return ()
         lines = data.split(b"\n")
