@@ -12,7 +12,8 @@ process and the workers it waited for) and peak RSS come from ``wait4``.  ``ooml
 print a digest of the facts: the same digest for every ``--jobs`` (checked here).  Snapshots:
 ``bench/snapshot_bench.py`` (100 MB and 1 GB, corpus shape, stacks='all'), its table as is.
 
-    python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--skip-snapshots] [--dir /tmp]
+    python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--rounds 3] [--skip-snapshots]
+                                 [--dir /tmp]
 
 Targets (issue 15): dense <= 3x grep, sparse <= 2x grep (wall), peak RSS <= 200 MiB;
 snapshot <= 1.3x a bare ``pickle.load``, peak <= 1.2x.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,23 +59,39 @@ print(f"lines={facts.lines} memory_samples={sum(s.total_samples for s in facts.m
 """
 
 
+TIME = shutil.which("time", path="/usr/bin:/bin")
+
+
 def _measure(command: list[str]) -> dict[str, Any]:
+    """Wall and CPU seconds (the command and the children it waited for) and peak RSS.  A
+    process's peak RSS survives exec and starts at its parent's at fork, so the peak comes from
+    GNU time where there is one (a small parent) rather than from this process's ``wait4``."""
     start = time.perf_counter()
-    with tempfile.TemporaryFile() as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    with tempfile.TemporaryFile() as sink, tempfile.NamedTemporaryFile("r") as peak:
+        timed = [TIME, "-f", "%M", "-o", peak.name, *command] if TIME else command
+        process = subprocess.Popen(timed, stdout=sink, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - start
         sink.seek(0)
         output = sink.read().decode(errors="replace").strip()
+        kib = int(peak.read().split()[-1]) if TIME else usage.ru_maxrss
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):
         raise SystemExit(f"{command[0]} failed ({code}): {output[-2000:]}")
     return {
         "wall": wall,
         "cpu": usage.ru_utime + usage.ru_stime,
-        "rss": usage.ru_maxrss * 1024 / MiB,
+        "rss": kib * 1024 / MiB,
         "out": output,
     }
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    row = dict(runs[0])
+    for key in ("wall", "cpu", "rss"):
+        row[key] = statistics.median(float(r[key]) for r in runs)
+    row["out"] = " | ".join(sorted({str(r["out"]) for r in runs}))
+    return row
 
 
 def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
@@ -98,11 +116,18 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
             flush=True,
         )
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-        rows = {"grep -c -E": _measure([grep, "-c", "-E", pattern, str(path)])}
+        commands = {"grep -c -E": [grep, "-c", "-E", pattern, str(path)]}
         for jobs in args.jobs:
-            rows[f"oomlens --jobs {jobs}"] = _measure(
-                [sys.executable, "-c", READER, str(path), str(jobs)]
-            )
+            commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
+            commands[f"oomlens --jobs {jobs}"].append(str(jobs))
+        # interleaved rounds, medians: on a shared machine a load spike hits one round of
+        # every row rather than every round of one row
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
+        for _ in range(args.rounds):
+            for name, command in commands.items():
+                runs[name].append(_measure(command))
+        rows = {name: _median(measured) for name, measured in runs.items()}
+        print(f"  {args.rounds} round(s), medians; load average {os.getloadavg()[0]:.1f} after")
         base = rows["grep -c -E"]
         print(f"{'':<20}{'wall s':>8}{'cpu s':>8}{'MB/s':>7}{'peak MiB':>10}{'wall/grep':>11}")
         for name, row in rows.items():
@@ -137,6 +162,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dir", default=None, help="where the logs are written (then removed)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved; medians reported")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
     parser.add_argument("--snapshot-mb", type=float, nargs="+", default=[100.0, 1000.0])
