@@ -267,8 +267,10 @@ def training_workload(
             )
             scratch = memory.alloc(batch * tokens * 4, frames=rng.choice(stacks))
             memory.free(scratch)
-            small = [memory.alloc(rng.choice((512, 2048, 8192)), frames=rng.choice(stacks))
-                     for _ in range(3)]
+            small = [
+                memory.alloc(rng.choice((512, 2048, 8192)), frames=rng.choice(stacks))
+                for _ in range(3)
+            ]
             for handle in small:
                 memory.free(handle)
         logits = memory.alloc(batch * tokens * vocab * 2, frames=rng.choice(stacks))
@@ -282,8 +284,12 @@ def training_workload(
                 for factor in (3, 1, 4, 4)
             )
         if not states:
-            states = [memory.alloc(width * width * 4 * factor, frames=rng.choice(stacks))
-                      for _ in range(layers) for factor in (3, 1, 4, 4) for _ in range(2)]
+            states = [
+                memory.alloc(width * width * 4 * factor, frames=rng.choice(stacks))
+                for _ in range(layers)
+                for factor in (3, 1, 4, 4)
+                for _ in range(2)
+            ]
         for handle in grads:
             memory.free(handle)
         step += 1
@@ -402,10 +408,14 @@ def main() -> None:
         f"  rewind + limit + self-check:    {figures['rewind_limit_selfcheck_s']:7.2f} s "
         f"(passed: {figures['self_check_passed']})"
     )
-    print(f"  one replay (best of 5):         {figures['one_replay_s']:7.2f} s "
-          f"({figures['one_replay_s'] / figures['bare_s']:.2f}x the bare load beside it)")
-    print(f"  whatif, default ladder:         {figures['whatif_ladder_s']:7.2f} s "
-          f"({figures['predictions']} settings)")
+    print(
+        f"  one replay (best of 5):         {figures['one_replay_s']:7.2f} s "
+        f"({figures['one_replay_s'] / figures['bare_s']:.2f}x the bare load beside it)"
+    )
+    print(
+        f"  whatif, default ladder:         {figures['whatif_ladder_s']:7.2f} s "
+        f"({figures['predictions']} settings)"
+    )
     if args.file is None and not args.keep:
         os.unlink(path)
 

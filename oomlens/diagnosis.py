@@ -36,6 +36,8 @@ class EvidenceKind(StrEnum):
     CONFIG = "config"
     KERNEL = "kernel"
     ERROR_FILE = "error_file"
+    CAPTURE = "capture"
+    """A record of an oomlens capture (its file and line)."""
     DERIVED = "derived"
     """A number oomlens computed from other evidence (the arithmetic is in ``text``)."""
 

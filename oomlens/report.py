@@ -31,6 +31,7 @@ from oomlens.diagnosis import (
     Unit,
 )
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import CaptureEnd
 from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
@@ -228,6 +229,16 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             Verdict.HOST_OOM,
             f"the scheduler reported an OOM kill ({slurm_kills[0].source.describe()})",
         )
+    captured = facts.captured_kills()
+    if captured:
+        killed = captured[0]
+        gone = killed.gone
+        assert gone is not None
+        who = f"rank {killed.rank}" if killed.rank is not None else "a process"
+        return Verdict.HOST_OOM, (
+            f"{who} (pid {killed.pid}) disappeared without a word while its cgroup counted "
+            f"{gone.oom_kills} OOM kill(s) (memory.events, {gone.source.describe()})"
+        )
     if host_events:
         return Verdict.HOST_OOM, f"a host allocation failed ({host_events[0].source.describe()})"
     sigkilled = facts.sigkilled_at()
@@ -254,6 +265,17 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
                 f"{failed.first_source.describe()}, with no memory error"
             )
         return Verdict.OTHER_FAILURE, "the run failed with no memory error"
+    vanished = [c for c in facts.captures if c.end in (CaptureEnd.KILLED, CaptureEnd.VANISHED)]
+    if vanished:
+        quiet = vanished[0]
+        last = quiet.last_record
+        return Verdict.UNKNOWN, (
+            f"rank {quiet.rank} ended without an exit record ({quiet.end.value}, last record "
+            f"{last.isoformat(sep=' ', timespec='seconds') if last else '?'}): killed by a "
+            "signal, or still running when the capture was read"
+        )
+    if facts.captures and not facts.logs:
+        return Verdict.NO_FAILURE, "every captured rank exited with status 0"
     readable_logs = [log for log in facts.logs if log.lines]
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
@@ -305,7 +327,7 @@ def insufficient_evidence(
             missing.append(CAPTURE_SNAPSHOT)
         if not any(True for _ in facts.memory_series()):
             missing.append(CAPTURE_MEMORY_SERIES)
-    if verdict is Verdict.HOST_OOM and not facts.kernel_oom_kills():
+    if verdict is Verdict.HOST_OOM and not (facts.kernel_oom_kills() or facts.captured_kills()):
         missing.append(CAPTURE_KERNEL)
     if facts.config is None:
         missing.append(CAPTURE_CONFIG)

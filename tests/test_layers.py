@@ -31,7 +31,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_every_import_goes_down_the_layers() -> None:
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "1 kept, 0 broken" in result.stdout
+    assert "2 kept, 0 broken" in result.stdout
 
 
 def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
@@ -44,3 +44,17 @@ def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert "oomlens.rules.thresholds -> oomlens.report" in result.stdout
+
+
+def test_the_capture_may_import_nothing_of_oomlens_but_itself(tmp_path: Path) -> None:
+    # GIVEN a copy where the capture (it runs inside the training) imports a helper of the
+    # analysis side, one layer below it and so allowed by the layers contract
+    shutil.copytree(ROOT / "oomlens", tmp_path / "oomlens", ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    settings = tmp_path / "oomlens" / "capture" / "settings.py"
+    settings.write_text(settings.read_text() + "\nimport oomlens.units  # noqa\n")
+    # WHEN the contracts are checked THEN the capture's own contract is broken
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert "oomlens.capture.settings -> oomlens.units" in result.stdout
+    assert "1 kept, 1 broken" in result.stdout

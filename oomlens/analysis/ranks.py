@@ -24,10 +24,11 @@ the single rank that failed on its own, when exactly one did (``attributed=True`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
     ErrorFileFacts,
@@ -50,6 +51,7 @@ class _Builder:
     kills: list[KernelOomKill] = field(default_factory=list)
     peer_evidence: list[tuple[SourceRef, str]] = field(default_factory=list)
     attributed: bool = False
+    captured_kill: RankCapture | None = None
 
 
 def _rank_of_failure(failure: ProcessFailure) -> int | None:
@@ -60,6 +62,7 @@ def rank_picture(
     logs: Sequence[LogFacts],
     error_files: Sequence[ErrorFileFacts] = (),
     kernel_logs: Sequence[KernelLogFacts] = (),
+    captures: Sequence[RankCapture] = (),
 ) -> RankPicture:
     builders: dict[int | None, _Builder] = {}
 
@@ -119,12 +122,15 @@ def rank_picture(
         ):
             # the error file repeats the OOM its rank printed; keep it only when it was not seen
             builder(rank).ooms.append(quoted)
+    for capture in captures:
+        _add_capture(builder(capture.rank), capture, pid_rank, builders.get(None))
     for kill in kernel_kills:
         if kill.pid in pid_rank:
             builder(pid_rank[kill.pid]).kills.append(kill)
 
     single_process = (
         set(builders) == {None}
+        and len(captures) <= 1
         and not any(facts.ranks_seen for facts in logs)
         and not any(facts.world_size is not None and facts.world_size.value != 1 for facts in logs)
     )
@@ -166,6 +172,61 @@ def rank_picture(
     return RankPicture(ranks, first, basis, victims, tuple(timed_out), tuple(stragglers), exits)
 
 
+def _message_key(event: OomEvent) -> str:
+    return " ".join(event.message.text.split())[:300]
+
+
+def _add_capture(
+    b: _Builder,
+    capture: RankCapture,
+    pid_rank: dict[int, int | None],
+    unranked: _Builder | None,
+) -> None:
+    """What the capture of this rank recorded, unless its log already said it.  The log's
+    copy of an OOM stays the cited one; the capture adds its rank and time when the log had
+    none."""
+    if capture.pid is not None:
+        pid_rank.setdefault(capture.pid, capture.rank)
+    for event in capture.oom_events:
+        key = _message_key(event)
+        same = [i for i, e in enumerate(b.ooms) if _message_key(e) == key]
+        if same:
+            logged = b.ooms[same[0]]
+            if logged.timestamp is None and event.timestamp is not None:
+                b.ooms[same[0]] = replace(
+                    logged, timestamp=event.timestamp, timestamp_exact=event.timestamp_exact
+                )
+            continue
+        loose = (
+            []
+            if unranked is None
+            else [i for i, e in enumerate(unranked.ooms) if _message_key(e) == key]
+        )
+        if loose and unranked is not None:
+            logged = unranked.ooms.pop(loose[0])
+            b.ooms.append(
+                replace(
+                    logged,
+                    source=replace(logged.source, rank=capture.rank),
+                    timestamp=logged.timestamp or event.timestamp,
+                    timestamp_exact=logged.timestamp_exact
+                    if logged.timestamp
+                    else event.timestamp_exact,
+                )
+            )
+            b.attributed = True
+        else:
+            b.ooms.append(event)
+    known = {(e.exception_class, " ".join(e.text.split())[:300]) for e in b.exceptions}
+    b.exceptions.extend(
+        e
+        for e in capture.exceptions
+        if (e.exception_class, " ".join(e.text.split())[:300]) not in known
+    )
+    if capture.killed_for_memory:
+        b.captured_kill = capture
+
+
 def _earliest(
     times: Iterable[tuple[datetime | None, SourceRef]],
 ) -> tuple[datetime | None, SourceRef | None]:
@@ -192,7 +253,7 @@ def _status(b: _Builder) -> RankStatus:
     aborted_by_watchdog = signal == "SIGABRT" and bool(peer_exceptions or b.peer_evidence)
     if b.ooms:
         outcome = "oom"
-    elif b.kills:
+    elif b.kills or b.captured_kill is not None:
         outcome = "host_oom_kill"
     elif own_exceptions:
         outcome = "exception"
@@ -209,6 +270,9 @@ def _status(b: _Builder) -> RankStatus:
         evidence_times += [(e.timestamp, e.source) for e in own_exceptions]
         evidence_times += [(f.timestamp, f.source) for f in bad_failures]
         evidence_times += [(k.timestamp, k.source) for k in b.kills]
+        if b.captured_kill is not None and b.captured_kill.gone is not None:
+            gone = b.captured_kill.gone
+            evidence_times.append((gone.timestamp, gone.source))
     first_time, first_source = _earliest(evidence_times)
     peer_text = None
     if not own_failure:
@@ -237,6 +301,7 @@ def _status(b: _Builder) -> RankStatus:
         failures=tuple(b.failures),
         kernel_kills=tuple(b.kills),
         attributed=b.attributed,
+        captured_kill=b.captured_kill,
     )
 
 

@@ -9,7 +9,11 @@ are read before the snapshots (the input kinds' order), so that limit is known b
 ``derive_run(inputs, hints)`` derives everything rules and renderers ask about the whole
 run: the per-rank picture, the world size, the parameter count, the host memory, the config
 the run used (a file reconciled with the engine's own dump, validated at the world size), the
-ZeRO memory model, and the last step.
+ZeRO memory model, and the last step.  What an ``oomlens capture`` recorded (one
+``RankCapture`` per process, its files joined here) adds to each when the logs do not say it:
+the ranks' OOMs, exceptions and OOM kills, the world size, the parameter count, the DeepSpeed
+config as DeepSpeed resolved it, the job's cgroup limit or the node's memory, and the limit a
+captured OOM ran against.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from oomlens.analysis.ranks import rank_picture
 from oomlens.analysis.whatif import with_replays
 from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture, join_captures
 from oomlens.facts.config import ConfigDocument, ConfigReading
 from oomlens.facts.inputs import InputFacts
 from oomlens.facts.log import ErrorFileFacts, LogFacts, OomEvent, OomKind, Phase, StepSample
@@ -119,25 +124,29 @@ def _printed_limit(event: OomEvent) -> tuple[int, int, bool] | None:
 def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
     """Every fact of the run (see the module docstring)."""
     logs = inputs.logs
-    world = _world_size(logs, hints)
-    host_memory, host_origin = _host_memory(logs, hints)
+    captures = join_captures(inputs.captures)
+    world = _world_size(logs, hints) or _captured_world_size(captures)
+    host_memory, host_origin = _host_memory(logs, hints, captures)
     facts = RunFacts(
         inputs=inputs.reports,
         logs=logs,
         error_files=inputs.error_files,
         kernel_logs=inputs.kernel_logs,
         snapshots=inputs.snapshots,
-        config=_config(inputs.configs, logs, world, prefer_deepspeed=hints.prefer_deepspeed),
-        ranks=rank_picture(logs, inputs.error_files, inputs.kernel_logs),
+        config=_config(
+            inputs.configs, logs, world, prefer_deepspeed=hints.prefer_deepspeed, captures=captures
+        ),
+        ranks=rank_picture(logs, inputs.error_files, inputs.kernel_logs, captures=captures),
         world_size=world,
-        params=_params(logs, hints),
-        gpu_memory=hints.gpu_memory,
+        params=_params(logs, hints, captures),
+        gpu_memory=hints.gpu_memory or _captured_gpu_memory(captures),
         host_memory=host_memory,
         host_memory_origin=host_origin,
         last_step=max(
             (log.steps.max_step for log in logs if log.steps.max_step is not None), default=None
         ),
         other_inputs=inputs.other,
+        captures=captures,
     )
     return replace(facts, memory_model=memory_model(facts))
 
@@ -163,21 +172,53 @@ def step_before(
     return best
 
 
-def _params(logs: Sequence[LogFacts], hints: RunHints) -> ModelParams | None:
+def _params(
+    logs: Sequence[LogFacts], hints: RunHints, captures: Sequence[RankCapture] = ()
+) -> ModelParams | None:
     if hints.params is not None:
         return ModelParams(hints.params, "command line (--params)")
     for log in logs:
         if log.param_count is not None:
             count = log.param_count
             return ModelParams(count.total, f"log ({count.origin})", count.source)
+    for capture in captures:
+        if capture.params:
+            return ModelParams(capture.params, f"capture ({capture.params_origin})", capture.source)
     return None
 
 
-def _host_memory(logs: Sequence[LogFacts], hints: RunHints) -> tuple[int | None, str]:
-    """One host's RAM: ``--host-memory``, else what DeepSpeed's ``see_memory_usage`` implies
-    (``CPU Virtual Memory: used = U GB, percent = P%`` is node-wide: total = U / P)."""
+def _captured_world_size(captures: Sequence[RankCapture]) -> WorldSizeFact | None:
+    known = [c for c in captures if c.world_size]
+    if not known:
+        return None
+    best = max(known, key=lambda c: c.world_size or 0)
+    return WorldSizeFact(best.world_size or 0, f"capture ({best.world_size_origin})", best.source)
+
+
+def _captured_gpu_memory(captures: Sequence[RankCapture]) -> int | None:
+    """The limit a captured OOM ran against (the allowed maximum, else the card)."""
+    for capture in captures:
+        for oom in capture.ooms:
+            if oom.limit:
+                return oom.limit
+    return None
+
+
+def _host_memory(
+    logs: Sequence[LogFacts], hints: RunHints, captures: Sequence[RankCapture] = ()
+) -> tuple[int | None, str]:
+    """One host's RAM: ``--host-memory``, else the job's cgroup limit or the node's memory a
+    capture read, else what DeepSpeed's ``see_memory_usage`` implies (``CPU Virtual Memory:
+    used = U GB, percent = P%`` is node-wide: total = U / P)."""
     if hints.host_memory is not None:
         return hints.host_memory, "--host-memory"
+    for capture in captures:
+        if capture.cgroup_limit and (
+            capture.node_memory is None or capture.cgroup_limit < capture.node_memory
+        ):
+            return capture.cgroup_limit, f"the job's cgroup memory limit (capture {capture.path})"
+        if capture.node_memory:
+            return capture.node_memory, f"the node's MemTotal (capture {capture.path})"
     best: tuple[int, str] | None = None
     for log in logs:
         for series in log.memory:
@@ -216,9 +257,10 @@ def _config(
     world: WorldSizeFact | None,
     *,
     prefer_deepspeed: bool = True,
+    captures: Sequence[RankCapture] = (),
 ) -> ConfigSource | None:
     """The run's DeepSpeed config: the file (validated at the run's world size) reconciled with
-    the engine's own dump from the log when there is one."""
+    the engine's own dump from the log (else the one a capture recorded) when there is one."""
     from_file: ConfigReading | None = None
     if documents:
         from_file = read_and_check(
@@ -226,7 +268,8 @@ def _config(
             world_size=world.value if world else None,
             prefer_deepspeed=prefer_deepspeed,
         )
-    dump = _log_dump(logs)
+    dump = _log_dump(logs, captures)
+    dump_origin = "log_dump" if _log_dump(logs) is not None else "capture"
     if from_file is not None and dump is not None:
         merged, differences = reconcile_with_dump(from_file.effective, dump.effective)
         notes = from_file.notes + tuple(
@@ -239,19 +282,21 @@ def _config(
             hazards=from_file.hazards,
             notes=notes,
         )
-        return ConfigSource(reading, "file+log_dump", dump)
+        return ConfigSource(reading, f"file+{dump_origin}", dump)
     if from_file is not None:
         return ConfigSource(from_file, "file")
     if dump is not None:
-        return ConfigSource(dump, "log_dump", dump)
+        return ConfigSource(dump, dump_origin, dump)
     return None
 
 
-def _log_dump(logs: Sequence[LogFacts]) -> ConfigReading | None:
-    """The engine's own config dump from the logs (the first one found), as a reading whose
-    ``raw`` is the user's JSON the dump printed."""
-    for log in logs:
-        dumped = log.ds_config_dump
+def _log_dump(
+    logs: Sequence[LogFacts], captures: Sequence[RankCapture] = ()
+) -> ConfigReading | None:
+    """The engine's own config dump from the logs (the first one found), else the one a
+    capture recorded, as a reading whose ``raw`` is the user's JSON the dump printed."""
+    dumps = [log.ds_config_dump for log in logs] + [c.ds_config for c in captures]
+    for dumped in dumps:
         if dumped is not None:
             return ConfigReading(
                 raw=dumped.user_config, effective=dumped.effective, notes=dumped.problems

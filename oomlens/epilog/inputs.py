@@ -44,7 +44,8 @@ class JobInput:
     path: str
     """The file as the job left it."""
     role: str
-    """``stdout``, ``stderr``, ``stdout+stderr`` (one file for both) or ``workdir``."""
+    """``stdout``, ``stderr``, ``stdout+stderr`` (one file for both), ``workdir`` or ``capture``
+    (a file of the job's ``oomlens capture`` directory)."""
     size: int
     analyzed_path: str
     """``path`` itself, or the shortened copy of it that the analysis reads."""
@@ -180,7 +181,61 @@ def plan_inputs(
     if job.work_dir:
         workdir_inputs = _workdir_files(job.work_dir, settings, now, seen, notes, deferred)
         inputs.extend(workdir_inputs)
+        inputs.extend(_capture_files(job, settings, seen, notes, deferred))
     return InputPlan(tuple(inputs), tuple(deferred), tuple(notes))
+
+
+def _capture_files(
+    job: JobEnvironment,
+    settings: EpilogSettings,
+    seen: set[tuple[int, int]],
+    notes: list[str],
+    deferred: list[DeferredInput],
+) -> list[JobInput]:
+    """The files ``oomlens capture`` wrote for this job (``<work dir>/oomlens-capture/
+    slurm-<job>/``, ``oomlens.ingest.layout``), bounded like the work directory's; large
+    snapshots are deferred."""
+    # imported when used: this runs in the analysis process, after the analysis is preloaded
+    from oomlens.ingest.kinds import kind, kind_by_name
+    from oomlens.ingest.layout import CAPTURE_DIR, capture_run_names
+
+    if not job.work_dir:
+        return []
+    snapshot_kind = kind("snapshot_pickle")
+    chosen: list[JobInput] = []
+    for name in capture_run_names(job.job_id, job.array_job_id, job.array_task_id):
+        directory = os.path.join(job.work_dir, CAPTURE_DIR, name)
+        try:
+            with os.scandir(directory) as scanned:
+                entries = sorted(scanned, key=lambda e: e.name)[: settings.workdir_max_entries]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            is_snapshot = kind_by_name(entry.name) is snapshot_kind
+            limit = settings.max_snapshot_bytes if is_snapshot else settings.max_log_bytes
+            if info.st_size > limit:
+                key = "max_snapshot_bytes" if is_snapshot else "max_log_bytes"
+                deferred.append(
+                    DeferredInput(
+                        entry.path, info.st_size, f"larger than {key} ({format_size(limit)})"
+                    )
+                )
+                continue
+            unreadable = why_unreadable(entry.path)
+            if unreadable:
+                notes.append(f"{entry.path}: {unreadable}")
+                continue
+            chosen.append(JobInput(entry.path, "capture", info.st_size, entry.path))
+        if chosen:
+            break
+    return chosen
 
 
 def why_unreadable(path: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
+from oomlens.facts.capture import CaptureSeries, RankCapture
 from oomlens.facts.config import ConfigDocument
 from oomlens.facts.kernel import KernelLogFacts
 from oomlens.facts.log import ErrorFileFacts, LogFacts
@@ -26,6 +27,8 @@ class InputFacts:
     kernel_logs: tuple[KernelLogFacts, ...] = ()
     snapshots: tuple[SnapshotAnalysis, ...] = ()
     configs: tuple[ConfigDocument, ...] = ()
+    captures: tuple[RankCapture | CaptureSeries, ...] = ()
+    """The files of a capture directory, one part each (``join_captures`` makes processes)."""
     other: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
     """Facts of slots without a field of their own, by slot name."""
 
@@ -47,5 +50,6 @@ class InputFacts:
             or self.kernel_logs
             or self.snapshots
             or self.configs
+            or self.captures
             or any(self.other.values())
         )

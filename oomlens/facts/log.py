@@ -312,7 +312,8 @@ class LabelStats:
 
 @dataclass(frozen=True, slots=True)
 class MemorySeries:
-    """The ``see_memory_usage`` samples of one rank (``rank`` None: no rank known)."""
+    """The memory samples of one rank (``rank`` None: no rank known): DeepSpeed's
+    ``see_memory_usage`` blocks of a log, or the series of an oomlens capture."""
 
     rank: int | None
     host: str | None
@@ -325,6 +326,8 @@ class MemorySeries:
     cpu_used: SeriesStats | None
     by_label: tuple[LabelStats, ...]
     """Per label, for at most a bounded number of distinct labels (first seen first)."""
+    origin: str = "see_memory_usage"
+    """``see_memory_usage`` (a log's DeepSpeed lines) or ``capture`` (oomlens capture)."""
 
 
 @dataclass(frozen=True, slots=True)

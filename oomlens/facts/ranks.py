@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import ExceptionEvent, LauncherExit, OomEvent, ProcessFailure
 
@@ -34,6 +35,8 @@ class RankStatus:
     attributed: bool
     """Its evidence carried no rank and was attributed to it: to the single rank that failed
     on its own, or to rank 0 of a run that shows no sign of more than one process."""
+    captured_kill: RankCapture | None = None
+    """Its capture shows it disappeared while the cgroup counted an OOM kill."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
@@ -53,7 +54,8 @@ class ConfigSource:
 
     reading: ConfigReading
     origin: str
-    """``file``, ``log_dump`` or ``file+log_dump``."""
+    """``file``, ``log_dump`` or ``file+log_dump``; ``capture`` / ``file+capture`` when the
+    dump is the one an oomlens capture recorded."""
     dump: ConfigReading | None = None
 
 
@@ -103,6 +105,8 @@ class RunFacts:
     """The highest training step any log printed."""
     other_inputs: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
     """Facts of input kinds whose slot has no field of its own, by slot name."""
+    captures: tuple[RankCapture, ...] = ()
+    """What an oomlens capture recorded, per process (``oomlens.facts.capture``)."""
 
     # ----------------------------------------------------------------- questions rules ask
 
@@ -114,6 +118,15 @@ class RunFacts:
             event = error_file.oom_event
             if event is not None and (event.source.path, event.source.line) not in known:
                 events.append(event)
+        # The capture's copy of an OOM a log printed is the same OOM: the log's line is cited.
+        printed = {(e.rank, _message_key(e.message.text)) for e in events}
+        for capture in self.captures:
+            events.extend(
+                e
+                for e in capture.oom_events
+                if (e.rank, _message_key(e.message.text)) not in printed
+                and (None, _message_key(e.message.text)) not in printed
+            )
         return tuple(events)
 
     def gpu_oom_events(self) -> tuple[OomEvent, ...]:
@@ -134,7 +147,20 @@ class RunFacts:
         return events[0]
 
     def exceptions(self) -> tuple[ExceptionEvent, ...]:
-        return tuple(e for log in self.logs for e in log.exceptions)
+        found = [e for log in self.logs for e in log.exceptions]
+        printed = {(e.exception_class, _message_key(e.text)) for e in found}
+        for capture in self.captures:
+            found.extend(
+                e
+                for e in capture.exceptions
+                if (e.exception_class, _message_key(e.text)) not in printed
+            )
+        return tuple(found)
+
+    def captured_kills(self) -> tuple[RankCapture, ...]:
+        """Captured ranks that disappeared without a word while their cgroup counted an OOM
+        kill (``memory.events``): what the kernel's OOM killer leaves."""
+        return tuple(c for c in self.captures if c.killed_for_memory)
 
     def kernel_oom_kills(self) -> tuple[KernelOomKill, ...]:
         kills = [k for log in self.kernel_logs for k in log.oom_kills]
@@ -144,6 +170,9 @@ class RunFacts:
     def memory_series(self) -> Iterator[MemorySeries]:
         for log in self.logs:
             yield from log.memory
+        for capture in self.captures:
+            if capture.memory is not None:
+                yield capture.memory
 
     def snapshot_devices(self) -> Iterator[tuple[SnapshotAnalysis, DeviceAnalysis]]:
         for snapshot in self.snapshots:
@@ -213,14 +242,17 @@ class RunFacts:
     def has_failure_evidence(self) -> bool:
         """Anything that says the run did not finish cleanly: an error, a kill, a failed exit,
         a fatal signal a shell or the C runtime printed, a launcher tearing the other workers
-        down, a ``memory_summary()`` that counts an OOM."""
-        if self.oom_events() or self.kernel_oom_kills():
+        down, a ``memory_summary()`` that counts an OOM, a captured process that exited with an
+        error."""
+        if self.oom_events() or self.kernel_oom_kills() or self.captured_kills():
             return True
         if any(log.batch_assertions or log.config_errors for log in self.logs):
             return True
         if any(not e.peer_failure for e in self.exceptions()):
             return True
         if self.ranks.ranks or any(e.return_code != 0 for e in self.ranks.launcher_exits):
+            return True
+        if any(c.exit_code not in (0, None) for c in self.captures):
             return True
         if self.allocator_summary_ooms():
             return True
@@ -232,3 +264,8 @@ class RunFacts:
             or log.killed_subprocesses
             for log in self.logs
         )
+
+
+def _message_key(text: str) -> str:
+    """An error message as two reports of it compare: whitespace-normalised, bounded."""
+    return " ".join(text.split())[:300]

@@ -9,6 +9,9 @@ The one copy of the run-directory layout rules, for run discovery (``oomlens.ing
 * SLURM's ``slurm-<job>.out`` (and ``<name>.<job>.err``...): one job's output;
 * a ``rank<N>`` part of a file name (``snapshot_rank3.pickle``, torchtitan's
   ``rank3_memory_snapshot.pickle``);
+* ``oomlens capture``: ``<work dir>/oomlens-capture/<run>/<process>.{events,series}.jsonl``
+  (``<process>`` is ``rank<R>[-restart<N>][-pid<P>]``; a SLURM job's ``<run>`` is
+  ``slurm-<job>`` or ``slurm-<array job>_<task>``);
 * directories never searched (hidden, tool and virtual-environment ones, experiment trackers)
   and names no reader takes (images, checkpoints, code...).
 
@@ -29,6 +32,10 @@ TORCHRUN_FILE = regex.compile(
 TORCHRUN_ATTEMPT_DIR = regex.compile(r"attempt_\d{1,6}")
 TORCHRUN_FILES = frozenset({"stdout.log", "stderr.log", "error.json"})
 DEEPSPEED_RANK_LOG = regex.compile(r"\d{14}_rank(?P<rank>\d{1,6})\.log")
+CAPTURE_DIR = "oomlens-capture"
+"""Where ``python -m oomlens.capture`` writes, under the job's working directory."""
+CAPTURE_FILE = regex.compile(r"(?P<process>[^/]{1,200}?)\.(?P<file>events|series)\.jsonl")
+"""A capture's per-process file (its name; what it is, its header line says)."""
 SLURM_OUTPUT = regex.compile(
     r"(?P<stem>.{0,200}?)(?P<sep>[._-])(?P<job>\d{1,12}(?:_\d{1,9})?)\.(?:out|err)"
 )
@@ -78,6 +85,27 @@ def not_an_input(name: str) -> bool:
 def text_log_name(name: str) -> bool:
     """A name that makes a marker-less text file a log (compression suffixes aside)."""
     return without_compression(name).endswith(TEXT_LOG_SUFFIXES)
+
+
+def capture_process(path: str) -> str | None:
+    """The process a capture file belongs to (its directory and name prefix, shared by the
+    process' events and series files), or None when the name is not a capture file's."""
+    head, name = os.path.split(path)
+    match = CAPTURE_FILE.fullmatch(name)
+    return os.path.join(head, match.group("process")) if match is not None else None
+
+
+def capture_run_names(
+    job_id: str | None, array_job_id: str | None = None, array_task_id: str | None = None
+) -> list[str]:
+    """The directory names ``oomlens capture`` gives a SLURM job's run under ``CAPTURE_DIR``,
+    most specific first (the writer's side: ``oomlens.capture.naming``)."""
+    names = []
+    if array_job_id is not None and array_task_id is not None:
+        names.append(f"slurm-{array_job_id}_{array_task_id}")
+    if job_id:
+        names.append(f"slurm-{job_id}")
+    return names
 
 
 def rank_from_name(name: str) -> int | None:

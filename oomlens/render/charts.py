@@ -292,6 +292,17 @@ def oom_limit(report: Report, rank: int | None = None) -> tuple[int, str] | None
     return None
 
 
+_SERIES_ORIGINS: dict[frozenset[str], tuple[str, str]] = {
+    frozenset({"see_memory_usage"}): ("DeepSpeed see_memory_usage", "DeepSpeed printed it"),
+    frozenset({"capture"}): ("oomlens capture", "oomlens capture recorded it"),
+    frozenset({"see_memory_usage", "capture"}): (
+        "DeepSpeed see_memory_usage and oomlens capture",
+        "DeepSpeed printed it and oomlens capture recorded it",
+    ),
+}
+"""The chart's source in its title and caption, by the origins of the series shown."""
+
+
 def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
     series = [s for s in report.facts.memory_series() if s.samples]
     if not series:
@@ -348,11 +359,14 @@ def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
     if notes:
         cuts.extend(f"memory chart: {n}" for n in notes)
     rank = shown[0].rank if len(shown) == 1 else None
+    source, how = _SERIES_ORIGINS.get(
+        frozenset(s.origin for s in shown), _SERIES_ORIGINS[frozenset({"see_memory_usage"})]
+    )
     return _line_chart(
         "chart-memory",
-        "Memory over time (DeepSpeed see_memory_usage)",
-        "Allocated (MA, solid) and reserved (CA, dashed) GPU memory per rank, as DeepSpeed "
-        "printed it; the red line is the limit the OOM message reported.",
+        f"Memory over time ({source})",
+        f"Allocated (MA, solid) and reserved (CA, dashed) GPU memory per rank, as {how}; "
+        "the red line is the limit the OOM message reported.",
         lines,
         x_label,
         x_format,

@@ -10,6 +10,7 @@ from typing import Any
 
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
+from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import LogFacts, OomEvent, OomKind, OomMessage, Phase
@@ -24,19 +25,25 @@ MODEL_STATE_CATEGORIES = frozenset(
 )
 QUOTE_LIMIT = 400
 CAPTURE_SNAPSHOT = (
-    "an allocator snapshot at the OOM: call torch.cuda.memory._record_memory_history("
-    "max_entries=100000) at start and dump torch.cuda.memory._snapshot() from an "
-    "out-of-memory observer (torch._C._cuda_attach_out_of_memory_observer)"
+    "an allocator snapshot at the OOM: run the job under python -m oomlens.capture (it dumps "
+    "one per rank the moment the allocator gives up), or call "
+    "torch.cuda.memory._record_memory_history(max_entries=100000) at start and dump "
+    "torch.cuda.memory._snapshot() from an out-of-memory observer "
+    "(torch._C._cuda_attach_out_of_memory_observer)"
 )
 CAPTURE_MEMORY_SERIES = (
-    "memory after every step: log torch.cuda.memory_allocated() and memory_reserved() each "
-    'step (DeepSpeed: see_memory_usage(..., force=True), or "memory_breakdown": true)'
+    "memory after every step: run the job under python -m oomlens.capture (it records it per "
+    "rank), or log torch.cuda.memory_allocated() and memory_reserved() each step (DeepSpeed: "
+    'see_memory_usage(..., force=True), or "memory_breakdown": true)'
 )
 CAPTURE_CONFIG = (
-    'the ds_config.json the job ran with (or "log_level": "info" so DeepSpeed prints it)'
+    "the ds_config.json the job ran with (python -m oomlens.capture records it as DeepSpeed "
+    'resolved it; or set "log_level": "info" so DeepSpeed prints it)'
 )
 CAPTURE_KERNEL = (
-    "the node's kernel log for the job's time: dmesg -T | grep -i -E 'killed process|oom' "
+    "the node's kernel log for the job's time: run the job under python -m oomlens.capture "
+    "(it records the cgroup's OOM kills and, where readable, the kernel's lines), or "
+    "dmesg -T | grep -i -E 'killed process|oom' "
     "(or the scheduler's record, e.g. sacct -j JOBID -o JobID,State,MaxRSS)"
 )
 
@@ -73,7 +80,9 @@ def allocator_oom(facts: RunFacts) -> OomEvent | None:
 
 
 def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
-    kind = EvidenceKind.ERROR_FILE if event.origin == "error_file" else EvidenceKind.LOG
+    kind = {"error_file": EvidenceKind.ERROR_FILE, "capture": EvidenceKind.CAPTURE}.get(
+        event.origin, EvidenceKind.LOG
+    )
     prefix = f"{event.message.exception_class}: " if event.message.exception_class else ""
     return Evidence(kind, quote(prefix + event.message.text), event.source, note)
 
@@ -381,7 +390,16 @@ def host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | No
         )
         if kill.shmem_rss:
             shmem = max(shmem or 0, kill.shmem_rss)
-    if kills:
+    for capture in facts.captured_kills()[:2]:
+        evidence.append(
+            captured_kill_evidence(
+                capture, "page-locked (pinned) host buffers count as shared resident memory"
+            )
+        )
+        pinned = captured_pinned_bytes(capture)
+        if pinned:
+            shmem = max(shmem or 0, pinned)
+    if kills or facts.captured_kills():
         confidence = 0.75
     killed_at = facts.sigkilled_at()
     if killed_at is not None:
@@ -395,3 +413,41 @@ def host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | No
         )
         confidence = max(confidence, 0.5)
     return evidence, confidence, shmem
+
+
+def host_kill_seen(facts: RunFacts) -> bool:
+    """The kernel's log or a capture's cgroup counters show an OOM kill."""
+    return bool(facts.kernel_oom_kills() or facts.captured_kills())
+
+
+def captured_kill_evidence(capture: RankCapture, note: str) -> Evidence:
+    """A captured rank that vanished while its cgroup counted an OOM kill, with its last host
+    sample (what it held when it was killed)."""
+    gone = capture.gone
+    who = f"rank {capture.rank}" if capture.rank is not None else "the process"
+    text = (
+        f"{who} (pid {capture.pid}) disappeared without an exit record; the cgroup's "
+        f"memory.events oom_kill went {gone.oom_kill_before} -> {gone.oom_kill_after}"
+        if gone is not None
+        else f"{who} disappeared without an exit record"
+    )
+    host = capture.host_memory
+    last = host.last if host is not None else None
+    if last is not None:
+        parts = [f"RSS {size(last.rss)}"]
+        if last.rss_shmem:
+            parts.append(f"shared (pinned) {size(last.rss_shmem)}")
+        if last.cgroup_current is not None and last.cgroup_max:
+            parts.append(f"cgroup {size(last.cgroup_current)} of {size(last.cgroup_max)}")
+        text += "; last sample: " + ", ".join(parts)
+    return Evidence(
+        EvidenceKind.CAPTURE, text, gone.source if gone is not None else capture.source, note
+    )
+
+
+def captured_pinned_bytes(capture: RankCapture) -> int | None:
+    """The most shared (pinned) resident memory a captured rank held."""
+    host = capture.host_memory
+    if host is None or host.rss_shmem is None:
+        return None
+    return int(host.rss_shmem.maximum)

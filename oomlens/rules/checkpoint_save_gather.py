@@ -15,6 +15,7 @@ from oomlens.rules._common import (
     config_evidence,
     effective_config,
     host_kill_evidence,
+    host_kill_seen,
     leaf_key,
     oom_evidence,
     phase_evidence,
@@ -106,7 +107,7 @@ class CheckpointSaveRule(Rule):
             summary="the run died while gathering the model for a checkpoint save",
             evidence=tuple(evidence),
             fixes=tuple(fixes),
-            missing=() if (facts.kernel_oom_kills() or save_events) else (CAPTURE_KERNEL,),
+            missing=() if (host_kill_seen(facts) or save_events) else (CAPTURE_KERNEL,),
         )
 
     @staticmethod

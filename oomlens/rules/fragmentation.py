@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import PurePath
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
@@ -35,6 +36,27 @@ REPLAY_FROM_START = (
     "max_entries=<enough for the whole run>) before the first CUDA allocation (then "
     "oomlens whatif SNAPSHOT)"
 )
+
+
+def _trimmed_history(facts: RunFacts, snapshot: SourceRef | None) -> str | None:
+    """The capture's words on why ``snapshot``'s history starts mid-run, when it dropped the
+    oldest entries itself (the snapshot over its disk budget): then the missing history is the
+    capture's setting to raise, not a recording to start by hand."""
+    if snapshot is None:
+        return None
+    name = PurePath(snapshot.path).name
+    for capture in facts.captures:
+        for oom in capture.ooms:
+            if oom.snapshot is not None and PurePath(oom.snapshot).name == name and oom.trace_kept:
+                kept = ", ".join(f"{n:,}" for n in oom.trace_kept)
+                return (
+                    "the allocation history from the process start, so that the what-if replay "
+                    "can decide whether expandable segments would have fitted: the capture kept "
+                    f"only the last {kept} trace entries to fit its snapshot budget; raise "
+                    "OOMLENS_CAPTURE_MAX_MB (--max-mb, 20 by default) and, for long runs, "
+                    "OOMLENS_CAPTURE_MAX_ENTRIES (then oomlens whatif SNAPSHOT)"
+                )
+    return None
 
 
 def replay_outcome(verdict: ReplayVerdict) -> str:
@@ -139,7 +161,7 @@ class FragmentationRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         for snapshot_oom in snapshot_ooms(facts):
-            yield from self._from_snapshot(snapshot_oom, thresholds)
+            yield from self._from_snapshot(facts, snapshot_oom, thresholds)
         event = allocator_oom(facts)
         if event is None or event.message.kind is not OomKind.ALLOCATOR:
             return
@@ -252,9 +274,11 @@ class FragmentationRule(Rule):
                     "the usual fix is already in force",
                 )
             )
-        confidence, replayed, missing = _weigh_replay(
-            replay, confidence, located[0].source if located is not None else None
-        )
+        source = located[0].source if located is not None else None
+        confidence, replayed, missing = _weigh_replay(replay, confidence, source)
+        trimmed = _trimmed_history(facts, source) if missing == (REPLAY_FROM_START,) else None
+        if trimmed is not None:
+            missing = (trimmed,)
         evidence.extend(replayed)
         fixes = fragmentation_fixes(stuck, expandable_on, replay)
         if located is None:
@@ -274,7 +298,9 @@ class FragmentationRule(Rule):
             figures=figures,
         )
 
-    def _from_snapshot(self, s: SnapshotOom, thresholds: Thresholds) -> Iterator[Diagnosis]:
+    def _from_snapshot(
+        self, facts: RunFacts, s: SnapshotOom, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
         """A snapshot without its log: the stuck bytes and the failing request are in it."""
         state, oom = s.device.state, s.device.oom
         if oom is None or not oom.snapshot_at_oom:
@@ -312,6 +338,11 @@ class FragmentationRule(Rule):
         expandable_on = bool(settings is not None and settings.expandable_segments)
         replay = s.device.replay
         confidence, replayed, missing = _weigh_replay(replay, confidence, s.snapshot.source)
+        trimmed = (
+            _trimmed_history(facts, s.snapshot.source) if missing == (REPLAY_FROM_START,) else None
+        )
+        if trimmed is not None:
+            missing = (trimmed,)
         evidence.extend(replayed)
         yield SPEC.diagnose(
             confidence=confidence,

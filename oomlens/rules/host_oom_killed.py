@@ -12,6 +12,8 @@ from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     CAPTURE_KERNEL,
+    captured_kill_evidence,
+    host_kill_seen,
     kernel_kill_evidence,
     oom_evidence,
 )
@@ -51,6 +53,11 @@ class HostOomRule(Rule):
             )
             # General host OOM: specific rules (pinned offload, checkpoint gather) rank above.
             confidence = 0.75
+        for capture in facts.captured_kills()[:3]:
+            evidence.append(
+                captured_kill_evidence(capture, "what the kernel's OOM killer leaves (captured)")
+            )
+            confidence = 0.75
         for log in facts.logs:
             for slurm in log.slurm_oom_kills[:2]:
                 evidence.append(
@@ -79,12 +86,12 @@ class HostOomRule(Rule):
             confidence = max(confidence, 0.5)
         if not confidence:
             return
-        missing = () if facts.kernel_oom_kills() else (CAPTURE_KERNEL,)
+        missing = () if host_kill_seen(facts) else (CAPTURE_KERNEL,)
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
                 "the kernel killed a rank for lack of host memory"
-                if facts.kernel_oom_kills()
+                if host_kill_seen(facts)
                 else "a rank was killed without a GPU error: most likely host memory ran out"
             ),
             evidence=tuple(evidence),

@@ -209,7 +209,9 @@ class MemoryLeakRule(Rule):
             else "tensors of one shape from one call site piled up in GPU memory until it ran out"
         )
         missing = []
-        if growth is None:
+        if growth is None and not any(
+            s.total_samples >= thresholds.leak_min_samples for s in facts.memory_series()
+        ):
             missing.append(CAPTURE_MEMORY_SERIES)
         if located is None:
             missing.append(CAPTURE_SNAPSHOT)

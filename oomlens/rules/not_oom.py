@@ -57,7 +57,12 @@ class NotOomRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
+        if (
+            facts.oom_events()
+            or facts.kernel_oom_kills()
+            or facts.captured_kills()
+            or facts.sigkilled_at()
+        ):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction, in_bytes
+from oomlens.facts.log import OomEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
     allocator_oom,
@@ -72,7 +73,10 @@ class OtherProcessRule(Rule):
             return
         n = event.message
         others = event.message.other_processes
-        if not others or n.total_capacity is None:
+        if not others:
+            yield from self._from_capture(facts, event, thresholds)
+            return
+        if n.total_capacity is None:
             return
         if n.process_in_use is None and len(others) == 1 and n.reserved is not None:
             # Containers: NVML reports this process under its host pid.
@@ -131,6 +135,56 @@ class OtherProcessRule(Rule):
             rank=event.rank,
             figures={**oom_figures(n), "other_processes_share": a_fraction(round(share, 3))},
         )
+
+    def _from_capture(
+        self, facts: RunFacts, event: OomEvent, thresholds: Thresholds
+    ) -> Iterator[Diagnosis]:
+        """The OOM message listed no process (NVML unavailable to torch, or a torch that does
+        not print them); the capture asked NVML itself at the OOM."""
+        for capture in facts.captures:
+            if event.rank is not None and capture.rank not in (None, event.rank):
+                continue
+            for oom in capture.ooms:
+                others = [p for p in oom.other_processes if p.bytes]
+                total = oom.nvml_total or oom.total
+                if not others or not total:
+                    continue
+                held = sum(p.bytes or 0 for p in others)
+                share = held / total
+                if share < thresholds.other_process_min_fraction:
+                    continue
+                listing = ", ".join(f"pid {p.pid}: {size(p.bytes)}" for p in others[:5])
+                yield SPEC.diagnose(
+                    confidence=0.85 if share >= thresholds.others_dominate_fraction else 0.6,
+                    summary=(
+                        f"{len(others)} other process(es) held {size(held)} of the GPU's "
+                        f"{size(total)} when this rank ran out"
+                    ),
+                    evidence=(
+                        oom_evidence(event),
+                        Evidence(
+                            EvidenceKind.CAPTURE,
+                            f"NVML at the OOM, device {oom.device}: {listing}",
+                            oom.source,
+                            f"other processes held {share:.0%} of the card",
+                        ),
+                    ),
+                    fixes=(
+                        Fix(
+                            "Find and stop the other process, or run where the GPU is yours alone.",
+                            command="nvidia-smi --query-compute-apps=pid,process_name,"
+                            "used_memory --format=csv",
+                            predicted_saving_bytes=held,
+                            cost="none",
+                        ),
+                    ),
+                    rank=event.rank,
+                    figures={
+                        "other_processes": in_bytes(held),
+                        "other_processes_share": a_fraction(round(share, 3)),
+                    },
+                )
+                return
 
 
 RULE = OtherProcessRule()

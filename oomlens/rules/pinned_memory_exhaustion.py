@@ -14,6 +14,7 @@ from oomlens.rules._common import (
     config_evidence,
     effective_config,
     host_kill_evidence,
+    host_kill_seen,
     oom_evidence,
     size,
 )
@@ -105,7 +106,7 @@ class PinnedMemoryRule(Rule):
                     cost="hardware or throughput",
                 ),
             ),
-            missing=() if facts.kernel_oom_kills() else (CAPTURE_KERNEL,),
+            missing=() if host_kill_seen(facts) else (CAPTURE_KERNEL,),
             figures={"pinned_per_killed_rank": in_bytes(shmem), "ranks": a_count(ranks)},
         )
 

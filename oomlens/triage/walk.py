@@ -8,7 +8,9 @@ layouts belong to the run around them rather than being runs of their own:
 * DeepSpeed ``--enable_each_rank_log L``: ``L/<YYYYmmddHHMMSS>_rank<N>.log``.
 
 Such a layout belongs to the directory above ``L`` when that directory holds the run's other
-files (a combined log, a snapshot, a config), else ``L`` itself is the run.  Every other
+files (a combined log, a snapshot, a config), else ``L`` itself is the run.  An ``oomlens
+capture`` directory (``<process>.events.jsonl`` files) with no run directory around it is a run
+of its own; inside one, it is that run's.  Every other
 directory below a run directory belongs to it, down to the next run directory.  SLURM output
 files of several jobs in one directory (``slurm-<job>.out``, ``<name>.<job>.err``...) are one
 run per job.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from oomlens.errors import InputError, UsageError
 from oomlens.ingest.kinds import kind, kind_by_name
 from oomlens.ingest.layout import (
+    CAPTURE_FILE,
     DEEPSPEED_RANK_LOG,
     SLURM_OUTPUT,
     TEXT_LOG_SUFFIXES,
@@ -256,6 +259,11 @@ def _runs_in_tree(
             roots.add(parent)
         else:
             roots.add(log_dir)
+    for path, listing in sorted(tree.items()):
+        # A capture directory with no run directory around it is a run of its own.
+        if path not in layout_inside and any(_capture_events(f) for f in listing.files):
+            if not any(a in roots for a in _ancestors(path, top, self=True)):
+                roots.add(path)
     holds_runs = {a for root in roots for a in _ancestors(root, top, self=False)}
     """Directories with a run directory somewhere below them."""
 
@@ -284,6 +292,12 @@ def _runs_in_tree(
         yield RunSpec(
             name, root, root, inputs, tuple((os.path.relpath(f.path, root), f) for f in files)
         )
+
+
+def _capture_events(entry: FileEntry) -> bool:
+    """A capture's per-process events file (by its name: what makes the directory a run)."""
+    match = CAPTURE_FILE.fullmatch(os.path.basename(entry.path))
+    return match is not None and match.group("file") == "events"
 
 
 def _ancestors(path: str, top: str, *, self: bool) -> Iterable[str]:

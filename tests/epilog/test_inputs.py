@@ -208,3 +208,17 @@ def test_zero_runs_are_left_out_short_ones_kept(tmp_path: Path) -> None:
         + b"\0" * 511
         + b"d\n\n[oomlens epilog: 3000 zero bytes left out here]\n"
     )
+
+
+def test_the_jobs_capture_directory_is_analyzed(tmp_path: Path, real_capture: Path) -> None:
+    # GIVEN a job whose ranks ran under oomlens capture (its default place: the work dir)
+    shutil.copytree(real_capture, tmp_path / "oomlens-capture" / "slurm-41")
+    (tmp_path / "oomlens-capture" / "slurm-41" / "rank0.snapshot.pickle").write_bytes(b"x" * 2048)
+    shutil.copytree(real_capture, tmp_path / "oomlens-capture" / "slurm-40")  # another job's
+    # WHEN the Epilog plans its inputs, snapshots over 1 KiB deferred
+    plan = _plan(_job(tmp_path), EpilogSettings(max_snapshot_bytes=1024))
+    # THEN this job's capture files are inputs, the big snapshot waits for the sweeper
+    captured = sorted(Path(i.path).name for i in plan.inputs if i.role == "capture")
+    assert captured == ["rank0.events.jsonl", "rank0.series.jsonl"]
+    assert all("slurm-41" in i.path for i in plan.inputs if i.role == "capture")
+    assert [Path(d.path).name for d in plan.deferred] == ["rank0.snapshot.pickle"]

@@ -187,3 +187,18 @@ def test_an_unreadable_top_directory_is_a_usage_error(
     monkeypatch.setattr(walk.os, "scandir", scandir)
     with pytest.raises(UsageError, match="cannot be listed .Permission denied.; check its"):
         find_runs([str(tmp_path)], is_log=_is_log)
+
+
+def test_a_capture_directory_alone_is_a_run_and_one_beside_a_log_belongs_to_it(
+    tmp_path: Path, real_capture: Path
+) -> None:
+    # GIVEN a capture directory on its own, and a case folder holding a log and its capture
+    shutil.copytree(real_capture, tmp_path / "alone" / "oomlens-capture" / "slurm-41")
+    case = _copy_case("fragmentation", tmp_path / "with_log")
+    shutil.copytree(real_capture, case / "oomlens-capture" / "slurm-41")
+    # WHEN walked
+    runs = _runs(tmp_path)
+    # THEN two runs: the lone capture, and the case with its capture inside
+    assert sorted(runs) == ["alone/oomlens-capture/slurm-41", "with_log"]
+    files = {name for name, _ in runs["with_log"].files}
+    assert "oomlens-capture/slurm-41/rank0.events.jsonl" in files

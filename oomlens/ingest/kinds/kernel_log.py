@@ -24,10 +24,13 @@ class KernelLogKind(InputKind):
     precedence: ClassVar[int] = 80
     order: ClassVar[int] = 30
     reader: ClassVar[str] = "oomlens.ingest.log.kernel"
-    names: ClassVar[tuple[str, ...]] = tuple(
-        pattern
-        for stem in ("kernel", "kern", "dmesg", "syslog", "messages")
-        for pattern in (stem, f"{stem}[._-]*")
+    names: ClassVar[tuple[str, ...]] = (
+        *(
+            pattern
+            for stem in ("kernel", "kern", "dmesg", "syslog", "messages")
+            for pattern in (stem, f"{stem}[._-]*")
+        ),
+        "*.kernel.log",  # what oomlens capture's watcher writes per process
     )
 
     def recognise(self, sample: Sample) -> str | None:

@@ -494,6 +494,7 @@ _CONTEXT = (
 )
 
 
+_TRAINING = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER_STEP)
 _VLLM_INIT = frozenset({"load_model", "load_weights", "_load_weights", "_initialize_model"})
 _VLLM_CACHE = frozenset(
     {
@@ -578,7 +579,8 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
 
     Context phases (checkpoint save, generation, evaluation, data loading, model init) win
     over training phases, innermost context first: ``evaluate -> forward`` is evaluation,
-    ``save_checkpoint`` is a save wherever it is called from.  Otherwise the innermost
+    ``save_checkpoint`` is a save wherever it is called from; a library's ``__init__`` called
+    from a training frame is no model init.  Otherwise the innermost
     training frame decides (forward, backward, optimizer step), except that a forward run
     inside a backward (activation-checkpoint recomputation) is backward.  A frame of
     ``torch.no_grad``'s decorator around a forward with no other evidence reads as
@@ -588,8 +590,14 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
     """
     training: tuple[Phase, Frame] | None = None
     backward_outside: Frame | None = None
-    for frame in reversed(frames):
+    for index in range(len(frames) - 1, -1, -1):
+        frame = frames[index]
         phase = _frame_phase(frame)
+        if phase is Phase.MODEL_INIT and frame.function == "__init__":
+            # A library object built inside a training step (ZeRO-3's gather handles are)
+            # is not the model being built.
+            if any(_frame_phase(f) in _TRAINING for f in frames[:index]):
+                continue
         if phase in _CONTEXT:
             return phase, _evidence(frame)
         if phase is None:

@@ -1,5 +1,5 @@
 """The registry of input kinds: one module per kind, found without being listed; a new kind
-(here a stand-in for a capture manifest) is recognised by content, read, and its facts reach
+(here a stand-in for a run manifest) is recognised by content, read, and its facts reach
 the run's facts through its slot, with nothing else changed."""
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from oomlens.session import analyze, gather_facts
 from oomlens.triage.walk import log_by_name
 from tests._corpus import case_dir
 
-BUILT_IN = {"training_log", "elastic_error", "kernel_log", "snapshot_pickle", "ds_config"}
+BUILT_IN = {
+    "training_log",
+    "elastic_error",
+    "kernel_log",
+    "snapshot_pickle",
+    "ds_config",
+    "capture",
+}
 
 
 def test_every_module_of_the_package_is_a_registered_kind() -> None:
@@ -32,7 +39,7 @@ def test_every_module_of_the_package_is_a_registered_kind() -> None:
     assert {type(k).__module__.rsplit(".", 1)[-1] for k in kinds.KINDS} == modules
     assert {k.id for k in kinds.KINDS} == BUILT_IN
     # orders are total: no two kinds tie for reading or recognising
-    assert len({k.order for k in kinds.KINDS}) == len({k.precedence for k in kinds.KINDS}) == 5
+    assert len({k.order for k in kinds.KINDS}) == len({k.precedence for k in kinds.KINDS}) == 6
     assert [k.order for k in kinds.KINDS] == sorted(k.order for k in kinds.KINDS)
 
 
@@ -70,25 +77,23 @@ def test_a_quiet_text_file_is_a_log_only_when_named_placed_or_called_one(tmp_pat
 
 
 class _ManifestKind(InputKind):
-    """A stand-in for a new kind: a JSON manifest that a capture tool would write."""
+    """A stand-in for a new kind: a JSON manifest that a launcher would write."""
 
-    id: ClassVar[str] = "capture_manifest"
-    label: ClassVar[str] = "a capture manifest"
-    slot: ClassVar[str] = "captures"
-    precedence: ClassVar[int] = 15
+    id: ClassVar[str] = "run_manifest"
+    label: ClassVar[str] = "a run manifest"
+    slot: ClassVar[str] = "manifests"
+    precedence: ClassVar[int] = 16
     order: ClassVar[int] = 60
     reader: ClassVar[str] = "json"
     json_document: ClassVar[bool] = True
 
     def recognise(self, sample: Sample) -> str | None:
         data = sample.json_object
-        return (
-            "JSON with an oomlens_capture version" if data and "oomlens_capture" in data else None
-        )
+        return "JSON with a run_manifest version" if data and "run_manifest" in data else None
 
     def read(self, found: FoundInput, options: ReadOptions) -> Reading:
         data = json.loads(Path(found.path).read_text())
-        return Reading((data,), f"capture of {data['command']}")
+        return Reading((data,), f"manifest of {data['command']}")
 
 
 def test_a_new_kind_is_one_module_and_its_facts_reach_the_run(
@@ -98,17 +103,17 @@ def test_a_new_kind_is_one_module_and_its_facts_reach_the_run(
     run = tmp_path / "run"
     run.mkdir()
     (run / "train.log").write_bytes((case_dir("fragmentation") / "train.log").read_bytes())
-    (run / "capture.json").write_text(json.dumps({"oomlens_capture": 1, "command": "train.py"}))
-    before = detect_kind(run / "capture.json")
+    (run / "manifest.json").write_text(json.dumps({"run_manifest": 1, "command": "train.py"}))
+    before = detect_kind(run / "manifest.json")
     assert before.kind is None and "neither" in before.reason  # unknown JSON without the kind
     # WHEN the kind is registered (what its module's KIND does)
     monkeypatch.setattr(kinds, "KINDS", (*kinds.KINDS, _ManifestKind()))
     facts = gather_facts([run])
     # THEN it is recognised, read, listed and its facts are in the run's facts under its slot
-    assert facts.other_inputs["captures"] == ({"oomlens_capture": 1, "command": "train.py"},)
+    assert facts.other_inputs["manifests"] == ({"run_manifest": 1, "command": "train.py"},)
     listed = {Path(i.path).name: i for i in facts.inputs}
-    assert listed["capture.json"].kind == "capture_manifest"
-    assert listed["capture.json"].detail == "capture of train.py"
+    assert listed["manifest.json"].kind == "run_manifest"
+    assert listed["manifest.json"].detail == "manifest of train.py"
     # and the analysis of the rest is what it was
     with_kind, without = analyze([run]).top, analyze([case_dir("fragmentation") / "train.log"]).top
     assert with_kind is not None and without is not None

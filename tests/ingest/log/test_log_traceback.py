@@ -6,7 +6,9 @@ import pytest
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import Frame, Phase
+from oomlens.ingest.log import read_log
 from oomlens.ingest.log.traceback import TracebackAssembler, classify_phase
+from tests._corpus import case_dir
 
 DS = "/usr/lib/python3/site-packages/deepspeed/runtime"
 TORCH = "/usr/lib/python3/site-packages/torch"
@@ -43,6 +45,19 @@ def frames(*spec: tuple[str, str]) -> list[Frame]:
                 ("model.py", "forward"),
                 (f"{DS}/zero/parameter_offload.py", "_pre_forward_module_hook"),
                 (f"{DS}/zero/partitioned_param_coordinator.py", "fetch_sub_module"),
+            ],
+            Phase.FORWARD,
+        ),
+        (
+            # a gather handle built inside the forward's fetch (one GPU, offloaded parameters)
+            [
+                ("train_zero3.py", "main"),
+                (f"{DS}/engine.py", "forward"),
+                (f"{DS}/zero/parameter_offload.py", "_pre_forward_module_hook"),
+                (f"{DS}/zero/partitioned_param_coordinator.py", "fetch_sub_module"),
+                (f"{DS}/zero/partitioned_param_coordinator.py", "__all_gather_params_"),
+                (f"{DS}/zero/partition_parameters.py", "all_gather_coalesced"),
+                (f"{DS}/zero/partition_parameters.py", "__init__"),
             ],
             Phase.FORWARD,
         ),
@@ -173,3 +188,13 @@ def test_long_traceback_keeps_head_and_tail_frames() -> None:
     assert tb is not None and len(tb.frames) < 100
     assert tb.frames[0].function == "g0" and tb.frames[-1].function == "g4999"
     assert tb.frames_omitted == 5000 - len(tb.frames)
+
+
+def test_the_captured_prefetch_overshoot_fails_in_the_forward_not_at_init() -> None:
+    # the real traceback: its innermost frame is _no_gather_coalesced.__init__ (DeepSpeed's
+    # runtime), called from the engine's forward
+    log = read_log(case_dir("prefetch_overshoot_captured") / "train.log")
+    (event,) = log.oom_events
+    assert event.traceback is not None
+    assert event.traceback.frames[-1].function == "__init__"
+    assert event.phase is Phase.FORWARD
