@@ -5,7 +5,10 @@ The other revision's ``oomlens`` package is exported with ``git archive`` into a
 directory (nothing in this checkout changes); each side analyzes every case of
 ``fixtures/crash_logs`` (the case directory) and ``fixtures/field_logs`` (the paste and its
 config, as ``tests/corpus/test_field_reading.py`` reads them) in a fresh process, and the JSON
-reports are compared whole, less the keys that measure time spent (``TIMING_KEYS``).
+reports are compared whole, less the keys that measure time spent (``TIMING_KEYS``).  Twice:
+the inputs read as their size has them (the corpus's logs are small: line by line), then read
+as large logs are (the other revision's per-line fast pass against this one's bulk path and
+worker processes).
 
     python bench/reader_equivalence.py [--ref main] [--jobs 2]
 
@@ -24,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+MODES = {
+    "as_is": "read as their size has them",
+    "large": "read as large logs (the bulk path, a batch per block, --jobs worker processes)",
+}
 TIMING_KEYS = frozenset({"elapsed", "elapsed_s", "seconds", "duration", "duration_s"})
 
 ANALYZE = """
@@ -34,7 +41,13 @@ from oomlens.errors import NoUsableInputError
 from oomlens.render.json import report_to_dict
 from oomlens.session import AnalysisOptions, analyze
 
-root, jobs, out = Path(sys.argv[2]), int(sys.argv[3]), {}
+root, jobs, large, out = Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "large", {}
+if large:  # every log read as a large one is (not line by line): the bulk path at work
+    from oomlens.ingest.log import reader
+    reader.LINE_BY_LINE_BYTES = 0
+    if jobs:
+        from oomlens.ingest.log import batches
+        batches.PARALLEL_MIN_BYTES, batches.BATCH_BLOCKS = 0, 1
 crash, field = root / "fixtures" / "crash_logs", root / "fixtures" / "field_logs"
 cases = []
 for case in sorted(p for p in crash.iterdir() if (p / "case.json").is_file()):
@@ -54,9 +67,9 @@ print(json.dumps(out, default=str))
 """
 
 
-def _reports(package_root: Path, jobs: int) -> dict[str, Any]:
+def _reports(package_root: Path, jobs: int, mode: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", ANALYZE, str(package_root), str(ROOT), str(jobs)],
+        [sys.executable, "-c", ANALYZE, str(package_root), str(ROOT), str(jobs), mode],
         check=True,
         capture_output=True,
         text=True,
@@ -103,19 +116,23 @@ def main() -> int:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", theirs], input=archive, check=True)
-        reference = _reports(Path(theirs), 0)  # 0: its default (no --jobs before issue 15)
-    ours = _reports(ROOT, args.jobs)
+        # 0: its default (no --jobs before issue 15)
+        references = {mode: _reports(Path(theirs), 0, mode) for mode in MODES}
     differing = 0
-    for name in sorted(set(ours) | set(reference)):
-        found = _differences(_strip(ours.get(name)), _strip(reference.get(name)))
-        if found:
-            differing += 1
-            print(f"{name}: {len(found)} difference(s): " + "; ".join(found[:3]))
-    print(
-        f"{len(ours)} cases ({sum(n.startswith('crash/') for n in ours)} crash, "
-        f"{sum(n.startswith('field/') for n in ours)} field): {len(ours) - differing} the same "
-        f"as {args.ref}, {differing} differ"
-    )
+    for mode, reference in references.items():
+        ours = _reports(ROOT, args.jobs, mode)
+        here = 0
+        for name in sorted(set(ours) | set(reference)):
+            found = _differences(_strip(ours.get(name)), _strip(reference.get(name)))
+            if found:
+                here += 1
+                print(f"{mode} {name}: {len(found)} difference(s): " + "; ".join(found[:3]))
+        print(
+            f"{MODES[mode]}: {len(ours)} cases ({sum(n.startswith('crash/') for n in ours)} "
+            f"crash, {sum(n.startswith('field/') for n in ours)} field): {len(ours) - here} the "
+            f"same as {args.ref}, {here} differ"
+        )
+        differing += here
     return 1 if differing else 0
 
 
