@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,10 @@ class AnalysisOptions:
     snapshot_limits: SnapshotLimits | None = None
     max_snapshot_bytes: int | None = None
     """Snapshots larger than this are not loaded (recorded as skipped): for time-boxed callers."""
+    log_jobs: int = 1
+    """Processes that scan a large training log (0: one per core); see ``read_log``."""
+    progress: Callable[[str, int, int], None] | None = None
+    """Told ``(file, bytes read, bytes in all)`` while a large log is read."""
     prefer_deepspeed: bool = True
     """Validate configs with DeepSpeed's own models when it is installed; False keeps DeepSpeed
     (and torch with it: seconds and gigabytes) out of the process, oomlens' own checks stand in."""
@@ -103,7 +107,12 @@ def gather_facts(
     options = options or AnalysisOptions()
     files, reports = collect_inputs(paths, config=config)
     slots: defaultdict[str, list[object]] = defaultdict(list)
-    reading = ReadOptions(options.snapshot_limits, options.max_snapshot_bytes)
+    reading = ReadOptions(
+        options.snapshot_limits,
+        options.max_snapshot_bytes,
+        log_jobs=options.log_jobs,
+        progress=options.progress,
+    )
     digest = Digest()
     for read in read_inputs(files, reading):
         report = read.report

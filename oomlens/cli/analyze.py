@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from oomlens.cli.params import COUNT, SIZE
+from oomlens.cli.params import COUNT, JOBS, SIZE, Progress
 from oomlens.errors import UsageError
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
@@ -86,6 +86,16 @@ def write_output(path: str, text: str) -> None:
     help="TOML file with a [thresholds] table overriding the rules' thresholds.",
 )
 @click.option(
+    "-j",
+    "--jobs",
+    "jobs",
+    type=JOBS,
+    default="auto",
+    show_default=True,
+    help="Processes that scan a large training log (auto: one per core, up to 8). The report "
+    "is the same whatever the number.",
+)
+@click.option(
     "--color/--no-color",
     "colour",
     default=None,
@@ -103,6 +113,7 @@ def analyze_command(
     gpu_memory: int | None,
     host_memory: int | None,
     thresholds_file: str | None,
+    jobs: int,
     colour: bool | None,
 ) -> None:
     """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
@@ -120,6 +131,8 @@ def analyze_command(
         gpus=gpus,
         gpu_memory=gpu_memory,
         host_memory=host_memory,
+        log_jobs=jobs,
+        progress=Progress() if sys.stderr.isatty() else None,
     )
     report = analyze(list(inputs), config=config, options=options)
     if redact:

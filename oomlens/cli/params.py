@@ -39,6 +39,53 @@ class _SizeType(click.ParamType):
         return size
 
 
+class _JobsType(click.ParamType):
+    """``auto`` (0: one per core) or a number of processes, at least 1."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return 0
+        if not str(value).strip().isdigit() or int(value) < 1:
+            self.fail(f"{value!r}: give a number of processes (at least 1) or auto", param, ctx)
+        return int(value)
+
+
+class Progress:
+    """Reading progress of large logs on stderr (a terminal's: one line, rewritten at most
+    twice a second, cleared at the end of each file)."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+        self._shown = ""
+
+    def __call__(self, path: str, done: int, total: int) -> None:
+        import time
+
+        now = time.monotonic()
+        finished = total > 0 and done >= total
+        if not finished and now - self._last < 0.5:
+            return
+        self._last = now
+        name = path if len(path) <= 40 else "..." + path[-37:]
+        mib = done / 2**20
+        text = (
+            f"oomlens: reading {name}: {100 * done // total}% of {total / 2**20:.0f} MiB"
+            if total
+            else f"oomlens: reading {name}: {mib:.0f} MiB"
+        )
+        pad = " " * max(0, len(self._shown) - len(text))
+        click.echo("\r" + text + pad, nl=False, err=True)
+        self._shown = text
+        if finished:
+            click.echo("\r" + " " * len(text) + "\r", nl=False, err=True)
+            self._shown = ""
+
+
 COUNT = _CountType()
+JOBS = _JobsType()
 SIZE = _SizeType()
 SIZE_OR_ZERO = _SizeType(allow_zero=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
@@ -80,6 +81,11 @@ class ReadOptions:
     snapshot_limits: SnapshotLimits | None = None
     max_snapshot_bytes: int | None = None
     """Snapshots larger than this are not loaded (recorded as skipped): for time-boxed callers."""
+    log_jobs: int = 1
+    """Processes that scan a large training log (``oomlens.ingest.log.read_log``'s ``jobs``;
+    0: one per core)."""
+    progress: Callable[[str, int, int], None] | None = None
+    """Told ``(file, bytes read, bytes in all)`` as a large log is read (0: size unknown)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,13 @@ class TrainingLogKind(InputKind):
         from oomlens.ingest.log import read_log
 
         where = found.location
-        log = read_log(found.path, rank=where.rank if where.rank is not None else where.local_rank)
+        progress = options.progress
+        log = read_log(
+            found.path,
+            rank=where.rank if where.rank is not None else where.local_rank,
+            jobs=options.log_jobs,
+            progress=(lambda done, total: progress(found.path, done, total)) if progress else None,
+        )
         return Reading((log,), f"{log.lines} lines", notes=log.notes, rank=log.layout_rank)
 
 

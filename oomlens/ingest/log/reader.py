@@ -67,17 +67,13 @@ from oomlens.facts.log import (
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, paste, steps, torch_oom, torchrun
+from oomlens.ingest.log import batches, deepspeed, paste, steps, torch_oom, torchrun
 from oomlens.ingest.log.bits import (
-    ANCHOR_BITS,
-    ANCHORS,
     DS_CPU,
     EXCEPTION,
     MAIN,
     OOM,
     OOM_START,
-    PASTE_ANCHOR_BITS,
-    PASTE_ANCHORS,
     SUMMARY,
     TB,
     TERMINATE,
@@ -87,7 +83,6 @@ from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
-    AnchorScanner,
     BoundedList,
     MemoryKeeper,
     ReaderLimits,
@@ -98,7 +93,13 @@ from oomlens.ingest.log.traceback import (
     FinishedException,
     classify_traceback,
 )
-from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
+from oomlens.ingest.textstream import (
+    Compression,
+    LineCleaner,
+    StreamStats,
+    TextSource,
+    open_text,
+)
 
 MAX_STREAMS = 4096
 MAX_PARTIAL_TRACEBACKS = 16
@@ -120,8 +121,6 @@ _TERMINATE = regex.compile(
 _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
 
 
-_SCANNER: AnchorScanner | None = None
-_PASTE_SCANNER: AnchorScanner | None = None
 LINE_BY_LINE_BYTES = 1 << 20
 """An input this small on disk is read line by line with the wider anchor table (a paste, a
 window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
@@ -129,59 +128,28 @@ LINE_BY_LINE_MAX_TEXT = 16 << 20
 """...up to this much decompressed text (a small compressed file can inflate a lot)."""
 
 
-_SPACES = (b"\xc2\xa0", b"\xe2\x80\xaf", b"\xe2\x80\x87", b"\xe3\x80\x80")
-
-
-def _plain_spaces(data: bytes) -> bytes:
-    """A paste's non-breaking and ideographic spaces as spaces, before the anchors are searched:
-    a browser or a CJK input method puts them between the words an anchor is made of."""
-    for space in _SPACES:
-        if space in data:
-            data = data.replace(space, b" ")
-    return data
-
-
-def _with_message_starts(data: bytes, hits: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``hits`` and the starts of the lines where an OOM message begins in the paste's squeezed
-    text (an anchor a wrap cut in two is found there)."""
-    text = data.decode("utf-8", "replace")
-    starts = torch_oom.message_starts(text)
-    if not starts:
-        return hits
-    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-    extra = []
-    for start in starts:
-        line = text.count("\n", 0, start)  # the bytes' line: decoding keeps every newline
-        extra.append((int(newlines[line - 1]) + 1 if line else 0, OOM | OOM_START))
-    return sorted(hits + extra)
-
-
-def _scanner() -> AnchorScanner:
-    global _SCANNER
-    if _SCANNER is None:
-        _SCANNER = AnchorScanner(ANCHORS, ANCHOR_BITS)
-    return _SCANNER
-
-
-def _paste_scanner() -> AnchorScanner:
-    global _PASTE_SCANNER
-    if _PASTE_SCANNER is None:
-        _PASTE_SCANNER = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
-    return _PASTE_SCANNER
-
-
 class LogReader:
     """The state of one pass; use ``read_log``."""
 
     def __init__(
-        self, source: TextSource, *, rank: int | None, host: str | None, limits: ReaderLimits
+        self,
+        source: TextSource,
+        *,
+        rank: int | None,
+        host: str | None,
+        limits: ReaderLimits,
+        jobs: int = 1,
     ) -> None:
         self.source = source
+        self.jobs = jobs
+        self.progress: Callable[[int], None] | None = None
         self.path = source.display
         self.layout_rank = rank
         self.layout_host = host
         self.limits = limits
         self.cleaner = LineCleaner(source.stats, source.max_line_bytes)
+        self.quiet_cleaner = LineCleaner(StreamStats(), source.max_line_bytes)
+        """Cleans the lines read behind another (labels): their repairs are not counted."""
         try:
             info = os.stat(source.path)
             self.year: int | None = datetime.fromtimestamp(info.st_mtime).year
@@ -200,12 +168,14 @@ class LogReader:
         self.ranks_seen: set[int] = set()
         self.hosts_seen: set[str] = set()
         self.prev_tail = b""
+        self.end_bytes = b""
+        """The input's last 16 KiB read, across blocks (``batches``)."""
         self.block_data = b""
         self.in_traceback = False
         self.prefix_chars = 0
         self.consumed_until = 0
         self.ended_in_traceback = False
-        self.block_newlines = np.zeros(0, dtype=np.int64)
+        self.block_newlines: np.ndarray | None = None
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
@@ -263,22 +233,7 @@ class LogReader:
     # --- the pass -------------------------------------------------------------------------
 
     def run(self) -> LogFacts:
-        number = 1
-        for block in self.source.blocks(number_lines=False):
-            data = block.data
-            if self.every_line and self.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
-                self.every_line = False
-            scanner = _paste_scanner() if self.every_line else _scanner()
-            if self.every_line:
-                data = _plain_spaces(data)
-            self.consumed_until = 0
-            hits = scanner.hits(data)
-            if self.every_line:
-                hits = _with_message_starts(data, hits)
-            after = self._scan_block(data, hits, number)
-            self._sample_progress_bar(data, number)
-            self.prev_tail = data[-16384:]
-            number = after
+        number = batches.read(self, self.jobs)
         self.source.stats.lines = number - 1
         self.tail = self._tail(number)
         self._close_all(at_end=True)
@@ -286,50 +241,10 @@ class LogReader:
         self.oom.items.sort(key=lambda e: e.source.line or 0)
         return log_facts(self)
 
-    def _scan_block(self, data: bytes, hits: list[tuple[int, int]], first_line: int) -> int:
-        """Process the block's candidate lines (every line while a stream is open); returns
-        the number of the line after the block."""
-        size = len(data)
-        positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-        self.block_newlines = positions
-        newline_count = len(positions)
-        line_count = newline_count + (0 if data.endswith(b"\n") else 1)
-        count = len(hits)
-        line_of: list[int] = (
-            np.searchsorted(positions, [h[0] for h in hits]).tolist() if count else []
-        )
-        index = 0
-        k = 0  # the next line (index within the block) to look at
-        while True:
-            if not self.open_streams and not self.every_line:
-                while index < count and (
-                    line_of[index] < k or hits[index][0] < self.consumed_until
-                ):
-                    index += 1
-                if index >= count:
-                    return first_line + line_count
-                k = line_of[index]
-            elif k >= line_count:
-                return first_line + line_count
-            mask = 0
-            while index < count and line_of[index] <= k:
-                if line_of[index] == k:
-                    mask |= hits[index][1]
-                index += 1
-            start = int(positions[k - 1]) + 1 if k else 0
-            end = int(positions[k]) if k < newline_count else size
-            if start >= self.consumed_until:
-                self._line(data, start, end, first_line + k, mask)
-            k += 1
-            if self.open_streams:
-                self.lines_since_stale_check += 1
-                if self.lines_since_stale_check >= 32:
-                    self.lines_since_stale_check = 0
-                    self._close_stale(first_line + k)
-
     def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
-        """The last ``TAIL_LINES`` lines of the input, from the last block's bytes."""
-        data = self.prev_tail
+        """The last ``TAIL_LINES`` lines of the input, from its last 16 KiB (of however many
+        blocks: the same lines whatever the block size)."""
+        data = self.end_bytes
         if not data:
             return ()
         lines = data.split(b"\n")
@@ -340,7 +255,7 @@ class LogReader:
         first = next_line - len(lines)
         return tuple((first + i, self.cleaner.clean(raw)[:2000]) for i, raw in enumerate(lines))
 
-    def _sample_progress_bar(self, data: bytes, first_line: int) -> None:
+    def sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
         for anchor in steps.TQDM_ANCHORS:
             hit = data.rfind(anchor)
@@ -353,6 +268,8 @@ class LogReader:
             rest, prefix = strip_prefixes(text, self.known_hosts)
             progress = steps.parse_step_line(rest)
             if progress is not None and progress.kind == "tqdm":
+                if self.block_newlines is None:
+                    self.block_newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
                 number = first_line + int(np.searchsorted(self.block_newlines, start))
                 rank = self._rank_of(prefix)
                 self.add_step(
@@ -362,7 +279,8 @@ class LogReader:
                 )
             return
 
-    def _line(self, data: bytes, start: int, end: int, number: int, mask: int) -> None:
+    def read_line(self, data: bytes, start: int, end: int, number: int, mask: int) -> None:
+        """The per-line path for one line (``start``..``end`` of block ``data``)."""
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
@@ -435,7 +353,7 @@ class LogReader:
             )
         return self.layout_rank
 
-    def _stream(self, key: tuple[object, ...]) -> StreamState:
+    def stream_of(self, key: tuple[object, ...]) -> StreamState:
         stream = self.streams.get(key)
         if stream is None:
             if len(self.streams) >= MAX_STREAMS:
@@ -470,7 +388,7 @@ class LogReader:
             rank = record.rank
         ref = SourceRef(self.path, number, rank, host)
         key = prefix.key
-        stream = self._stream(key)
+        stream = self.stream_of(key)
         self.in_traceback = False
         if self.every_line:
             rest = paste.strip_logger(rest)  # a traceback relayed line by line by a service
@@ -680,8 +598,15 @@ class LogReader:
             keeper = self.memory[key] = MemoryKeeper(ref.rank, ref.host, self.limits)
         keeper.add(sample)
 
-    def label_before(self, data: bytes, start: int, key: tuple[object, ...]) -> str | None:
-        """The previous line of the same stream (the ``see_memory_usage`` label)."""
+    def label_before(
+        self, data: bytes, start: int, key: tuple[object, ...], prev_tail: bytes | None = None
+    ) -> str | None:
+        """The previous line of the same stream (the ``see_memory_usage`` label): the line just
+        before when it starts with the same raw prefix, else the nearest of the 16 lines before
+        (within 16 KiB, the previous block's tail, ``prev_tail``, included) with the same
+        stream key.  A look behind: it counts no repairs (the lines it reads are counted, if
+        ever, when they are read themselves)."""
+        clean = self.quiet_cleaner.clean
         if start > 0 and self.prefix_chars >= 0:
             # Usually the line just before, with the same raw prefix: no need to re-parse it.
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
@@ -692,13 +617,13 @@ class LogReader:
                 b"(",
             ):
                 raw = data[after : start - 1]
-                label = deepspeed.strip_logger(self.cleaner.clean(raw)).strip()
+                label = deepspeed.strip_logger(clean(raw)).strip()
                 if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
                     return None
                 return label[:200]
         window = data[max(0, start - 16384) : start]
         if start < 16384:
-            window = self.prev_tail + window
+            window = (self.prev_tail if prev_tail is None else prev_tail) + window
         end = len(window)
         for _ in range(16):
             if end <= 0:
@@ -706,8 +631,7 @@ class LogReader:
             begin = window.rfind(b"\n", 0, end - 1) + 1
             raw = window[begin:end]
             end = begin
-            text = self.cleaner.clean(raw)
-            rest, prefix = strip_prefixes(text, self.known_hosts)
+            rest, prefix = strip_prefixes(clean(raw), self.known_hosts)
             if prefix.key != key:
                 continue
             label = deepspeed.strip_logger(rest).strip()
@@ -737,7 +661,12 @@ class LogReader:
         return cpu
 
     def time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
+        """The timestamp of the nearest line before ``start`` that has one (up to ``lines``
+        lines within 16 KiB back, the previous block's tail included when ``data`` is the
+        current block, so that where blocks are cut changes nothing), else the last time seen."""
         window = data[max(0, start - 16384) : start]
+        if start < 16384 and data is self.block_data and self.prev_tail:
+            window = (self.prev_tail + window)[-16384:]
         end = len(window)
         for _ in range(lines):
             if end <= 0:
@@ -913,7 +842,7 @@ class LogReader:
 
     # --- closing ----------------------------------------------------------------------------
 
-    def _close_stale(self, number: int) -> None:
+    def close_stale(self, number: int) -> None:
         """Close tracebacks whose stream stopped writing (its process died); failure blocks
         and config dumps end by themselves or at their bounded length."""
         for key, stream in list(self.open_streams.items()):
@@ -952,8 +881,16 @@ def read_log(
     display: str | None = None,
     limits: ReaderLimits | None = None,
     chunk_bytes: int | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LogFacts:
     """Read one training log in one streaming pass; see the module docstring.
+
+    ``jobs``: processes that scan the input ahead of the pass (``batches``), 0 for one per
+    core; a log under ``batches.PARALLEL_MIN_BYTES`` on disk is scanned in this process
+    whatever ``jobs`` says.  The facts are the same for any ``jobs``.  ``progress(read,
+    total)`` is told the bytes read after each batch of a log of at least that size (``total``
+    0 when compressed).
 
     Raises InputError when the file does not exist, cannot be read, is a directory, is
     empty, or cannot be decompressed at all.
@@ -962,10 +899,18 @@ def read_log(
         path, display=display, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {})
     )
     try:
-        empty = os.path.getsize(path) == 0
+        size = os.path.getsize(path)
     except OSError as exc:  # pragma: no cover - open_text checked it
         raise InputError(source.display, f"cannot be read ({exc})") from exc
-    if empty:
+    if size == 0:
         raise InputError(source.display, "is empty", "pass the log of the failed run")
-    reader = LogReader(source, rank=rank, host=host, limits=limits or ReaderLimits())
+    large = size >= batches.PARALLEL_MIN_BYTES
+    if jobs <= 0:
+        jobs = batches.default_jobs()
+    reader = LogReader(
+        source, rank=rank, host=host, limits=limits or ReaderLimits(), jobs=jobs if large else 1
+    )
+    if large and progress is not None:
+        total = size if source.compression is Compression.NONE else 0
+        reader.progress = lambda done: progress(done, total)
     return reader.run()

@@ -1,19 +1,54 @@
-"""Bounded keepers for long series: thinned samples and running statistics."""
+"""Bounded keepers for long series: thinned samples and running statistics.
+
+Both take items one at a time (``add``) or many at once (``extend``), with the same result
+either way and whatever the batches: the log reader's per-line path adds, its bulk path
+(``bulk_apply``) extends, and a log read in pieces gives the facts of one pass.  That is why
+``RunningStats`` sums exactly (integers, not Welford's floating-point recurrence, whose result
+depends on the order and the grouping of the additions): the mean and the slope are the exact
+values rounded once.
+"""
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar, cast
+
+import numpy as np
 
 from oomlens.facts.log import SeriesStats
 
 T = TypeVar("T")
 
 
+class Lazy:
+    """An item of a ``Thinned`` built only if it is kept: ``build(row)``.  The bulk path hands
+    the series its last items this way (most of them leave the tail again, unkept, when the
+    next items come)."""
+
+    __slots__ = ("build", "row")
+
+    def __init__(self, build: Callable[[object], object], row: object) -> None:
+        self.build = build
+        self.row = row
+
+
+def _real(item: T) -> T:
+    if isinstance(item, Lazy):
+        return cast(T, item.build(item.row))
+    return item
+
+
 class Thinned(Generic[T]):
     """Keeps the first ``head`` and last ``tail`` items and at most ``middle`` items between,
     evenly thinned (every 2**k-th item, k growing as items arrive).  Memory is bounded by
-    ``head + middle + tail`` whatever the number of items added."""
+    ``head + middle + tail`` whatever the number of items added.
+
+    Which items are kept depends only on their indices and the count: the middle always holds
+    the items of index ``i`` with ``head <= i < count - tail`` and ``i % stride == 0``, for the
+    smallest power-of-two stride that leaves at most ``middle`` of them."""
 
     __slots__ = ("_head", "_head_max", "_middle", "_middle_max", "_stride", "_tail", "count")
 
@@ -35,24 +70,201 @@ class Thinned(Generic[T]):
         if len(self._tail) == self._tail.maxlen:
             old_index, old = self._tail[0]
             if old_index % self._stride == 0:
-                self._middle.append((old_index, old))
+                self._middle.append((old_index, _real(old)))
                 if len(self._middle) > self._middle_max:
                     self._stride *= 2
                     self._middle = [(i, v) for i, v in self._middle if i % self._stride == 0]
         self._tail.append((index, item))
 
-    def items(self) -> tuple[T, ...]:
-        return (
-            tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in self._tail)
+    def _multiples(self, end: int, stride: int) -> int:
+        """How many indices in ``[head, end)`` are multiples of ``stride``."""
+        start = self._head_max
+        if end <= start:
+            return 0
+        return (end - 1) // stride - (start - 1) // stride
+
+    def wanted(self, n: int) -> tuple[list[int], int]:
+        """The positions (0-based, among ``n`` items about to be added) that ``extend`` would
+        keep, and the stride it would leave."""
+        head, tail_max = self._head_max, self._tail.maxlen or 1
+        old, new = self.count, self.count + n
+        evicted_end = max(head, new - tail_max)
+        stride = self._stride
+        while self._multiples(evicted_end, stride) > self._middle_max:
+            stride *= 2
+        positions = list(range(0, max(0, min(head, new) - old)))
+        start = max(old, head)
+        first_multiple = -(-start // stride) * stride
+        positions.extend(i - old for i in range(first_multiple, evicted_end, stride))
+        positions.extend(range(max(start, evicted_end) - old, n))
+        return positions, stride
+
+    def extend(
+        self,
+        n: int,
+        make: Callable[[list[int]], Sequence[T]],
+        lazy: Callable[[list[int]], Sequence[Lazy]] | None = None,
+    ) -> None:
+        """Add ``n`` items at once, as ``n`` calls of ``add`` would; ``make(positions)`` builds
+        only the items that are kept (positions 0-based among the ``n``, ascending), so that
+        adding a million items costs what the few hundred kept ones cost.  With ``lazy``, the
+        items that end in the tail are ``Lazy`` ones from it, built when they are kept."""
+        if n <= 0:
+            return
+        positions, stride = self.wanted(n)
+        if lazy is None:
+            items: list[T] = list(make(positions))
+        else:
+            split = self.tail_split(n, positions)
+            items = list(make(positions[:split]))
+            items += cast(list[T], list(lazy(positions[split:])))
+        self.place(n, positions, stride, items)
+
+    def tail_split(self, n: int, positions: list[int]) -> int:
+        """How many of ``wanted(n)``'s positions are kept for good (the rest end in the tail,
+        where the next items may push them out)."""
+        evicted_end = max(self._head_max, self.count + n - (self._tail.maxlen or 1))
+        return bisect.bisect_left(positions, evicted_end - self.count)
+
+    def place(self, n: int, positions: list[int], stride: int, items: Sequence[T]) -> None:
+        """``extend``'s second half: ``items`` for the ``positions`` and ``stride`` of
+        ``wanted(n)`` (for callers that build the items of many series at once)."""
+        head, tail_max = self._head_max, self._tail.maxlen or 1
+        old, new = self.count, self.count + n
+        evicted_end = max(head, new - tail_max)
+        middle = (
+            self._middle
+            if stride == self._stride
+            else [(i, v) for i, v in self._middle if i % stride == 0]
         )
+        tail: list[tuple[int, T]] = []
+        for i, v in self._tail:
+            if i >= evicted_end:
+                tail.append((i, v))
+            elif i % stride == 0:
+                middle.append((i, _real(v)))
+        for position, item in zip(positions, items, strict=True):
+            index = old + position
+            if index < head:
+                self._head.append(item)
+            elif index < evicted_end:
+                middle.append((index, item))
+            else:
+                tail.append((index, item))
+        self._middle = middle
+        self._stride = stride
+        self._tail = deque(tail, maxlen=tail_max)
+        self.count = new
+
+    def items(self) -> tuple[T, ...]:
+        tail = [(i, _real(v)) for i, v in self._tail]
+        self._tail = deque(tail, maxlen=self._tail.maxlen)
+        return tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in tail)
+
+
+_SCALE = 1130
+"""Sums are kept as integers in units of 2**-_SCALE: every finite float64 is a whole number of
+them (the smallest subnormal is 2**-1074; the margin keeps the shifts below non-negative)."""
+_LIMB = 18
+_LIMB_MASK = (1 << _LIMB) - 1
+_CHUNK = 1 << 20
+"""Items summed in one go: 18-bit limbs times 20-bit index pieces, 2**20 of them, stay below
+2**63."""
+
+
+def _scaled(value: float) -> int:
+    """``value * 2**_SCALE``, exactly (``value`` finite)."""
+    numerator, denominator = value.as_integer_ratio()
+    return numerator << (_SCALE - denominator.bit_length() + 1)
+
+
+def grouped_sums(
+    groups: np.ndarray, values: np.ndarray, index: np.ndarray
+) -> dict[int, tuple[int, int]]:
+    """For each group id, ``(sum of value, sum of index * value)`` in units of 2**-_SCALE,
+    exactly, for finite float64 ``values``; ``index`` (int64, from 0 up to below 2**40) is
+    each value's position in its series.
+
+    How: each value is ``M * 2**(e - 53)`` with an integer ``M`` of 53 bits (``frexp``); values
+    are sorted by (group, e), ``M`` is cut into three 18-bit limbs, and ``np.add.reduceat``
+    sums limbs and index-times-limbs (the index cut in two 20-bit pieces) in int64 without
+    overflow; Python integers put the
+    pieces together (one per group and exponent, a handful)."""
+    result: dict[int, tuple[int, int]] = {}
+    if len(values) == 0:
+        return result
+    for begin in range(0, len(values), _CHUNK):
+        g = groups[begin : begin + _CHUNK]
+        v = values[begin : begin + _CHUNK]
+        k = index[begin : begin + _CHUNK]
+        mantissa, exponent = np.frexp(v)
+        m = (mantissa * float(1 << 53)).astype(np.int64)
+        exponent = exponent.astype(np.int64)
+        order = np.lexsort((exponent, g))
+        g, m, k, exponent = g[order], m[order], k[order], exponent[order]
+        change = np.flatnonzero((g[1:] != g[:-1]) | (exponent[1:] != exponent[:-1])) + 1
+        starts = np.concatenate(([0], change))
+        limbs = (m & _LIMB_MASK, (m >> _LIMB) & _LIMB_MASK, m >> (2 * _LIMB))
+        low, high = k & ((1 << 20) - 1), k >> 20
+        s0 = [np.add.reduceat(limb, starts).tolist() for limb in limbs]
+        s1 = [np.add.reduceat(limb * low, starts).tolist() for limb in limbs]
+        s2 = [np.add.reduceat(limb * high, starts).tolist() for limb in limbs]
+        heads = zip(g[starts].tolist(), exponent[starts].tolist(), strict=True)
+        for j, (group, e) in enumerate(heads):
+            shift = e - 53 + _SCALE
+            total = (s0[0][j] + (s0[1][j] << _LIMB) + (s0[2][j] << (2 * _LIMB))) << shift
+            weighted = (
+                (s1[0][j] + (s1[1][j] << _LIMB) + (s1[2][j] << (2 * _LIMB)))
+                + ((s2[0][j] + (s2[1][j] << _LIMB) + (s2[2][j] << (2 * _LIMB))) << 20)
+            ) << shift
+            before = result.get(group, (0, 0))
+            result[group] = (before[0] + total, before[1] + weighted)
+    return result
+
+
+GroupStats = tuple[int, float, float, float, float, int, int]
+"""count, first, last, minimum, maximum, sum, index-weighted sum (see ``RunningStats.merge``)."""
+
+
+def grouped_stats(groups: np.ndarray, values: np.ndarray) -> dict[int, GroupStats]:
+    """For each group id, what ``RunningStats.merge`` takes for its values in order (finite
+    float64 values; the index of a value is its position among its group's)."""
+    if len(values) == 0:
+        return {}
+    order = np.argsort(groups, kind="stable")
+    g, v = groups[order], values[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    ends = np.append(starts[1:], len(g))
+    sizes = ends - starts
+    index = np.arange(len(g)) - np.repeat(starts, sizes)
+    sums = grouped_sums(g, v, index)
+    low = np.minimum.reduceat(v, starts)
+    high = np.maximum.reduceat(v, starts)
+    out: dict[int, GroupStats] = {}
+    for k, group in enumerate(g[starts].tolist()):
+        total, weighted = sums[group]
+        out[group] = (
+            int(sizes[k]),
+            float(v[starts[k]]),
+            float(v[ends[k] - 1]),
+            float(low[k]),
+            float(high[k]),
+            total,
+            weighted,
+        )
+    return out
 
 
 class RunningStats:
     """Count, first, last, min, max, mean and the least-squares slope of value against sample
-    index (0, 1, 2...), updated in O(1) per value with Welford-style updates (numerically
-    stable for large byte counts)."""
+    index (0, 1, 2...), in O(1) memory.  The sums behind the mean and the slope are exact
+    (integers in units of 2**-1130), so the figures are the exact ones rounded once, and the
+    same whether the values came one by one, in batches, or in pieces read apart.
 
-    __slots__ = ("_cxy", "_mean_y", "count", "first", "last", "maximum", "minimum")
+    Values are finite or infinite; a NaN is the caller's to drop.  An infinite value makes the
+    mean infinite (NaN if both signs came) and the slope NaN."""
+
+    __slots__ = ("_inf", "_sum", "_weighted", "count", "first", "last", "maximum", "minimum")
 
     def __init__(self) -> None:
         self.count = 0
@@ -60,29 +272,74 @@ class RunningStats:
         self.last = 0.0
         self.minimum = 0.0
         self.maximum = 0.0
-        self._mean_y = 0.0
-        self._cxy = 0.0
+        self._sum = 0
+        self._weighted = 0
+        self._inf = (0, 0)
 
     def add(self, value: float) -> None:
         value = float(value)
-        n = self.count + 1
-        self.count = n
-        if n == 1:
+        n = self.count
+        self.count = n + 1
+        if n == 0:
             self.first = self.minimum = self.maximum = value
         elif value < self.minimum:
             self.minimum = value
         elif value > self.maximum:
             self.maximum = value
         self.last = value
-        # x runs 0, 1, 2...: the x mean before this sample is (n - 2) / 2, so x - mean = n / 2.
-        mean_y = self._mean_y + (value - self._mean_y) / n
-        self._mean_y = mean_y
-        self._cxy += (n / 2) * (value - mean_y)
+        if math.isinf(value):
+            self._inf = (self._inf[0] + (value > 0), self._inf[1] + (value < 0))
+            return
+        scaled = _scaled(value)
+        self._sum += scaled
+        self._weighted += n * scaled
+
+    def extend(self, values: np.ndarray) -> None:
+        """Add float64 ``values`` in order, as ``add`` would one by one."""
+        if len(values) == 0:
+            return
+        values = np.asarray(values, dtype=np.float64)
+        finite = np.isfinite(values)
+        if not finite.all():
+            for value in values.tolist():
+                self.add(value)
+            return
+        sums = grouped_sums(
+            np.zeros(len(values), dtype=np.int64), values, np.arange(len(values), dtype=np.int64)
+        )
+        self.merge(len(values), values[0], values[-1], values.min(), values.max(), *sums[0])
+
+    def merge(
+        self, n: int, first: float, last: float, low: float, high: float, total: int, weighted: int
+    ) -> None:
+        """Take ``n`` finite values summarised by ``grouped_sums`` (``weighted`` with indices
+        counted from 0 within them) as if added one by one after the values already here."""
+        if n <= 0:
+            return
+        if self.count == 0:
+            self.first, self.minimum, self.maximum = float(first), float(low), float(high)
+        else:
+            self.minimum = min(self.minimum, float(low))
+            self.maximum = max(self.maximum, float(high))
+        self.last = float(last)
+        self._weighted += weighted + self.count * total
+        self._sum += total
+        self.count += n
 
     def freeze(self) -> SeriesStats:
         n = self.count
-        sxx = n * (n * n - 1) / 12  # sum of (x - mean x)^2 for x = 0..n-1
-        slope = self._cxy / sxx if n >= 2 else None
-        return SeriesStats(
-            n, self.first, self.last, self.minimum, self.maximum, self._mean_y, slope
-        )
+        positive, negative = self._inf
+        slope: float | None
+        if positive or negative:
+            mean = math.nan if positive and negative else math.inf if positive else -math.inf
+            slope = math.nan if n >= 2 else None
+        else:
+            mean = self._sum / (n << _SCALE) if n else 0.0
+            # sum((x - mean x) * y) = S1 - (n - 1) / 2 * S0, and sum((x - mean x)^2) =
+            # n (n^2 - 1) / 12 for x = 0..n-1: one exact fraction, rounded once.
+            slope = (
+                (12 * self._weighted - 6 * (n - 1) * self._sum) / ((n * (n * n - 1)) << _SCALE)
+                if n >= 2
+                else None
+            )
+        return SeriesStats(n, self.first, self.last, self.minimum, self.maximum, mean, slope)

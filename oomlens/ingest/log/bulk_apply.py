@@ -1,0 +1,583 @@
+"""A run of bulk lines applied to the log reader's state at once, as the per-line path would
+have applied them one by one.
+
+A run is consecutive anchor lines of a ``BatchScan`` that are all bulk lines (memory, CPU,
+cache-flush and step lines the scan read), met while no stream has a traceback, a failure
+block or a config dump open.  What the per-line path does with such lines, and how it is done
+here with arrays instead:
+
+* every line it visits marks its rank as seen and makes its stream; a leading timestamp
+  becomes the reader's last time (and year); a step line's step its last step: carried forward
+  over the run (``_latest``);
+* a memory line opens its stream's pending sample (label, values, last time, last step); the
+  stream's next visited line closes it, with the CPU values when that is a CPU line; a CPU line
+  right after its memory line, read ahead with it (``consumed``), closes it at once.  Samples
+  reach their rank's series in the order they close (``_memory``);
+* cache-flush and step lines add to their series in line order.
+
+Only the items the thinned series keep are built as objects; the statistics take whole arrays
+(``RunningStats.merge``, exact).  ``apply_run`` returns False, changing nothing, when the run
+would make more streams than the reader follows (the per-line path then takes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from oomlens.facts import SourceRef
+from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
+from oomlens.ingest.log import bulk
+from oomlens.ingest.log.deepspeed import MemoryReading
+from oomlens.ingest.log.series import Lazy, RunningStats, grouped_stats, grouped_sums
+from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
+
+if TYPE_CHECKING:
+    from oomlens.ingest.log.reader import LogReader
+
+_EPOCH = datetime(1970, 1, 1)
+MAX_STREAMS = 4096
+Pending = tuple[SourceRef, str | None, MemoryReading, datetime | None, int | None]
+
+
+def when_of(micros: int) -> datetime:
+    """A scan timestamp (microseconds since 1970) as the naive datetime the parsers make."""
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def stream_key(key: int) -> tuple[object, ...]:
+    """The ``LinePrefix.key`` of a scan key."""
+    if key == bulk.NO_KEY:
+        return ()
+    if key >= bulk.DEFAULT_ROLE:
+        return (("default", key - bulk.DEFAULT_ROLE),)
+    return (("rank", key),)
+
+
+def _latest(mask: np.ndarray, include_self: bool) -> np.ndarray:
+    """For each position, the latest position where ``mask`` holds (at or before it with
+    ``include_self``, strictly before it otherwise); -1 for none."""
+    marks = np.where(mask, np.arange(len(mask)), -1)
+    latest = np.maximum.accumulate(marks)
+    if include_self:
+        return latest
+    return np.concatenate(([-1], latest[:-1]))
+
+
+class Run:
+    """One run's arrays, and what the per-line path would know at each of its lines."""
+
+    def __init__(
+        self,
+        reader: LogReader,
+        scan: bulk.BatchScan,
+        lo: int,
+        hi: int,
+        first_line: int,
+        deferred: Callable[[int], str | None],
+    ) -> None:
+        self.reader = reader
+        self.scan = scan
+        self.lo = lo
+        self.kind = scan.kind[lo:hi]
+        self.consumed = scan.consumed[lo:hi]
+        self.handled = ~self.consumed
+        self.keys = scan.key[lo:hi]
+        self.numbers = scan.hit_line[lo:hi] + first_line
+        self.ts = scan.ts[lo:hi]
+        self.deferred = deferred
+        self.rank_of_key: dict[int, int | None] = {}
+        for key in np.unique(self.keys).tolist():
+            if key == bulk.NO_KEY:
+                self.rank_of_key[key] = reader.layout_rank
+            elif key >= bulk.DEFAULT_ROLE:
+                local = key - bulk.DEFAULT_ROLE
+                self.rank_of_key[key] = reader.local_to_global.get((None, "default", local), local)
+            else:
+                self.rank_of_key[key] = key
+        lookup = {k: (-1 if r is None else r) for k, r in self.rank_of_key.items()}
+        self.prefix_rank = np.asarray([lookup[k] for k in self.keys.tolist()], dtype=np.int64)
+        # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
+        record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
+        self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
+        self.time_source = _latest(self.handled & (self.ts != bulk.NO_TS), include_self=True)
+        self.step_lines = self.handled & (
+            (self.kind == bulk.STEP_GENERIC) | (self.kind == bulk.STEP_DS)
+        )
+        self.step_source = _latest(self.step_lines, include_self=False)
+        self._times: dict[int, datetime] = {}
+
+    def when(self, i: int) -> datetime | None:
+        """The reader's last time once line ``i``'s own timestamp is read (the matchers'
+        ``line.when or reader.last_time``)."""
+        source = int(self.time_source[i])
+        if source < 0:
+            return self.reader.last_time
+        found = self._times.get(source)
+        if found is None:
+            found = self._times[source] = when_of(int(self.ts[source]))
+        return found
+
+    def step(self, i: int) -> int | None:
+        """The reader's last step when line ``i`` is read."""
+        source = int(self.step_source[i])
+        return self.reader.last_step if source < 0 else int(self.scan.a[self.lo + source])
+
+    def ref(self, i: int, rank: int | None = None) -> SourceRef:
+        r = int(self.rank[i]) if rank is None else rank
+        number = int(self.numbers[i])
+        return SourceRef(self.reader.path, number, None if r < 0 else r, self.reader.layout_host)
+
+    def label(self, i: int) -> str | None:
+        ident = int(self.scan.label[self.lo + i])
+        if ident == bulk.LABEL_DEFERRED:
+            return self.deferred(self.lo + i)
+        return None if ident < 0 else self.scan.labels[ident]
+
+
+def apply_run(
+    reader: LogReader,
+    scan: bulk.BatchScan,
+    lo: int,
+    hi: int,
+    first_line: int,
+    deferred: Callable[[int], str | None],
+) -> bool:
+    """Apply hits ``lo..hi`` of ``scan`` (all bulk lines; batch line 0 is line number
+    ``first_line``); ``deferred(h)`` looks up the label of the memory line at hit ``h`` that
+    the scan left to the reader.  False, and nothing changed, when the run would need more
+    streams than the reader follows."""
+    run = Run(reader, scan, lo, hi, first_line, deferred)
+    new = [k for k in run.rank_of_key if stream_key(k) not in reader.streams]
+    if len(reader.streams) + len(new) > MAX_STREAMS:
+        return False
+    _seen(run)
+    _memory(run)
+    _flushes(run)
+    _steps(run)
+    stamped = np.flatnonzero(run.handled & (run.ts != bulk.NO_TS))
+    if len(stamped):
+        last = run.when(int(stamped[-1]))
+        assert last is not None
+        reader.last_time = last
+        reader.year = last.year
+    reader.in_traceback = False
+    return True
+
+
+def _first_occurrences(values: np.ndarray) -> list[int]:
+    _, first = np.unique(values, return_index=True)
+    return [int(v) for v in values[np.sort(first)].tolist()]
+
+
+def _seen(run: Run) -> None:
+    reader = run.reader
+    for key in _first_occurrences(run.keys[run.handled]):
+        reader.stream_of(stream_key(key))
+    for rank in _first_occurrences(run.prefix_rank[run.handled]):
+        if rank >= 0 and rank not in reader.ranks_seen and len(reader.ranks_seen) < MAX_STREAMS:
+            reader.ranks_seen.add(rank)
+    host = reader.layout_host
+    if host is not None and host not in reader.hosts_seen and len(reader.hosts_seen) < MAX_STREAMS:
+        reader.hosts_seen.add(host)
+
+
+# --- memory samples ---------------------------------------------------------------------------
+
+
+class _Closed:
+    """The memory samples a run closes: where each closes (``at``: twice the closing line,
+    plus one when read with its CPU line), the run line it was printed on (-1: a sample the
+    reader had open, in ``pending``), and the run line of its CPU values (-1: none)."""
+
+    def __init__(self, at: np.ndarray, line: np.ndarray, cpu: np.ndarray) -> None:
+        self.at, self.line, self.cpu = at, line, cpu
+        self.pending: list[Pending | None] = [None] * len(at)
+
+
+def _memory(run: Run) -> None:
+    reader, n = run.reader, len(run.kind)
+    handled = np.flatnonzero(run.handled)
+    keys = run.keys[handled]
+    order = np.lexsort((handled, keys))
+    pos, key, kind = handled[order], keys[order], run.kind[handled][order]
+    m = len(pos)
+    if not m:
+        return
+    first_of_key = np.concatenate(([True], key[1:] != key[:-1]))
+    last_of_key = np.concatenate((key[1:] != key[:-1], [True]))
+    streams: dict[int, StreamState] = {k: reader.streams[stream_key(k)] for k in run.rank_of_key}
+    # A sample the reader had open closes at its stream's first visited line.
+    opened: list[tuple[int, int, Pending]] = []
+    for e in np.flatnonzero(first_of_key).tolist():
+        stream = streams[int(key[e])]
+        if stream.pending_memory is not None:
+            cpu_at = int(pos[e]) if kind[e] == bulk.CPU else -1
+            opened.append((int(pos[e]), cpu_at, stream.pending_memory))
+            stream.pending_memory = None
+    is_memory = kind == bulk.MEMORY
+    read_ahead = is_memory & (pos + 1 < n) & run.consumed[np.minimum(pos + 1, n - 1)]
+    later = is_memory & ~read_ahead & ~last_of_key
+    still_open = is_memory & ~read_ahead & last_of_key
+    nxt = np.minimum(np.arange(m) + 1, m - 1)
+    following = pos[nxt]
+    close_at = np.concatenate(
+        (
+            np.asarray([2 * o[0] for o in opened], dtype=np.int64),
+            2 * pos[read_ahead] + 1,
+            2 * following[later],
+        )
+    )
+    line = np.concatenate((np.full(len(opened), -1, dtype=np.int64), pos[read_ahead], pos[later]))
+    cpu = np.concatenate(
+        (
+            np.asarray([o[1] for o in opened], dtype=np.int64),
+            pos[read_ahead] + 1,
+            np.where(kind[nxt] == bulk.CPU, following, -1)[later],
+        )
+    )
+    closed = _Closed(close_at, line, cpu)
+    for r, (_, _, pending) in enumerate(opened):
+        closed.pending[r] = pending
+    for e in np.flatnonzero(still_open).tolist():
+        streams[int(key[e])].pending_memory = _pending(run, int(pos[e]))
+    if len(close_at):
+        _feed_keepers(run, closed)
+
+
+def _pending(run: Run, i: int) -> Pending:
+    scan, j = run.scan, run.lo + i
+    reading = MemoryReading(int(scan.a[j]), int(scan.b[j]), int(scan.c[j]), int(scan.d[j]))
+    return (run.ref(i), run.label(i), reading, run.when(i), run.step(i))
+
+
+def _feed_keepers(run: Run, closed: _Closed) -> None:
+    """The closed samples, in closing order, to their ranks' series: objects for the samples
+    the thinned series keep, exact statistics for all (one grouped pass per column)."""
+    reader, scan, lo = run.reader, run.scan, run.lo
+    order = np.argsort(closed.at, kind="stable")
+    rows = len(order)
+    line = closed.line[order]
+    cpu = closed.cpu[order]
+    pending = [closed.pending[i] for i in order.tolist()]
+    j = lo + np.maximum(line, 0)
+    values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
+    ranks = run.rank[np.maximum(line, 0)].copy()
+    labels = np.where(line >= 0, scan.label[j], bulk.LABEL_NONE).astype(np.int64)
+    texts: list[str] = list(scan.labels)
+    ids: dict[str, int] = {}
+
+    def text_id(text: str | None) -> int:
+        if text is None:
+            return bulk.LABEL_NONE
+        found = ids.get(text)
+        if found is None:
+            if not ids:
+                ids.update((t, k) for k, t in enumerate(texts))
+            found = ids.get(text)
+            if found is None:
+                found = ids[text] = len(texts)
+                texts.append(text)
+        return found
+
+    for r in np.flatnonzero(labels == bulk.LABEL_DEFERRED).tolist():
+        labels[r] = text_id(run.deferred(int(j[r])))
+    for r in np.flatnonzero(line < 0).tolist():
+        p = pending[r]
+        if p is not None:
+            values[r] = (p[2].allocated, p[2].max_allocated, p[2].reserved)
+            ranks[r] = -1 if p[0].rank is None else p[0].rank
+            labels[r] = text_id(p[1])
+    cpu_rows = cpu >= 0
+    cpu_used = scan.a[lo + np.maximum(cpu, 0)].astype(np.float64)
+    # Each rank's keeper, made on first use up to the cap (a rank past it is dropped).
+    host = reader.layout_host
+    keepers: list[MemoryKeeper | None] = []
+    keeper_of = np.full(rows, -1, dtype=np.int64)
+    for rank in _first_occurrences(ranks):
+        key = (None if rank < 0 else rank, host)
+        keeper = reader.memory.get(key)
+        if keeper is None and len(reader.memory) < MAX_STREAMS:
+            keeper = reader.memory[key] = MemoryKeeper(key[0], host, reader.limits)
+        if keeper is not None:
+            keeper_of[ranks == rank] = len(keepers)
+            keepers.append(keeper)
+    kept = keeper_of >= 0
+    columns = [grouped_stats(keeper_of[kept], values[kept, c]) for c in range(3)]
+    cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
+    rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
+    # The rows each keeper's thinned series keeps, read out for all keepers at once.
+    by_keeper = np.argsort(keeper_of, kind="stable")
+    sizes = np.bincount(keeper_of[kept], minlength=len(keepers))
+    groups = np.split(by_keeper[rows - int(kept.sum()) :], np.cumsum(sizes)[:-1])
+    plans = []
+    for keeper, mine in zip(keepers, groups, strict=True):
+        assert keeper is not None
+        positions, stride = keeper.samples.wanted(len(mine))
+        plans.append((positions, stride, keeper.samples.tail_split(len(mine), positions)))
+    wanted = [mine[positions] for mine, (positions, _, _) in zip(groups, plans, strict=True)]
+    fields = rows_of.fields(np.concatenate(wanted)) if wanted else []
+    at = 0
+    for k, keeper in enumerate(keepers):
+        assert keeper is not None
+        positions, stride, split = plans[k]
+        mine_fields = fields[at : at + len(positions)]
+        at += len(positions)
+        items: list[MemorySample] = [_build(f) for f in mine_fields[:split]]
+        items += cast(list[MemorySample], [Lazy(_build_any, f) for f in mine_fields[split:]])
+        keeper.samples.place(len(groups[k]), positions, stride, items)
+        keeper.allocated.merge(*columns[0][k])
+        keeper.max_allocated.merge(*columns[1][k])
+        keeper.reserved.merge(*columns[2][k])
+        if k in cpu_stats:
+            keeper.cpu.merge(*cpu_stats[k])
+    _labels(keepers, keeper_of, labels, values, texts)
+
+
+_Fields = tuple[
+    SourceRef | tuple[str, int, int | None, str | None],
+    str | None,
+    int,
+    int,
+    int,
+    int,
+    int | None,
+    float | None,
+    int | None,
+    datetime | None,
+]
+
+
+class _SampleRows:
+    """What a run's closed samples are made of, read out row by row only for the samples a
+    series keeps."""
+
+    def __init__(
+        self,
+        run: Run,
+        line: np.ndarray,
+        cpu: np.ndarray,
+        pending: list[Pending | None],
+        labels: np.ndarray,
+        texts: list[str],
+    ) -> None:
+        self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
+        self.labels, self.texts = labels, texts
+        self.when: dict[int, datetime | None] = {}
+
+    def fields(self, rows: np.ndarray) -> list[_Fields]:
+        run, scan, lo = self.run, self.run.scan, self.run.lo
+        line = self.line[rows]
+        i = np.maximum(line, 0)
+        j = lo + i
+        cpu = self.cpu[rows]
+        c = lo + np.maximum(cpu, 0)
+        has_cpu = (cpu >= 0).tolist()
+        step_source = run.step_source[i]
+        steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1).tolist()
+        columns = zip(
+            rows.tolist(),
+            i.tolist(),
+            run.numbers[i].tolist(),
+            run.rank[i].tolist(),
+            self.labels[rows].tolist(),
+            scan.a[j].tolist(),
+            scan.b[j].tolist(),
+            scan.c[j].tolist(),
+            scan.d[j].tolist(),
+            scan.a[c].tolist(),
+            scan.f[c].tolist(),
+            has_cpu,
+            steps,
+            run.time_source[i].tolist(),
+            strict=True,
+        )
+        path, host = run.reader.path, run.reader.layout_host
+        last_step = run.reader.last_step
+        out: list[_Fields] = []
+        for r, at, number, rank, label, a, b, cc, d, used, pct, has, step, source in columns:
+            cpu_used, cpu_pct = (used, pct) if has else (None, None)
+            p = self.pending[r]
+            if p is not None:
+                reading = p[2]
+                out.append(
+                    (
+                        p[0],
+                        p[1],
+                        reading.allocated,
+                        reading.max_allocated,
+                        reading.reserved,
+                        reading.max_reserved,
+                        cpu_used,
+                        cpu_pct,
+                        p[4],
+                        p[3],
+                    )
+                )
+                continue
+            when = self.when.get(source)
+            if when is None and source not in self.when:
+                when = self.when[source] = run.when(at)
+            out.append(
+                (
+                    (path, number, None if rank < 0 else rank, host),
+                    None if label < 0 else self.texts[label],
+                    a,
+                    b,
+                    cc,
+                    d,
+                    cpu_used,
+                    cpu_pct,
+                    last_step if step < 0 else step,
+                    when,
+                )
+            )
+        return out
+
+
+def _build(f: _Fields) -> MemorySample:
+    ref = f[0] if isinstance(f[0], SourceRef) else SourceRef(*f[0])
+    return MemorySample(ref, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9])
+
+
+def _build_any(f: object) -> object:
+    return _build(cast(_Fields, f))
+
+
+def _labels(
+    keepers: list[MemoryKeeper | None],
+    keeper_of: np.ndarray,
+    labels: np.ndarray,
+    values: np.ndarray,
+    texts: list[str],
+) -> None:
+    """Per-label statistics: a keeper follows at most ``MAX_LABELS`` labels, the first it
+    meets."""
+    labelled = np.flatnonzero((keeper_of >= 0) & (labels >= 0))
+    if not len(labelled):
+        return
+    width = int(labels.max()) + 1
+    pair = keeper_of[labelled] * width + labels[labelled]
+    accepted: dict[int, tuple[RunningStats, RunningStats]] = {}
+    # A keeper that follows MAX_LABELS labels takes no new one: only its own labels matter,
+    # looked up once per label text of the run rather than once per (keeper, label).
+    full = np.asarray([k is not None and len(k.labels) >= MAX_LABELS for k in keepers])
+    if full.any():
+        ids = np.unique(labels[labelled])
+        known = np.zeros((len(keepers), width), dtype=bool)
+        for k in np.flatnonzero(full).tolist():
+            followed = keepers[k].labels  # type: ignore[union-attr]
+            known[k, ids] = [texts[i] in followed for i in ids.tolist()]
+        wanted = ~full[keeper_of[labelled]] | known[keeper_of[labelled], labels[labelled]]
+        labelled, pair = labelled[wanted], pair[wanted]
+    for combined in _first_occurrences(pair):
+        keeper = keepers[combined // width]
+        assert keeper is not None
+        label = texts[combined % width]
+        stats = keeper.labels.get(label)
+        if stats is None and len(keeper.labels) < MAX_LABELS:
+            stats = keeper.labels[label] = (RunningStats(), RunningStats())
+        if stats is not None:
+            accepted[combined] = stats
+    if not accepted:
+        return
+    take = np.isin(pair, np.fromiter(accepted, dtype=np.int64))
+    rows, groups = labelled[take], pair[take]
+    allocated = grouped_stats(groups, values[rows, 0])
+    reserved = grouped_stats(groups, values[rows, 2])
+    for combined, (a, r) in accepted.items():
+        a.merge(*allocated[combined])
+        r.merge(*reserved[combined])
+
+
+# --- cache flushes and steps ------------------------------------------------------------------
+
+
+def _flushes(run: Run) -> None:
+    reader, scan, lo = run.reader, run.scan, run.lo
+    at = np.flatnonzero(run.handled & (run.kind == bulk.FLUSH_LINE))
+    if not len(at):
+        return
+    counts = scan.a[lo + at]
+
+    def make(positions: list[int]) -> list[CacheFlushWarning]:
+        return [
+            CacheFlushWarning(
+                run.ref(int(at[p])), int(counts[p]), run.step(int(at[p])), run.when(int(at[p]))
+            )
+            for p in positions
+        ]
+
+    reader.flushes.extend(len(at), make)
+    reader.flush_total += int(counts.sum())
+    reader.flush_max = max(reader.flush_max, int(counts.max()))
+    first, last = make([0, len(at) - 1])
+    if reader.flush_first is None:
+        reader.flush_first = first
+    reader.flush_last = last
+
+
+def _steps(run: Run) -> None:
+    reader, scan, lo = run.reader, run.scan, run.lo
+    at = np.flatnonzero(run.step_lines)
+    if not len(at):
+        return
+    j = lo + at
+    generic = run.kind[at] == bulk.STEP_GENERIC
+    # a generic line's own "rank R" when the prefix gives none
+    text_rank = np.where(generic & (run.rank[at] < 0), scan.c[j], run.rank[at])
+    step = scan.a[j]
+
+    def sample(p: int) -> StepSample:
+        i = int(at[p])
+        rank = int(text_rank[p])
+        ref = run.ref(i, rank)
+        if generic[p]:
+            total = int(scan.b[j[p]])
+            return StepSample(
+                ref,
+                "generic",
+                int(step[p]),
+                total if total >= 0 else None,
+                float(scan.f[j[p]]),
+                None,
+                None,
+                None,
+                None,
+                run.when(i),
+            )
+        return StepSample(
+            ref,
+            "deepspeed",
+            int(step[p]),
+            None,
+            None,
+            None,
+            None,
+            None,
+            int(scan.b[j[p]]),
+            run.when(i),
+        )
+
+    reader.step_samples.extend(len(at), lambda positions: [sample(p) for p in positions])
+    reader.last_step = int(step[-1])
+    top = int(step.max())
+    reader.max_step = top if reader.max_step is None else max(reader.max_step, top)
+    losses = scan.f[j[generic]]
+    reader.loss.extend(losses[~np.isnan(losses)])
+    reader.last_step_sample = sample(len(at) - 1)
+    # the last line of each rank: the first of the reversed order
+    reverse = text_rank[::-1]
+    ranks, first_reversed = np.unique(reverse, return_index=True)
+    last_of = dict(zip(ranks.tolist(), (len(at) - 1 - first_reversed).tolist(), strict=True))
+    for rank in _first_occurrences(text_rank):
+        key = None if rank < 0 else rank
+        if key in reader.last_by_rank or len(reader.last_by_rank) < MAX_STREAMS:
+            last = reader.last_by_rank[key] = sample(last_of[rank])
+            reader.progress_line[key] = last.source.line or 0
+
+
+__all__ = ["apply_run", "grouped_sums", "stream_key", "when_of"]

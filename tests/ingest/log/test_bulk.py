@@ -1,0 +1,265 @@
+"""The log reader's bulk path (issue 15) gives the facts of its per-line path, whatever the
+batches, the blocks and the number of scanning processes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oomlens.ingest.log import ANCHORS, batches, bulk, bulk_apply, read_log
+from oomlens.ingest.log.prefixes import strip_prefixes
+from oomlens.ingest.log.series import RunningStats, Thinned
+from tests.ingest.log._mixed_logs import _sources, mixed_log
+
+
+def _per_line(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object):  # type: ignore[no-untyped-def]
+    with monkeypatch.context() as m:
+        m.setattr(bulk, "AVAILABLE", False)
+        return read_log(path, **kwargs)  # type: ignore[arg-type]
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal facts; compared by repr, which is exact for floats and equal for NaN losses."""
+    return repr(a) == repr(b)
+
+
+def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the lines applied in runs (the bulk path really at work)."""
+    applied: list[int] = []
+    original = bulk_apply.apply_run
+
+    def counting(reader, scan, lo, hi, first_line, deferred):  # type: ignore[no-untyped-def]
+        done = original(reader, scan, lo, hi, first_line, deferred)
+        if done:
+            applied.append(hi - lo)
+        return done
+
+    monkeypatch.setattr(batches.bulk_apply, "apply_run", counting)
+    return applied
+
+
+_FIXTURES = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=_FIXTURES)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    chunk=st.sampled_from([4096, 5000, 16384, 1 << 20]),
+    ranks=st.sampled_from([1, 3, 8, 64]),
+)
+def test_bulk_and_per_line_paths_give_the_same_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, chunk: int, ranks: int
+) -> None:
+    # small blocks cut tracebacks, config dumps and memory blocks at block and batch ends
+    path = tmp_path / f"mixed{seed}.log"
+    path.write_text(mixed_log(seed, ranks=ranks, steps=random.Random(seed).randrange(5, 60)))
+    fast = read_log(path, chunk_bytes=chunk)
+    slow = _per_line(path, monkeypatch, chunk_bytes=chunk)
+    assert _same(fast, slow)
+
+
+def test_the_bulk_path_takes_the_dense_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "dense.log"
+    path.write_text(mixed_log(7, ranks=16, steps=200, odd=0.0))
+    runs = _runs(monkeypatch)
+    facts = read_log(path)
+    memory_lines = sum(series.total_samples for series in facts.memory)
+    assert memory_lines == 16 * 200 or facts.steps.total == 16 * 200
+    # every line holding an anchor (all but the labels) is applied in runs, none read alone
+    anchored = sum(1 for line in path.read_bytes().split(b"\n") if any(a in line for a in ANCHORS))
+    assert anchored > 10000 and sum(runs) == anchored
+    assert _same(facts, _per_line(path, monkeypatch))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=_FIXTURES)
+@given(seed=st.integers(0, 2**32 - 1), chunk=st.sampled_from([4096, 6000, 65536]))
+def test_parallel_scan_gives_the_facts_of_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, chunk: int
+) -> None:
+    path = tmp_path / f"par{seed}.log"
+    path.write_text(mixed_log(seed, ranks=8, steps=80))
+    one = read_log(path, chunk_bytes=chunk)
+    # batches of one block each: the work spreads over both workers, results merge in order
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    monkeypatch.setattr(batches, "PARALLEL_MIN_BYTES", 0)
+    two = read_log(path, chunk_bytes=chunk, jobs=2)
+    assert _same(one, two)
+    assert _same(one, _per_line(path, monkeypatch, chunk_bytes=chunk))
+
+
+def test_compressed_log_reads_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    text = mixed_log(11, ranks=8, steps=60)
+    plain = tmp_path / "run.log"
+    plain.write_text(text)
+    packed = tmp_path / "run.log.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    monkeypatch.setattr(batches, "PARALLEL_MIN_BYTES", 0)
+    a, b = read_log(plain, jobs=2), read_log(packed, jobs=2)
+    facts = repr((a.memory, a.steps, a.cache_flushes, a.oom_events))
+    packed_facts = repr((b.memory, b.steps, b.cache_flushes, b.oom_events))
+    assert facts == packed_facts.replace(str(packed), str(plain))
+
+
+# --- the scan's parts against the per-line functions they mirror ------------------------------
+
+
+_PREFIXES = [
+    "",
+    "[rank3]:",
+    "[rank3]: ",
+    "[rank12]:",
+    "[default0]:",
+    "[default0]:[rank0]:",
+    "[rank1234567]:",
+    "node-1: ",
+    "gpu: ",
+    "3: ",
+    "  12: ",
+    "[1,0]<stderr>:",
+    "(RayWorker pid=123) ",
+    "stderr: ",
+    "[worker2]:",
+    "［rank1］：",
+    "\u00a0",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.sampled_from(_PREFIXES),
+    second=st.sampled_from(_PREFIXES),
+    rest=st.sampled_from(
+        [
+            "after step 3",
+            "MA 1.0 GB",
+            "[2026-11-30 05:00:00,123] [INFO] x",
+            "[2026 x",
+            "(pid=3) x",
+            "host-9: y",
+            "Error: x",
+            "12: y",
+            "",
+            "[INFO] x",
+            "[[x",
+            "\x1b[0mx",
+            "a\rb",
+            "x: y",
+            "CPU Virtual Memory:  used = 1 GB, percent = 1%",
+        ]
+    ),
+)
+def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: str) -> None:
+    text = prefix + second + rest
+    raw = text.encode()
+    head = np.frombuffer((raw + b"\n" * 40)[:32], dtype=np.uint8)[None, :].copy()
+    keys, lengths = bulk.line_keys(head)
+    if b"\r" in raw or b"\x1b" in raw:
+        return  # the scan never trusts those lines (dirty), cleaning rewrites them
+    key = int(keys[0])
+    if key == bulk.UNSURE:
+        return
+    cleaned_rest, found = strip_prefixes(text, None)
+    assert bulk_apply.stream_key(key) == found.key
+    if lengths[0]:
+        assert len(text) - len(cleaned_rest) == lengths[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.from_regex(r"\A[0-9]{1,9}(\.[0-9]{1,6})?\Z", fullmatch=True),
+            st.from_regex(r"\A[0-9]{1,20}\.[0-9]{1,20}\Z", fullmatch=True),
+        ),
+        min_size=1,
+        max_size=50,
+    )
+)
+def test_arrow_reads_decimals_as_float_does(texts: list[str]) -> None:
+    parsed = pc.cast(pa.array(texts, pa.string()), pa.float64()).to_pylist()
+    assert parsed == [float(t) for t in texts]
+
+
+def test_memory_values_round_as_the_parser_does() -> None:
+    values = np.array([0.72, 2.02, 15.08, 0.005, 123456789.123456, 1.5 / 1024**3])
+    assert bulk._gib(values).tolist() == [round(v * 1024**3) for v in values.tolist()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    head=st.sampled_from([0, 1, 3, 32]),
+    middle=st.sampled_from([2, 3, 5, 192]),
+    tail=st.sampled_from([1, 2, 32]),
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=6),
+    lazy=st.booleans(),
+)
+def test_thinned_extend_keeps_what_adds_keep(
+    head: int, middle: int, tail: int, sizes: list[int], lazy: bool
+) -> None:
+    from oomlens.ingest.log.series import Lazy
+
+    one, many = Thinned[int](head, middle, tail), Thinned[int](head, middle, tail)
+    total = 0
+    for n in sizes:
+        for i in range(n):
+            one.add(total + i)
+        many.extend(
+            n,
+            lambda positions, base=total: [base + p for p in positions],
+            (lambda positions, base=total: [Lazy(lambda r: r, base + p) for p in positions])
+            if lazy
+            else None,
+        )
+        total += n
+        assert many.count == one.count and many.items() == one.items()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 2**50).map(float),
+            st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False),
+            st.floats(0, 20, allow_nan=False),
+        ),
+        min_size=1,
+        max_size=200,
+    ),
+    st.data(),
+)
+def test_running_stats_are_exact_in_any_batches(values: list[float], data: st.DataObject) -> None:
+    from fractions import Fraction
+
+    one, batched = RunningStats(), RunningStats()
+    for v in values:
+        one.add(v)
+    i = 0
+    while i < len(values):
+        j = data.draw(st.integers(i + 1, len(values)))
+        batched.extend(np.asarray(values[i:j]))
+        i = j
+    a, b = one.freeze(), batched.freeze()
+    assert a == b
+    n = len(values)
+    total = sum(Fraction(v) for v in values)
+    weighted = sum(k * Fraction(v) for k, v in enumerate(values))
+    assert a.mean == float(total / n)
+    if n >= 2:
+        assert a.slope == float((12 * weighted - 6 * (n - 1) * total) / (n * (n * n - 1)))
+
+
+def test_sources_are_real_lines() -> None:
+    src = _sources()
+    assert src["traceback"][0] == "Traceback (most recent call last):"
+    assert src["dump"][-1].strip() == "}"

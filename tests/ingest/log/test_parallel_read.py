@@ -1,0 +1,82 @@
+"""Reading a log in batches scanned by worker processes (``--jobs``) gives the facts of one
+pass, wherever the batches cut it: inside an OOM message, inside a traceback, inside a rank's
+``see_memory_usage`` block; over the crash corpus's logs (read as large logs are, not line by
+line as their size would have them) and over generated 64-rank logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomlens.ingest.log import batches, read_log
+from oomlens.ingest.log import reader as reader_module
+from tests._corpus import CORPUS_DIR
+from tests.ingest.log._mixed_logs import mixed_log
+
+LOGS = sorted(p for p in CORPUS_DIR.glob("*/*.log") if p.name != "kernel.log")
+MIN_CHUNK = 4096
+"""The text source's smallest block."""
+_MARKS = (b"out of memory", b"Tried to allocate", b"Traceback", b'File "', b"Max_MA", b"[rank")
+
+
+def _facts(path: Path, **kwargs: object) -> str:
+    """The facts, exactly (repr: floats exact, NaN equal to NaN)."""
+    return repr(read_log(path, **kwargs))  # type: ignore[arg-type]
+
+
+def _cuts(data: bytes) -> list[int]:
+    """Block sizes that put a block's end just past the first, a middle and the last line of
+    each mark (the source cuts a block at the line end after its size): the next block starts
+    inside the message, the traceback or the memory block that line belongs to."""
+    sizes: set[int] = set()
+    for mark in _MARKS:
+        found = [i for i in range(len(data)) if data.startswith(mark, i)][:1000]
+        for at in {found[0], found[len(found) // 2], found[-1]} if found else set():
+            if at >= MIN_CHUNK:
+                sizes.add(at)
+    return sorted(sizes)
+
+
+@pytest.fixture
+def as_large_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every log read as a large one: the bulk pass, workers even for small files."""
+    monkeypatch.setattr(reader_module, "LINE_BY_LINE_BYTES", 0)
+    monkeypatch.setattr(batches, "PARALLEL_MIN_BYTES", 0)
+
+
+def test_the_corpus_has_logs_to_cut() -> None:
+    assert len(LOGS) >= 20
+    assert sum(bool(_cuts(p.read_bytes())) for p in LOGS) >= 8
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_corpus_log_reads_alike_in_any_batches_and_workers(
+    log: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_pass = _facts(log)  # one block, one batch, in this process
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    for chunk in _cuts(log.read_bytes()):
+        assert _facts(log, chunk_bytes=chunk) == one_pass, f"blocks of {chunk} bytes"
+    # the smallest blocks, each a batch, scanned by two workers, merged in order
+    assert _facts(log, chunk_bytes=MIN_CHUNK, jobs=2) == _facts(log, chunk_bytes=MIN_CHUNK)
+
+
+@pytest.mark.parametrize("seed", [3, 15, 64])
+def test_a_64_rank_log_reads_alike_in_any_batches_and_workers(
+    tmp_path: Path, seed: int, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ranks.log"
+    # odd lines (tracebacks, OOM messages, config dumps, tqdm bars) among every rank's lines
+    path.write_text(mixed_log(seed, ranks=64, steps=12, odd=0.05))
+    data = path.read_bytes()
+    cuts = _cuts(data)
+    assert len(cuts) >= 6
+    one_pass = _facts(path, chunk_bytes=len(data))
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    for chunk in cuts[:: max(1, len(cuts) // 6)]:
+        # blocks of tqdm bars are sampled once per block: compare within one block size
+        one = _facts(path, chunk_bytes=chunk)
+        assert _facts(path, chunk_bytes=chunk, jobs=2) == one, f"blocks of {chunk} bytes"
+        if b"it]" not in data:
+            assert one == one_pass
