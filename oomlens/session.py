@@ -31,7 +31,7 @@ from oomlens.facts.inputs import InputFacts
 from oomlens.facts.run import InputReport, RunFacts
 from oomlens.ingest.ds_config import read_ds_config
 from oomlens.ingest.kinds import ReadOptions, preload_readers
-from oomlens.ingest.run import collect_inputs, read_inputs
+from oomlens.ingest.run import collect_inputs, failed_input, read_inputs
 from oomlens.ingest.snapshot import SnapshotLimits
 from oomlens.report import CheckReport, Report, assemble
 from oomlens.rules.thresholds import Thresholds
@@ -110,6 +110,9 @@ def gather_facts(
         except InputError as exc:
             kept = []
             report = InputReport(read.found.path, read.kind.id, exc.problem, problem=exc.message)
+        except Exception as exc:  # noqa: BLE001 - one input's bug must not cost the others
+            kept = []
+            report = failed_input(read.found.path, read.kind.id, exc)
         reports.append(report)
         slots[read.kind.slot].extend(kept)
     inputs = InputFacts.from_slots(reports, slots)
