@@ -58,6 +58,7 @@ from oomlens.facts.ds_schema import (
 )
 from oomlens.ingest._jsonpos import DuplicateKeyError, JsonSyntaxError, parse_json_with_positions
 from oomlens.ingest._pyrepr import parse_model_repr, parse_scalar
+from oomlens.ingest.files import open_regular
 
 #: A ds_config is a few KiB; anything this large is not one.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -135,7 +136,7 @@ def read_ds_config(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> Co
     ``max_bytes`` (``ResourceLimitError``), not UTF-8, or not a config DeepSpeed would load."""
     name = str(path)
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, display=name, what="a ds_config file") as handle:
             raw = handle.read(max_bytes + 1)
     except OSError as err:
         raise InputError(
