@@ -13,9 +13,13 @@ from typing import Any
 
 from oomlens.facts.log import MemorySeries
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
+from oomlens.render import words
 from oomlens.render.bounded import Fact, size, text, where
 from oomlens.report import Report
 from oomlens.units import format_size
+
+MIN_SERIES_SAMPLES = 2
+"""A memory series with fewer samples is not charted (one point is no trend)."""
 
 MAX_SERIES = 8
 """Ranks drawn in one memory chart (two lines each)."""
@@ -293,7 +297,9 @@ def oom_limit(report: Report, rank: int | None = None) -> tuple[int, str] | None
 
 
 def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
-    series = [s for s in report.facts.memory_series() if s.samples]
+    """Memory over time from the logs' ``see_memory_usage`` series; a series of one sample is
+    no curve, so none is drawn from it."""
+    series = [s for s in report.facts.memory_series() if len(s.samples) >= MIN_SERIES_SAMPLES]
     if not series:
         return None
     shown = series[:MAX_SERIES]
@@ -364,7 +370,7 @@ def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
 
 
 def _series_name(s: MemorySeries) -> str:
-    name = "rank ?" if s.rank is None else f"rank {s.rank}"
+    name = "the log (no rank printed)" if s.rank is None else f"rank {s.rank}"
     if s.host:
         name += f" on {text(s.host, 60)}"
     return name
@@ -672,8 +678,8 @@ def snapshot_views(report: Report, cuts: list[str]) -> tuple[SnapshotView, ...]:
             SnapshotView(
                 name=_device_name(snapshot, device),
                 where=where(snapshot.source),
-                history=snapshot.history.value.replace("_", " "),
-                stacks=snapshot.stacks.value.replace("_", " "),
+                history=words.HISTORY_WORDS.get(snapshot.history, snapshot.history.value),
+                stacks=words.STACK_WORDS.get(snapshot.stacks, snapshot.stacks.value),
                 settings=text(settings.raw_config or "(defaults)", 400)
                 if settings
                 else "not recorded",

@@ -280,7 +280,9 @@ def zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
             rows=rows,
             gpu_peak=format_size(budget.gpu_peak_bytes),
             host_peak=format_size(budget.host_peak_bytes),
-            assumptions=tuple(text(a, 400) for a in (*budget.assumptions, *model.assumptions)[:10]),
+            assumptions=tuple(
+                dict.fromkeys(text(a, 400) for a in (*budget.assumptions, *model.assumptions))
+            )[:10],
             verdicts=verdicts,
             patches=patches,
         ),

@@ -122,6 +122,7 @@ def _rank(status: RankStatus) -> dict[str, Any]:
         "signal": status.signal,
         "first_time": status.first_time.isoformat() if status.first_time else None,
         "first_source": _source(status.first_source),
+        "attributed": status.attributed,
     }
 
 
@@ -144,6 +145,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "peer_victims": list(picture.peer_victims),
             "timed_out": list(picture.timed_out_ranks),
             "suspected_stragglers": list(picture.suspected_stragglers),
+            "same_time": list(picture.same_time),
+            "unranked_run": picture.unranked_run,
             "ranks": [_rank(s) for s in picture.ranks],
         },
         "run": {

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import click
 
+from oomlens.render import words
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
@@ -78,15 +79,12 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         click.style(title, fg=_VERDICT_COLOUR[verdict], bold=True) if colour else title,
         f"  {clean(report.verdict_reason)}",
     ]
-    first = report.facts.ranks.first_failed
-    if first is not None and first.rank is not None:
-        lines.append(
-            f"  first failure: rank {first.rank} ({first.outcome}"
-            f"{', by ' + report.facts.ranks.basis if report.facts.ranks.basis else ''})"
-        )
-        victims = [str(r) for r in report.facts.ranks.peer_victims if r is not None]
-        if victims:
-            lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
+    first = words.first_failure(report.facts.ranks)
+    if first is not None:
+        lines.append(f"  first failure: {first[0]} ({first[1]})")
+    victims = [str(r) for r in report.facts.ranks.peer_victims]
+    if victims:
+        lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
     lines.append("")
     causes = list(report.diagnoses[:SHOWN_DIAGNOSES])
     if not causes:
