@@ -110,3 +110,38 @@ def test_one_memory_sample_is_no_chart(reports: dict[str, Report]) -> None:
     assert max(len(s.samples) for s in report.facts.memory_series()) == 1
     for fmt, shown in _shown(report).items():
         assert "Memory over time" not in shown, fmt
+
+
+def _budget_lines(report: Report) -> list[str]:
+    markdown = render(report, Format.MARKDOWN, RenderOptions())
+    return [line for line in markdown.splitlines() if line.startswith("- ")]
+
+
+def test_the_memory_model_of_a_run_that_died_does_not_say_it_fits(
+    reports: dict[str, Report],
+) -> None:
+    # prefetch_overshoot ran out at 6.75 GiB; the model's peak is 6.54 GiB: the model must say
+    # what it did not count, not that the config fits
+    report = reports["prefetch_overshoot"]
+    gpu = report.facts.memory_model.verdict("gpu")  # type: ignore[union-attr]
+    assert gpu is not None and gpu.fits
+    line = next(x for x in _budget_lines(report) if x.startswith("- gpu capacity"))
+    assert "fits" not in line
+    assert "ran out" in line and "does not count" in line and "activations" in line
+    assert "161.40 MiB" in line  # what the allocator held unused at the OOM
+
+
+def test_the_memory_model_of_a_healthy_run_still_says_it_fits() -> None:
+    from oomlens.session import AnalysisOptions
+
+    report = analyze([case_dir("prefetch_fits")], options=AnalysisOptions(gpu_memory=80 * 2**30))
+    assert report.verdict.value == "no_failure"
+    line = next(x for x in _budget_lines(report) if x.startswith("- gpu capacity"))
+    assert ": fits: peak" in line
+
+
+def test_the_patch_list_leads_with_the_diagnosis_own_fix(reports: dict[str, Report]) -> None:
+    report = reports["prefetch_overshoot"]
+    assert report.top is not None and report.top.id == "prefetch_overshoot"
+    patches = [x for x in _budget_lines(report) if x.startswith("- patch:")]
+    assert patches and patches[0].startswith("- patch: gather fewer parameters ahead of use")
