@@ -303,3 +303,56 @@ def test_a_text_micro_batch_is_refused_without_being_repeated(
     else:
         assert info.value.code == 0
         assert json.loads(out)["verdict"] == "gpu_oom"
+
+
+def test_persistence_above_the_model_keeps_it_whole_on_every_gpu_and_cannot_fit(
+    capsys, tmp_path: Path
+) -> None:
+    # 7B in bf16 (14 GB) kept whole on every GPU does not fit 24 GiB beside the rest
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 1e10}
+    config = {**ZERO3, "zero_optimization": zero}
+    code, out, err = run(
+        capsys, write(tmp_path, config), "--params", "7B", "--gpus", "8", "--gpu-memory", "24GiB"
+    )
+    assert code == 4, out + err
+    assert "parameters never partitioned (persistence threshold)" in out
+    assert "13.04 GiB" in out
+    assert "partition the parameters the persistence threshold keeps whole" in out
+    default = {**ZERO3}
+    code, out, _ = run(
+        capsys, write(tmp_path, default), "--params", "7B", "--gpus", "8", "--gpu-memory", "24GiB"
+    )
+    assert code == 0 and "never partitioned" not in out
+
+
+def test_a_removed_mics_setting_is_invalid_not_modelled(capsys, tmp_path: Path) -> None:
+    config = {**ZERO3, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}
+    code, out, _ = run(capsys, write(tmp_path, config), "--validator", "oomlens")
+    assert code == 4 and "mics_shard_size" in out and "removed" in out
+
+
+def test_knobs_far_above_the_defaults_are_a_hazard_even_without_params(capsys) -> None:
+    # the config of the real prefetch_overshoot crash: valid, but its working-set knobs are
+    # 10-200x DeepSpeed's defaults; without --params there is no budget, yet a note is due
+    from tests._corpus import case_dir
+
+    code, out, _ = run(capsys, str(case_dir("prefetch_overshoot") / "ds_config.json"))
+    assert code == 0
+    hazards = out[out.index("Hazards:") :]
+    for key, times in (
+        ("stage3_prefetch_bucket_size", "200x"),
+        ("stage3_max_live_parameters", "10x"),
+        ("stage3_max_reuse_distance", "10x"),
+    ):
+        assert key in hazards and times in hazards, key
+    assert "--params" in hazards
+    code, out, _ = run(capsys, str(case_dir("prefetch_fits") / "ds_config.json"))
+    assert code == 0 and "far above" not in out
+
+
+def test_budget_labels_are_never_cut(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(capsys, write(tmp_path, ZERO3), "--params", "7B", "--gpus", "8")
+    assert code == 0
+    assert "gathered parameters (prefetch / live / reuse) " in out
+    assert "process baseline (Python, torch/CUDA libraries, page cache) " in out
+    assert "fp32 gradients of one optimizer sub-group " in out

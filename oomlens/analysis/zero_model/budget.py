@@ -307,6 +307,7 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
                 (s.stage_key, s.op.device.key_path, *s.pkeys),
             )
         )
+    persistent = _persistent_params(ctx, s)
     # fp32 master weights.  In pure fp32 the partitions are the master weights (no copy).
     fp32_alias = s.e == 4 and s.master_bytes == 4 and not s.oo_on
     if not fp32_alias:
@@ -406,10 +407,11 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
     max_live = int(s.z.max_live_parameters.value)
     reuse = int(s.z.max_reuse_distance.value)
     total = s.model.total_params
+    gatherable = total - persistent  # persistent parameters are never released nor gathered
     retained = min(total, reuse // 2)
     prefetched = min(prefetch, max(0, max_live - retained)) if prefetch > 0 else 0
     current = s.largest or 0
-    working = min(total, retained + prefetched + current)
+    working = min(gatherable, retained + prefetched + current)
     if s.largest is None:
         ctx.assumptions.append(
             "largest layer unknown: the module being gathered is not counted in the working set"
@@ -486,6 +488,52 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
                 basis=Basis.BOUND,
             )
         )
+
+
+DEFAULT_PARAM_PERSISTENCE = 100_000
+"""DeepSpeed's ``stage3_param_persistence_threshold`` default (elements)."""
+
+
+def _persistent_params(ctx: _Ctx, s: _Stage3) -> int:
+    """Parameters ZeRO-3 never partitions, kept whole on every GPU (elements), and their
+    component.  DeepSpeed marks every parameter of at most ``stage3_param_persistence_threshold``
+    elements persistent, while their total stays within ``stage3_model_persistence_threshold``
+    (``mark_persistent_parameters``), and keeps them gathered from their first use on.  Without
+    the parameters' sizes only a threshold at or above the largest parameter (or the whole
+    model) can be sized: then every parameter persists; a raised threshold below it is an
+    assumption of the budget."""
+    threshold = int(s.z.param_persistence_threshold.value)
+    cap = int(s.z.model_persistence_threshold.value)
+    total = s.model.total_params
+    keys = (s.z.param_persistence_threshold.key_path, s.z.model_persistence_threshold.key_path)
+    if threshold < (s.largest if s.largest is not None else total):
+        if threshold > DEFAULT_PARAM_PERSISTENCE:
+            ctx.assumptions.append(
+                f"parameters of at most {num(threshold)} elements "
+                f"({s.z.param_persistence_threshold.key_path}) are kept whole on every GPU: not "
+                "counted, the parameters' sizes are unknown (above the largest parameter the "
+                "whole 16-bit model stays on every GPU)"
+            )
+        return 0
+    persistent = min(total, cap)
+    ctx.add(
+        MemoryComponent(
+            "persistent_params",
+            "parameters never partitioned (persistence threshold)",
+            Device.GPU,
+            BudgetPhase.PERSISTENT,
+            s.e * persistent,
+            (
+                f"{s.e} B x min(model {num(total)}, model_persistence_threshold {num(cap)})"
+                if cap < total
+                else f"{s.e} B x model {num(total)}"
+            )
+            + f": every parameter is at most param_persistence_threshold {num(threshold)}",
+            keys,
+            note="whole on every GPU from its first use on, besides its partition",
+        )
+    )
+    return persistent
 
 
 def _stage3_host(ctx: _Ctx, s: _Stage3) -> None:
