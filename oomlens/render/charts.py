@@ -57,6 +57,10 @@ class Marker:
 class HLine:
     y: float
     label: str
+    label_x: float
+    label_y: float
+    anchor: str
+    """``start`` or ``end``: the label's side, chosen so that it covers no OOM marker's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +263,12 @@ def _line_chart(
         if tick >= x_low - 1e-9:
             x_ticks.append(Tick(sx(tick), x_format(tick)))
         tick += x_step
+    placed = tuple(Marker(sx(x), sy(y), label) for x, y, label in markers)
     hlines: tuple[HLine, ...] = ()
     if limit is not None:
-        hlines = (HLine(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}"),)
+        hlines = (
+            _limit_line(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}", width, placed),
+        )
     return LineChart(
         anchor=anchor,
         title=title,
@@ -277,10 +284,40 @@ def _line_chart(
         y_ticks=tuple(y_ticks),
         x_label=x_label,
         hlines=hlines,
-        markers=tuple(Marker(sx(x), sy(y), label) for x, y, label in markers),
+        markers=placed,
         summaries=tuple(summaries),
         note=note,
     )
+
+
+_CHAR_WIDTH = 7.0
+"""A generous width of one character of an 11 px chart label, in chart units."""
+
+
+def _limit_line(y: float, label: str, width: int, markers: Sequence[Marker]) -> HLine:
+    """The limit line with its label at the first place (right or left end, above or below
+    the line) where it covers no OOM marker or marker label (they sit at the line's end when
+    the run died at the limit)."""
+    left, right = _LEFT + 4, width - _RIGHT
+    span = _CHAR_WIDTH * len(label)
+    taken = [(m.x - 10 - _CHAR_WIDTH * len(m.label), m.y - 21, m.x + 6, m.y + 6) for m in markers]
+    candidates = [
+        (right, y - 4, "end"),
+        (left, y - 4, "start"),
+        (right, y + 14, "end"),
+        (left, y + 14, "start"),
+    ]
+    for x, base, anchor in candidates:
+        x0, x1 = (x - span, x) if anchor == "end" else (x, x + span)
+        box = (x0, base - 11, x1, base + 3)
+        if not any(_overlap(box, other) for other in taken):
+            return HLine(y, label, x, base, anchor)
+    x, base, anchor = candidates[0]
+    return HLine(y, label, x, base, anchor)
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def oom_limit(report: Report, rank: int | None = None) -> tuple[int, str] | None:
