@@ -266,9 +266,7 @@ def _line_chart(
     placed = tuple(Marker(sx(x), sy(y), label) for x, y, label in markers)
     hlines: tuple[HLine, ...] = ()
     if limit is not None:
-        hlines = (
-            _limit_line(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}", width, placed),
-        )
+        hlines = (_limit_line(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}", width, placed),)
     return LineChart(
         anchor=anchor,
         title=title,

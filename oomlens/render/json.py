@@ -293,7 +293,7 @@ class JsonRenderer(Renderer):
 
     def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
         data = (
-            check_to_dict(document)
+            _stripped(check_to_dict(document))
             if isinstance(document, CheckReport)
             else report_to_dict(document)
         )

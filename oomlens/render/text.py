@@ -60,7 +60,7 @@ def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
         head += f", rank {d.rank}"
     lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]
     for item in d.evidence[:SHOWN_EVIDENCE]:
-        cited = item.source.describe() if item.source else ""
+        cited = clean(item.source.describe()) if item.source else ""
         # Config values cite their own line ("... (user at ds_config.json:14)"): once is enough.
         where = f" ({cited})" if cited and cited.split(" (")[0] not in item.text else ""
         mark = "+" if item.supports else "-"
@@ -112,7 +112,8 @@ class TextRenderer(Renderer):
 
     def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
         if isinstance(document, CheckReport):
-            return check_text(document) + "\n"
+            # a config's keys and values are untrusted text, printed in many places
+            return clean(check_text(document)) + "\n"
         return render_text(document, colour=options.colour)
 
 

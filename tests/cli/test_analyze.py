@@ -187,3 +187,14 @@ def test_a_reader_that_fails_costs_only_its_own_input(monkeypatch: pytest.Monkey
     assert [Path(i.path).suffix for i in problems] == [".pickle", ".pickle"]
     assert all("internal error" in (i.problem or "") for i in problems)
     assert all("RecursionError" in (i.problem or "") for i in problems)
+
+
+def test_a_hostile_file_name_reaches_no_terminal(tmp_path: Path) -> None:
+    # found by the fuzzer: the evidence's "(file:line)" was printed as it came
+    from oomlens.untrusted import CONTROL_CHARACTERS
+
+    hostile = tmp_path / "\x1b]0;title\x07\u202e.log"
+    hostile.write_bytes((CASE / "train.log").read_bytes())
+    result = run("analyze", hostile)
+    assert result.returncode == 0, result.stderr
+    assert "title" in result.stdout and not CONTROL_CHARACTERS.search(result.stdout)

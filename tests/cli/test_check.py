@@ -356,3 +356,15 @@ def test_budget_labels_are_never_cut(capsys, tmp_path: Path) -> None:
     assert "gathered parameters (prefetch / live / reuse) " in out
     assert "process baseline (Python, torch/CUDA libraries, page cache) " in out
     assert "fp32 gradients of one optimizer sub-group " in out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_hostile_keys_reach_neither_terminal_nor_json(capsys, tmp_path: Path, fmt: str) -> None:
+    # found by the fuzzer: a key holding an escape sequence or a bidi override went to stdout
+    from oomlens.untrusted import CONTROL_CHARACTERS
+
+    zero = {"stage": 3, "\x1b]0;title\x07": 1, "\u202eevil\u202c": 2}
+    config = write(tmp_path, {**ZERO3, "zero_optimization": zero})
+    code, out, err = run(capsys, config, "--format", fmt, "--validator", "oomlens")
+    assert code == 4 and "title" in out and "evil" in out
+    assert not CONTROL_CHARACTERS.search(out + err)

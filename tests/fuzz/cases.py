@@ -207,7 +207,8 @@ def _triage(case: Case, rng: random.Random) -> None:
     if rng.random() < 0.3:
         case.special.append((f"in/0/{_hostile_name(rng)}.log", "fifo"))
     case.description = "an archive of real runs under hostile names"
-    case.argv = ["triage", "in", "--no-store", "--jobs", "1", "-q", "-o", "runs.csv",
+    quiet = ["-q"] if rng.random() < 0.5 else []  # without: the summary of groups on stdout
+    case.argv = ["triage", "in", "--no-store", "--jobs", "1", *quiet, "-o", "runs.csv",
                  "-o", "runs.jsonl", "-o", "index.html"]  # fmt: skip
     case.stdout_format = "text"
     case.outputs = ("runs.csv", "runs.jsonl", "index.html")

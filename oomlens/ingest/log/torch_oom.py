@@ -23,6 +23,8 @@ time is bounded by the text's length.
 
 from __future__ import annotations
 
+import functools
+
 import regex
 
 from oomlens.facts.log import OomKind, OomMessage, ProcessMemory
@@ -121,11 +123,14 @@ def _exception_class(text: str, start: int) -> str | None:
     return match.group("cls") if match else None
 
 
+@functools.lru_cache(maxsize=64)
 def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMessage | None:
     """What the OOM message in ``text`` says, or None when ``text`` holds none.
 
     ``exception_class`` is used when the text itself does not name the exception (e.g. the
-    ``what():`` line after ``terminate called after throwing an instance of ...``).
+    ``what():`` line after ``terminate called after throwing an instance of ...``).  Results
+    are immutable and cached: a log that repeats one message thousands of times (a retry
+    loop) parses it once.
     """
     if not looks_like_oom(text):
         return None

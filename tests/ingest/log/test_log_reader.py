@@ -501,3 +501,25 @@ def test_log_cut_between_traceback_and_exception_line(tmp_path: Path) -> None:
     facts = read_log(_write(tmp_path, body[:-1]))  # everything but the exception line
     assert facts.oom_events == () and facts.ended_in_traceback
     assert any("traceback" in note for note in facts.notes)
+
+
+def test_a_wall_of_oom_messages_is_read_once_not_once_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: one real OOM line repeated 20,000 times took ~25 s, each message
+    # scanning up to 64 lines back for a timestamp
+    from oomlens.ingest.log import reader
+
+    message = next(line for line in _stderr_of("B2_frag_full") if "OutOfMemoryError" in line)
+    calls = 0
+    real = reader.leading_timestamp
+
+    def counted(text: str, year: int | None) -> object:
+        nonlocal calls
+        calls += 1
+        return real(text, year)
+
+    monkeypatch.setattr(reader, "leading_timestamp", counted)
+    facts = read_log(_write(tmp_path, [message] * 3000))
+    assert len(facts.oom_events) > 0
+    assert calls < 4 * 3000  # was about 25 back-scanned lines per message: ~75,000
