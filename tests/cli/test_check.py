@@ -368,3 +368,19 @@ def test_hostile_keys_reach_neither_terminal_nor_json(capsys, tmp_path: Path, fm
     code, out, err = run(capsys, config, "--format", fmt, "--validator", "oomlens")
     assert code == 4 and "title" in out and "evil" in out
     assert not CONTROL_CHARACTERS.search(out + err)
+
+
+@pytest.mark.parametrize("validator", ["oomlens", "deepspeed"])
+def test_an_integer_past_float_range_is_no_internal_error(
+    capsys, tmp_path: Path, validator: str
+) -> None:
+    # found by the fuzzer: 10**400 elements (401 digits, a valid JSON integer) reached float()
+    if validator == "deepspeed":
+        pytest.importorskip("deepspeed")
+    zero = {"stage": 3, "stage3_max_live_parameters": 10**400, "stage3_max_reuse_distance": 1e8}
+    config = write(tmp_path, {**ZERO3, "zero_optimization": zero})
+    code, out, err = run(
+        capsys, config, "--params", "1.3B", "--gpus", "2", "--validator", validator
+    )
+    assert "internal error" not in err and code in (0, 4), err
+    assert "gathered parameters (prefetch / live / reuse)" in out

@@ -8,11 +8,14 @@ that drive it, and computes the peaks over DeepSpeed's allocation order (``.time
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from decimal import Decimal
+from typing import Any
 
 from oomlens.analysis.zero_model.estimators import estimator_for
 from oomlens.analysis.zero_model.timeline import gpu_peak, host_peak
 from oomlens.facts.config import (
+    ConfigValue,
     EffectiveDsConfig,
     OffloadOptimizerSettings,
     OffloadParamSettings,
@@ -73,7 +76,7 @@ def num(value: int | float) -> str:
         return "0"
     if abs(value) < 100_000:
         return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
-    text = f"{value:.3g}"
+    text = f"{Decimal(value):.3g}" if isinstance(value, int) else f"{value:.3g}"
     if "e" not in text:
         text = f"{value:.2e}"
     mantissa, exponent = text.split("e")
@@ -99,6 +102,32 @@ def optimizer_state_elements(effective: EffectiveDsConfig) -> tuple[int, str | N
     )
 
 
+UNBOUNDED = 2**63 - 1
+"""``sys.maxsize``: DeepSpeed's own "no limit" (``model_persistence_threshold``'s default)."""
+
+
+def _bounded(effective: EffectiveDsConfig) -> EffectiveDsConfig:
+    """``effective`` with every integer setting above ``UNBOUNDED`` set to it: for memory they
+    mean the same (no model has that many elements), and the arithmetic stays in floats'
+    range (a config may say 10**400)."""
+
+    def bound(group: Any) -> Any:
+        changes: dict[str, Any] = {}
+        for spec in fields(group):
+            value = getattr(group, spec.name)
+            if isinstance(value, ConfigValue):
+                if isinstance(value.value, int) and value.value > UNBOUNDED:
+                    changes[spec.name] = replace(value, value=UNBOUNDED)
+            elif is_dataclass(value):
+                bounded = bound(value)
+                if bounded is not value:
+                    changes[spec.name] = bounded
+        return replace(group, **changes) if changes else group
+
+    result: EffectiveDsConfig = bound(effective)
+    return result
+
+
 def build_budget(
     effective: EffectiveDsConfig,
     model: ModelSize,
@@ -116,6 +145,7 @@ def build_budget(
     """
     if model.total_params <= 0:
         raise ValueError("total_params must be positive")
+    effective = _bounded(effective)
     stage = int(effective.zero.stage.value)
     if stage == 3:
         comps, assumptions = _stage3(effective, model, topology)

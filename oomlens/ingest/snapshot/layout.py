@@ -110,10 +110,9 @@ def build_snapshot(
     trace_entries = 0
     for device, trace in enumerate(device_traces):
         trace_entries += len(trace)
-        if any(
-            _action(where, device, index, entry) not in _MARKER_ACTIONS
-            for index, entry in enumerate(trace)
-        ):
+        # every entry is checked: later passes read them all, not just up to the first event
+        actions = [_action(where, device, index, entry) for index, entry in enumerate(trace)]
+        if any(action not in _MARKER_ACTIONS for action in actions):
             devices.add(device)
     device_count = max(len(device_traces), max(devices, default=-1) + 1)
 
