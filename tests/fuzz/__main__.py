@@ -96,6 +96,14 @@ def summary(results: list[dict]) -> str:
             for r in big
         )
     )
+    for kind in KINDS:
+        mine = [r for r in results if r["kind"] == kind]
+        if mine:
+            out.append(
+                f"  {kind}: {len(mine)} inputs, max {max(r['seconds'] for r in mine):.1f} s"
+                f" (cpu {max(r.get('cpu_seconds', 0.0) for r in mine):.1f} s),"
+                f" max {max(r['memory'] for r in mine) / 2**20:.0f} MiB"
+            )
     total = sum(r["seconds"] for r in results)
     out.append(f"case time: {total:.0f} s in total, {total / max(1, len(results)):.2f} s each")
     return "\n".join(out)

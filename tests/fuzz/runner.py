@@ -158,6 +158,7 @@ def run_case(case: Case, keep: Path | None = None) -> dict[str, Any]:
             "exit_code": os.waitstatus_to_exitcode(status),
             "timed_out": timed_out,
             "seconds": round(seconds, 3),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
             "memory": max(0, usage.ru_maxrss * 1024 - baseline),
             "stdout": _text(folder / "stdout.txt"),
             "stderr": _text(folder / "stderr.txt"),
