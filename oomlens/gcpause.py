@@ -1,7 +1,8 @@
 """The cyclic garbage collector paused while millions of acyclic containers are built.
 
-Shared by the snapshot loader (``oomlens.ingest.snapshot``) and the allocator analytics
-(``oomlens.analysis.allocator``), which both build that many: collecting in the middle doubles
+Shared by the snapshot loader (``oomlens.ingest.snapshot``), the allocator analytics
+(``oomlens.analysis.allocator``) and the what-if replay (``oomlens.analysis.whatif.replay``),
+which all build that many: collecting in the middle doubles
 their time and finds nothing.
 """
 

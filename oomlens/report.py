@@ -1,6 +1,7 @@
 """The result of an analysis: the verdict, the ranked diagnoses, and the facts behind them.
 
-Renderers read only a ``Report``, and the report's vocabulary (``Diagnosis``, ``Evidence``,
+Renderers read only a ``Report`` (or ``oomlens check``'s ``CheckReport``, ``oomlens whatif``'s
+``WhatIfReport``), and the report's vocabulary (``Diagnosis``, ``Evidence``,
 ``Fix``, ``Severity``, re-exported here from ``oomlens.diagnosis``).  ``assemble(facts,
 thresholds)`` makes one: the verdict is decided from facts alone (what happened: a GPU OOM, a
 host OOM kill, a rejected config, another failure, nothing), the rules' diagnoses say why, most
@@ -34,6 +35,7 @@ from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankStatus
 from oomlens.facts.run import RunFacts
+from oomlens.facts.whatif import WhatIf
 from oomlens.rules._common import (
     CAPTURE_CONFIG,
     CAPTURE_KERNEL,
@@ -136,6 +138,16 @@ class CheckReport:
 
 
 @dataclass(frozen=True, slots=True)
+class WhatIfReport:
+    """What ``oomlens whatif`` found: a snapshot's recording replayed under other allocator
+    settings (``oomlens.analysis.whatif``)."""
+
+    document: ClassVar[str] = "whatif"
+    whatif: WhatIf
+    oomlens_version: str = __version__
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """What an analysis found: the verdict, the diagnoses, the facts behind them."""
 
@@ -194,6 +206,13 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
         return Verdict.GPU_OOM, (
             f"the allocator snapshot records an out-of-memory on device {snapshot_ooms[0].device}"
         )
+    summary_ooms = facts.allocator_summary_ooms()
+    if summary_ooms:
+        counted = summary_ooms[0]
+        return Verdict.GPU_OOM, (
+            f"torch.cuda.memory_summary() counts {counted.ooms} CUDA OOM(s) "
+            f"({counted.source.describe()})"
+        )
     host_events = [e for e in facts.oom_events() if e.message.kind is OomKind.HOST]
     kills = facts.kernel_oom_kills()
     slurm_kills = [k for log in facts.logs for k in log.slurm_oom_kills]
@@ -239,6 +258,13 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
     if readable_logs:
         if any(log.ended_in_traceback for log in readable_logs):
             return Verdict.UNKNOWN, "the log ends inside a traceback: it was cut mid-crash"
+        if any(log.tracebacks_cut for log in readable_logs):
+            return Verdict.UNKNOWN, "a traceback stops before its error: the text is cut mid-crash"
+        if not facts.shows_progress_or_end():
+            return Verdict.UNKNOWN, (
+                "no error in the inputs, but no training progress or normal end either: "
+                "a window of a longer log cannot say the run did not fail"
+            )
         return Verdict.NO_FAILURE, "no error, kill or failed exit in the inputs"
     if facts.snapshots:
         return Verdict.UNKNOWN, "the snapshot records no out-of-memory and there is no log"

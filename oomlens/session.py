@@ -1,14 +1,15 @@
-"""One analysis, end to end: inputs -> facts -> derived facts -> rules -> report; and one
-pre-flight check of a config.
+"""One analysis, end to end: inputs -> facts -> derived facts -> rules -> report; one
+pre-flight check of a config; one what-if replay of a snapshot.
 
 ``analyze(paths)`` is the whole pipeline; every command (``analyze``, ``triage``, ``epilog``)
 goes through it.  ``check_config(path, ...)`` is ``oomlens check``'s: the config read, then
-pre-flighted (``oomlens.analysis.preflight``) into a ``CheckReport``; both reports go to the
-same renderers (``oomlens.render.registry``).
+pre-flighted (``oomlens.analysis.preflight``) into a ``CheckReport``.  ``what_if(path, ...)``
+is ``oomlens whatif``'s: the snapshot loaded, then replayed (``oomlens.analysis.whatif``) into
+a ``WhatIfReport``.  Every report goes to the same renderers (``oomlens.render.registry``).
 
 Each step of an analysis is one call: the inputs are collected and read kind by kind
 (``oomlens.ingest.run`` over the registry of input kinds), each input's facts digested as soon
-as it is read (``oomlens.analysis.run.digest``), the run's facts derived once
+as it is read (``oomlens.analysis.run.Digest``), the run's facts derived once
 (``oomlens.analysis.run.derive_run``), and the report assembled (``oomlens.report.assemble``:
 the rules, the verdict).  Bad inputs never raise: each becomes an ``InputReport`` with its
 problem, and the rest is still analyzed.  Only when nothing at all could be read does it raise
@@ -25,15 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomlens.analysis.preflight import preflight
-from oomlens.analysis.run import RunHints, derive_run, digest
-from oomlens.errors import InputError, NoUsableInputError
+from oomlens.analysis.run import Digest, RunHints, derive_run
+from oomlens.errors import InputError, NoUsableInputError, UsageError
 from oomlens.facts.inputs import InputFacts
 from oomlens.facts.run import InputReport, RunFacts
 from oomlens.ingest.ds_config import read_ds_config
 from oomlens.ingest.kinds import ReadOptions, preload_readers
 from oomlens.ingest.run import collect_inputs, failed_input, read_inputs
-from oomlens.ingest.snapshot import SnapshotLimits
-from oomlens.report import CheckReport, Report, assemble
+from oomlens.ingest.snapshot import SnapshotLimits, load_snapshot
+from oomlens.report import CheckReport, Report, WhatIfReport, assemble
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -103,6 +104,7 @@ def gather_facts(
     files, reports = collect_inputs(paths, config=config)
     slots: defaultdict[str, list[object]] = defaultdict(list)
     reading = ReadOptions(options.snapshot_limits, options.max_snapshot_bytes)
+    digest = Digest()
     for read in read_inputs(files, reading):
         report = read.report
         try:
@@ -134,3 +136,28 @@ def check_config(config_path: str | os.PathLike[str], **settings: Any) -> CheckR
     (the model size, GPUs, memory, validator...).  Raises ``InputError`` for a config that
     cannot be read."""
     return CheckReport(preflight(read_ds_config(os.fspath(config_path)), **settings))
+
+
+def what_if(
+    snapshot_path: str | os.PathLike[str],
+    alloc_confs: Sequence[str] = (),
+    *,
+    device: int | None = None,
+    allowed: int | None = None,
+) -> WhatIfReport:
+    """Replay the snapshot at ``snapshot_path`` under each ``PYTORCH_CUDA_ALLOC_CONF`` value of
+    ``alloc_confs`` (none: the recorded setting and the default ladder), under ``allowed``
+    bytes when given.  Raises ``UsageError`` for a value torch would refuse (torch's message),
+    ``InputError`` for a snapshot that cannot be read or holds no allocation history."""
+    from oomlens.analysis.whatif import AllocConfError, parse_alloc_conf, run_whatif
+
+    settings = None
+    if alloc_confs:
+        settings = []
+        for text in alloc_confs:
+            try:
+                settings.append(parse_alloc_conf(text))
+            except AllocConfError as err:
+                raise UsageError(f"--alloc-conf {text!r}: {err}") from err
+    loaded = load_snapshot(os.fspath(snapshot_path))
+    return WhatIfReport(run_whatif(loaded, settings, device=device, allowed=allowed))

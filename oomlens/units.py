@@ -71,6 +71,17 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def printed_size_error(printed: int) -> int:
+    """The most a size torch printed with ``format_size`` (two decimals of KiB, MiB or GiB;
+    exact bytes up to 1024) can differ from the true size, ``printed`` being the value read
+    back in bytes: half the last digit of its unit.  A value on a unit's boundary (exactly
+    1 GiB: ``1024.00 MiB`` or ``1.00 GiB``) gets the larger unit's error."""
+    for unit in (1024**3, 1024**2, 1024):
+        if printed >= unit:
+            return -(-unit // 200)  # 0.005 of the unit, rounded up
+    return 0
+
+
 _COUNT_RE = re.compile(
     r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$"
 )

@@ -1,11 +1,15 @@
 """The run's facts, derived once from what its inputs say.
 
-``digest(fact)`` turns one input's raw facts into what the run keeps of them as soon as they
+``Digest()(fact)`` turns one input's raw facts into what the run keeps of them as soon as they
 are read (a snapshot becomes its allocator analysis, so that the raw snapshot - millions of
-objects - is dropped before the next one is loaded).  ``derive_run(inputs, hints)`` derives
-everything rules and renderers ask about the whole run: the per-rank picture, the world size,
-the parameter count, the host memory, the config the run used (a file reconciled with the
-engine's own dump, validated at the world size), the ZeRO memory model, and the last step.
+objects - is dropped before the next one is loaded).  A snapshot that ran out fragmented is
+also replayed with expandable segments then (``oomlens.analysis.whatif.with_replays``), under
+the limit the log's OOM message printed for the same process (``logged_limit``): the logs
+are read before the snapshots (the input kinds' order), so that limit is known by then.
+``derive_run(inputs, hints)`` derives everything rules and renderers ask about the whole
+run: the per-rank picture, the world size, the parameter count, the host memory, the config
+the run used (a file reconciled with the engine's own dump, validated at the world size), the
+ZeRO memory model, and the last step.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ from oomlens.analysis.allocator import analyze_snapshot
 from oomlens.analysis.ds_resolve import reconcile_with_dump
 from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
+from oomlens.analysis.whatif import with_replays
 from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
 from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigDocument, ConfigReading
 from oomlens.facts.inputs import InputFacts
-from oomlens.facts.log import LogFacts, Phase, StepSample
+from oomlens.facts.log import ErrorFileFacts, LogFacts, OomEvent, OomKind, Phase, StepSample
 from oomlens.facts.memory_model import Capacity, MemoryModelFacts, ModelSize, Topology
 from oomlens.facts.run import ConfigSource, ModelParams, RunFacts, WorldSizeFact
 from oomlens.facts.snapshot import Snapshot
+from oomlens.facts.whatif import LoggedLimit
+from oomlens.units import printed_size_error
 
 GPUS_PER_NODE_GUESS = 8
 """Ranks per host when no launcher line says it (the common 8-GPU node)."""
@@ -44,12 +51,69 @@ class RunHints:
     (and torch with it: seconds and gigabytes) out of the process, oomlens' own checks stand in."""
 
 
-def digest(fact: object) -> object:
-    """What the run keeps of one input's fact (see the module docstring).  Raises
-    ``InputError`` for a snapshot whose content cannot be analyzed."""
-    if isinstance(fact, Snapshot):
-        return analyze_snapshot(fact)
-    return fact
+class Digest:
+    """Digests one run's facts in the order they are read (see the module docstring): call it
+    on each fact; it returns what the run keeps of it.  It remembers the OOM events of the
+    logs and error files it has seen, for the replay of the snapshots that come after them."""
+
+    def __init__(self) -> None:
+        self._ooms: list[OomEvent] = []
+
+    def __call__(self, fact: object) -> object:
+        """Raises ``InputError`` for a snapshot whose content cannot be analyzed."""
+        if isinstance(fact, LogFacts):
+            self._ooms.extend(fact.oom_events)
+        elif isinstance(fact, ErrorFileFacts) and fact.oom_event is not None:
+            self._ooms.append(fact.oom_event)
+        elif isinstance(fact, Snapshot):
+            rank = fact.source.rank
+            return with_replays(
+                fact,
+                analyze_snapshot(fact),
+                lambda device: logged_limit(self._ooms, rank, device),
+            )
+        return fact
+
+
+def logged_limit(events: Sequence[OomEvent], rank: int | None, device: int) -> LoggedLimit | None:
+    """The limit the allocator's OOM messages printed for ``device`` of the process of rank
+    ``rank`` (None: unknown), when they all print the same one.
+
+    ``X allowed`` is the memory fraction.  A message without it whose device had less free
+    than the request (``of which F is free`` < ``Tried to allocate``) ran out of the device
+    itself: the limit was what PyTorch reserved plus that free memory.  Any other message
+    says nothing certain (2.1-2.4 drop ``allowed`` even with a fraction set).  Messages of
+    another rank do not count; those with no rank count only when none has this one.
+    """
+    on_device = [
+        e
+        for e in events
+        if e.message.kind is OomKind.ALLOCATOR and e.message.device == device
+    ]
+    same_rank = [e for e in on_device if rank is not None and e.rank == rank]
+    chosen = same_rank or [e for e in on_device if e.rank is None]
+    limits = {_printed_limit(e) for e in chosen}
+    if len(limits) != 1:
+        return None
+    (printed,) = limits
+    if printed is None:
+        return None
+    limit, error, fraction = printed
+    return LoggedLimit(limit, error, fraction, chosen[0].source)
+
+
+def _printed_limit(event: OomEvent) -> tuple[int, int, bool] | None:
+    m = event.message
+    if m.allowed is not None:
+        return m.allowed, printed_size_error(m.allowed), True
+    figures = (m.free, m.tried_to_allocate, m.allocated_by_pytorch, m.reserved_unallocated)
+    if any(figure is None for figure in figures) or not m.complete:
+        return None
+    free, request, allocated, unallocated = (int(figure or 0) for figure in figures)
+    if free >= request:
+        return None
+    error = sum(printed_size_error(figure) for figure in (free, allocated, unallocated))
+    return allocated + unallocated + free, error, False
 
 
 def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:

@@ -12,6 +12,7 @@ from oomlens.cli.analyze import analyze_command
 from oomlens.cli.check import check
 from oomlens.cli.epilog import epilog
 from oomlens.cli.triage import triage_command
+from oomlens.cli.whatif import whatif_command
 from oomlens.errors import ExitCode, OomlensError
 
 
@@ -25,6 +26,7 @@ cli.add_command(analyze_command)
 cli.add_command(check)
 cli.add_command(epilog)
 cli.add_command(triage_command, "triage")
+cli.add_command(whatif_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,6 +42,10 @@ class OomKind(StrEnum):
     MPS = "mps"
     HOST = "host"
     """Host RAM inside torch: ``DefaultCPUAllocator: can't allocate memory``."""
+    FRAMEWORK = "framework"
+    """Another framework's GPU allocator in the same job (XLA/JAX ``RESOURCE_EXHAUSTED: Out of
+    memory while trying to allocate N bytes``, TensorFlow ``OOM when allocating tensor``, MXNet
+    ``cudaMalloc failed: out of memory``)."""
 
 
 class Phase(StrEnum):
@@ -81,7 +85,9 @@ class OomMessage:
     * ``truncated`` (2.2/2.3 builds that cut the message after ``GPU ``),
     * ``exabyte`` (``Tried to allocate more than 1EB memory``),
     * ``malloc_async``, ``driver``, ``thc`` (torch <= 0.4), ``nvml_assert``, ``cublas``,
-      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``.
+      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``;
+    * ``class_only`` (torch's OOM exception named, its message lost: cut);
+    * ``xla``, ``tensorflow``, ``mxnet`` (another framework's allocator).
     """
 
     kind: OomKind
@@ -107,7 +113,8 @@ class OomMessage:
     total_capacity: int | None = None
     free: int | None = None
     process_in_use: int | None = None
-    """``Including non-PyTorch memory, this process has X memory in use``."""
+    """``Including non-PyTorch memory, this process has X memory in use``; or the X of
+    ``Process N has X memory in use`` when that process is this one (``listed_self``)."""
     allocated_by_pytorch: int | None = None
     """``Of the allocated memory X is allocated by PyTorch`` (includes private pools since
     2.4); ``X already allocated`` in the old forms; ``Currently allocated`` (malloc_async);
@@ -125,6 +132,13 @@ class OomMessage:
     other_allocations: int | None = None
     """MPS ``other allocations``."""
     other_processes: tuple[ProcessMemory, ...] = ()
+    listed_self: ProcessMemory | None = None
+    """The process the message lists as ``Process N has X memory in use`` when it is this very
+    process under another pid (a container's pid namespace: NVML's pid is not the one the
+    process knows): the message has no ``this process has`` clause, lists exactly one process,
+    goes on past the list (it was not cut there), and PyTorch's own reserved memory
+    (allocated + reserved-but-unallocated, as far as printed) fits in X.  Then
+    ``process_in_use`` is X and ``other_processes`` does not list it."""
 
     @property
     def other_processes_total(self) -> int | None:
@@ -186,6 +200,11 @@ class Traceback:
     chained: bool
     """This traceback was printed after ``During handling of the above exception`` or
     ``The above exception was the direct cause``: an earlier exception caused it."""
+    headless: bool = False
+    """The text starts inside it: no ``Traceback (most recent call last)`` line was read, the
+    first frame stands for it (a paste, a window of a log)."""
+    style: str = "python"
+    """How it was drawn: ``python``, ``rich`` (box characters) or ``ipython``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +232,11 @@ class OomEvent:
     reported_elsewhere: int = 0
     """How many later copies of the same message (torchrun summary, error file) were folded
     into this event."""
+    preamble: str | None = None
+    """What its line says before the message when that is more than an exception class: a
+    warning or a log record that wraps the message (``UserWarning: Failed to clone() tensor
+    with name lm_head.weight ... state_dict ... Error: ``, ``batch size 16 ran out of memory,
+    retrying smaller: ``).  Bounded."""
 
     @property
     def rank(self) -> int | None:
@@ -417,7 +441,8 @@ class WorldSize:
 @dataclass(frozen=True, slots=True)
 class ParamCount:
     """The model's parameter count as a line states it (``origin``: ``deepspeed`` zero.Init,
-    ``hf_trainer``, ``peft``, ``script`` for a training script's own line)."""
+    ``hf_trainer``, ``peft``, ``lightning`` (its model summary's ``Total params``), ``script``
+    for a training script's own line)."""
 
     total: int
     trainable: int | None
@@ -516,6 +541,79 @@ class PeerFailureSignal:
 
 
 @dataclass(frozen=True, slots=True)
+class CompletionLine:
+    """A line that says the run (or a fit) ended normally.
+
+    ``kind``: ``launcher_success`` (DeepSpeed's ``Process N exits successfully``),
+    ``agent_finished`` (torchrun's ``Local worker group finished``), ``hf_train_runtime``
+    (the HF Trainer's final ``{'train_runtime': ...}``), ``lightning_fit_stopped``
+    (``Trainer.fit` stopped: `max_steps=N` reached``), ``script`` (``training finished``,
+    ``Finished training``, ``Training completed``).
+    """
+
+    source: SourceRef
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformHint:
+    """What the text shows of the machine it ran on, for causes that depend on it.
+
+    ``kind``: ``wsl`` (a WSL kernel or ``/mnt/c`` paths: pinned memory is capped there),
+    ``container`` (a container's shell prompt ``root@<12 hex>``, ``/workspace``, docker or
+    kubernetes: NVML lists the process under another pid), ``notebook`` (Colab's
+    ``/content``, Kaggle's ``/kaggle``), ``windows`` (``C:\\`` paths).
+    """
+
+    source: SourceRef
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSummary:
+    """``torch.cuda.memory_summary()``'s table: ``CUDA OOMs: N | cudaMalloc retries: M`` and,
+    when printed, the current and peak allocated and reserved memory (bytes)."""
+
+    source: SourceRef
+    device: int | None
+    ooms: int | None
+    malloc_retries: int | None
+    allocated_current: int | None = None
+    allocated_peak: int | None = None
+    reserved_current: int | None = None
+    reserved_peak: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """What a whole card had in use, by every process, as a tool printed it: an
+    ``nvidia-smi`` usage row (``78000MiB / 81920MiB``; ``origin`` ``nvidia_smi``) or a
+    script's ``1998 MiB free of 143156 MiB`` (``script``).  ``device`` when the table or the
+    line says it."""
+
+    source: SourceRef
+    device: int | None
+    used: int
+    total: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A row of ``nvidia-smi``'s process table: who holds how much of which card (``kind``
+    ``C`` compute, ``G`` graphics such as Xorg, ``C+G``); ``used`` None for ``N/A``."""
+
+    source: SourceRef
+    device: int
+    pid: int
+    kind: str
+    name: str
+    used: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LogFacts:
     """Everything ``read_log`` found in one training log.
 
@@ -563,11 +661,31 @@ class LogFacts:
     """``(kind, count)`` of facts not kept because a list reached its bound."""
     notes: tuple[str, ...]
     tail: tuple[tuple[int, str], ...] = ()
+    """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
+    job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
     ds_config_dump: DumpedConfig | None = None
     """DeepSpeed's startup configuration dump, parsed (``oomlens.ingest.ds_config``): what the
     engine really ran with, every value citing its line."""
-    """The log's last lines ``(line number, text)``, cleaned, at most ``TAIL_LINES``: what the
-    job was doing when it died, for failures that leave no traceback (a kernel OOM kill)."""
+    completion: CompletionLine | None = None
+    """The last line that says the run (or a fit) ended normally, if any."""
+    caught_oom_events: tuple[OomEvent, ...] = ()
+    """OOM errors the program caught and went on from (a batch-size finder, a retry loop): the
+    run progressed or ended normally after them in the same stream.  Not in ``oom_events``:
+    they are not what ended the run."""
+    platform_hints: tuple[PlatformHint, ...] = ()
+    """At most one per kind: the first line that shows it."""
+    allocator_summaries: tuple[AllocatorSummary, ...] = ()
+    tracebacks_cut: int = 0
+    """Tracebacks that stopped before their exception line (a window that ends, or a paste
+    that skipped the message): the text is visibly inside a crash."""
+    partial_tracebacks: tuple[ExceptionEvent, ...] = ()
+    """The last few of those, with their frames and the phase the frames show
+    (``exception_class`` is ''): what a window inside a traceback still tells."""
+    gpu_usage: tuple[GpuUsage, ...] = ()
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    line_by_line: bool = False
+    """The input was small enough to be read line by line with the wider anchor table (a
+    paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""
 
 
 @dataclass(frozen=True, slots=True)

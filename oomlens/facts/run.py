@@ -15,6 +15,7 @@ from oomlens.facts import SourceRef
 from oomlens.facts.config import ConfigReading
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
+    AllocatorSummary,
     ErrorFileFacts,
     ExceptionEvent,
     LogFacts,
@@ -186,8 +187,33 @@ class RunFacts:
                     return line.source.describe()
         return None
 
+    def caught_oom_events(self) -> tuple[OomEvent, ...]:
+        """OOM errors the program caught and went on from (not in ``oom_events``)."""
+        return tuple(e for log in self.logs for e in log.caught_oom_events)
+
+    def allocator_summary_ooms(self) -> tuple[AllocatorSummary, ...]:
+        """``torch.cuda.memory_summary()`` tables that count at least one CUDA OOM."""
+        return tuple(s for log in self.logs for s in log.allocator_summaries if s.ooms)
+
+    def shows_progress_or_end(self) -> bool:
+        """The logs show the job working (training steps, memory samples) or ending normally,
+        or are whole logs: a paste-sized log (``LogFacts.line_by_line``) with no failure and
+        neither of these in it may only be a window of a longer one.  A progress bar alone
+        (loading checkpoint shards...) is not training progress."""
+        if any(e.return_code == 0 for e in self.ranks.launcher_exits):
+            return True
+        return any(
+            not log.line_by_line
+            or log.completion is not None
+            or log.memory
+            or any(s.kind != "tqdm" for s in log.steps.samples)
+            for log in self.logs
+        )
+
     def has_failure_evidence(self) -> bool:
-        """Anything that says the run did not finish cleanly."""
+        """Anything that says the run did not finish cleanly: an error, a kill, a failed exit,
+        a fatal signal a shell or the C runtime printed, a launcher tearing the other workers
+        down, a ``memory_summary()`` that counts an OOM."""
         if self.oom_events() or self.kernel_oom_kills():
             return True
         if any(log.batch_assertions or log.config_errors for log in self.logs):
@@ -196,4 +222,13 @@ class RunFacts:
             return True
         if self.ranks.ranks or any(e.return_code != 0 for e in self.ranks.launcher_exits):
             return True
-        return any(log.process_failures or log.failure_summaries for log in self.logs)
+        if self.allocator_summary_ooms():
+            return True
+        return any(
+            log.process_failures
+            or log.failure_summaries
+            or log.fatal_signals
+            or log.closing_signals
+            or log.killed_subprocesses
+            for log in self.logs
+        )

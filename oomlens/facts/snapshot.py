@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from oomlens.facts import SourceRef
+from oomlens.facts.whatif import ReplayVerdict
 
 # --------------------------------------------------------------------------------------------
 # The loaded snapshot
@@ -544,7 +545,10 @@ class DeviceAnalysis:
     ``iteration_growth``, ``iterations`` and ``leak`` are None when the history cannot tell
     (``history`` says why: a state-only snapshot has no timeline; capture with
     ``_record_memory_history(enabled='all')`` next time).  ``notes`` are short
-    machine-readable remarks (see :data:`oomlens.analysis.allocator.NOTES`).
+    machine-readable remarks (see :data:`oomlens.analysis.allocator.NOTES`).  ``replay`` is
+    what replaying the recorded allocations with expandable segments says about the OOM
+    (:mod:`oomlens.analysis.whatif`); None when it was not replayed (no OOM, no history, nothing
+    reserved but unallocated, or the trace too long).
     """
 
     device: int
@@ -562,6 +566,7 @@ class DeviceAnalysis:
     iterations: Iterations | None
     leak: Leak | None
     notes: tuple[str, ...]
+    replay: ReplayVerdict | None = None
 
 
 @dataclass(frozen=True, slots=True)

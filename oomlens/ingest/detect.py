@@ -3,8 +3,10 @@
 ``detect_kind(path)`` looks at a bounded head of the file (decompressed when compressed) and
 asks every registered kind (``oomlens.ingest.kinds``) in its precedence order; it returns a
 ``Detection``: the kind with the reason, or none with what the file looked like instead.  Names
-are never trusted.  ``accept`` is the one place that decides what to do with a text file no
-kind recognised (a quiet training log, when the user named it or its name or place says so).
+are never trusted.  A text file shaped like a document (Markdown prose, TOML, Python source,
+a CSV table: ``ingest.documents``) is no input, whatever error it quotes.  ``accept`` is the
+one place that decides what to do with a text file no kind recognised (a quiet training log,
+when the user named it or its name or place says so).
 
 ``discover_run(directory)`` walks a run directory (bounded depth and file count, the junk of
 ``oomlens.ingest.layout`` skipped) and returns ``RunInputs``: every recognised file with what
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from oomlens.errors import InputError
 from oomlens.ingest import kinds
+from oomlens.ingest.documents import document_kind
 from oomlens.ingest.kinds import FoundInput, InputKind, Sample
 from oomlens.ingest.layout import (
     DEEPSPEED_RANK_LOG,
@@ -88,6 +91,11 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
     if sample.json_problem is not None:
         return Detection(shown, None, compression, sample.json_problem)
     json_kinds = [k for k in ordered if k.json_document]
+    if sample.json_object is None:
+        document = document_kind(sample.lines)
+        if document is not None:
+            # an error quoted in prose (a README, the training script) is not a crash
+            return Detection(shown, None, compression, f"{document}, not a log")
     for candidate in (k for k in ordered if not k.binary):
         if not candidate.json_document and sample.json_object is not None:
             labels = " nor ".join(sorted(k.label for k in json_kinds))

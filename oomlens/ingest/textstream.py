@@ -110,12 +110,24 @@ class Block:
 _ANSI_RE = regex.compile(r"\x1b(?:\[[0-?]*+[ -/]*+[@-~]|\][^\x07\x1b]*+(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
 
+_NARROW = {
+    **{code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)},
+    0x3000: 0x20,
+    0x00A0: 0x20,
+    0x2007: 0x20,
+    0x202F: 0x20,
+}
+"""Full-width forms (a CJK input method's ``：``, ``（``, ``ＧＰＵ``) and non-breaking spaces,
+as the ASCII a matcher expects."""
+
+
 class LineCleaner:
     """Turns one raw line into text that matchers can trust; counts the repairs in ``stats``.
 
     ``clean`` drops the line end, keeps the last non-blank ``\\r`` segment (what a terminal
     would show after a progress bar rewrote the line), removes NULs, decodes UTF-8 replacing
-    invalid bytes, removes ANSI escape sequences and cuts the line to ``max_line_bytes``.
+    invalid bytes, removes ANSI escape sequences, turns full-width forms and non-breaking
+    spaces into ASCII, and cuts the line to ``max_line_bytes``.
     """
 
     __slots__ = ("max_line_bytes", "stats")
@@ -142,6 +154,8 @@ class LineCleaner:
             self.stats.invalid_utf8_lines += 1
         if "\x1b" in text:
             text = _ANSI_RE.sub("", text)
+        if not text.isascii():
+            text = text.translate(_NARROW)
         return text
 
 

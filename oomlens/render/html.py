@@ -15,12 +15,15 @@ from __future__ import annotations
 import base64
 import hashlib
 from functools import lru_cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.templates import environment, rule_partials
 from oomlens.render.view import View, build_view
-from oomlens.report import CheckReport, Report
+from oomlens.report import Report
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 STYLE_TEMPLATE = "html/style.css"
 SCRIPT_TEMPLATE = "html/script.js"
@@ -67,7 +70,7 @@ def render_html(report: Report, *, redacted: bool = False) -> str:
 class HtmlRenderer(Renderer):
     format: ClassVar[Format] = Format.HTML
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+    def render(self, document: Document, options: RenderOptions) -> str:
         assert isinstance(document, Report)  # the registry sends only reports
         return render_view_html(build_view(document, redacted=options.redacted))
 

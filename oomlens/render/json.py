@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent
 from oomlens.facts.memory_model import CapacityVerdict, Device
 from oomlens.facts.ranks import RankStatus
 from oomlens.render.registry import Format, Renderer, RenderOptions
+from oomlens.render.whatif import whatif_to_dict
 from oomlens.report import (
     CHECK_SCHEMA_VERSION,
     SCHEMA_VERSION,
@@ -24,8 +25,12 @@ from oomlens.report import (
     Evidence,
     Fix,
     Report,
+    WhatIfReport,
 )
 from oomlens.untrusted import strip_controls
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 MAX_OOM_EVENTS = 64
 """Bound on ``oom_events`` (a run of 1,000 ranks each printing its OOM); the count is kept."""
@@ -105,8 +110,13 @@ def oom_event_to_dict(event: OomEvent) -> dict[str, Any]:
         "process_in_use": m.process_in_use,
         "allocated_by_pytorch": m.allocated_by_pytorch,
         "reserved_unallocated": m.reserved_unallocated,
+        "reserved_total": m.reserved_total,
         "allowed": m.allowed,
         "private_pools": m.private_pools,
+        "other_allocations": m.other_allocations,
+        "backend": m.backend,
+        "this_process_pid": m.listed_self.pid if m.listed_self is not None else None,
+        "preamble": event.preamble,
         "other_processes": [{"pid": p.pid, "bytes": p.bytes} for p in m.other_processes],
     }
 
@@ -131,6 +141,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     facts = report.facts
     picture = facts.ranks
     events = facts.oom_events()
+    caught = facts.caught_oom_events()
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "oomlens_version": report.oomlens_version,
@@ -139,6 +150,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "diagnoses": [diagnosis_to_dict(d) for d in report.diagnoses],
         "oom_events": [oom_event_to_dict(e) for e in events[:MAX_OOM_EVENTS]],
         "oom_events_total": len(events),
+        "caught_oom_events": [oom_event_to_dict(e) for e in caught[:MAX_OOM_EVENTS]],
         "ranks": {
             "first_failed": picture.first_failed.rank if picture.first_failed else None,
             "basis": picture.basis,
@@ -291,12 +303,14 @@ def _json_safe(value: object) -> bool:
 class JsonRenderer(Renderer):
     format: ClassVar[Format] = Format.JSON
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
-        data = (
-            _stripped(check_to_dict(document))
-            if isinstance(document, CheckReport)
-            else report_to_dict(document)
-        )
+    def render(self, document: Document, options: RenderOptions) -> str:
+        data: dict[str, Any]
+        if isinstance(document, CheckReport):
+            data = _stripped(check_to_dict(document))
+        elif isinstance(document, WhatIfReport):
+            data = _stripped(whatif_to_dict(document))
+        else:
+            data = report_to_dict(document)
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 

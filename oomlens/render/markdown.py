@@ -10,12 +10,15 @@ text the HTML report shows, declared with the rule.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.templates import environment
 from oomlens.render.view import View, build_view
-from oomlens.report import CheckReport, Report
+from oomlens.report import Report
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 
 def render_view_markdown(view: View) -> str:
@@ -30,7 +33,7 @@ def render_markdown(report: Report, *, redacted: bool = False) -> str:
 class MarkdownRenderer(Renderer):
     format: ClassVar[Format] = Format.MARKDOWN
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+    def render(self, document: Document, options: RenderOptions) -> str:
         assert isinstance(document, Report)  # the registry sends only reports
         return render_view_markdown(build_view(document, redacted=options.redacted))
 

@@ -1,9 +1,10 @@
 """The one place that picks a renderer: the output formats, and which renderer makes each.
 
 Every renderer has one signature, ``Renderer.render(document, options) -> str``, where the
-document is an analysis ``Report`` or ``oomlens check``'s ``CheckReport``; each renderer module
-defines ``RENDERER`` and says which documents it renders (``documents``).  The commands
-(``analyze``, ``check``), the SLURM epilog and ``triage`` all render through ``render`` here.
+document is an analysis ``Report``, ``oomlens check``'s ``CheckReport`` or ``oomlens whatif``'s
+``WhatIfReport``; each renderer module defines ``RENDERER``, and ``_MODULES`` here says which
+documents each format has.  The commands (``analyze``, ``check``, ``whatif``), the SLURM epilog
+and ``triage`` all render through ``render`` here.
 Renderer modules are imported when first used: a command that renders nothing loads none.
 """
 
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, ClassVar
 from oomlens.errors import UsageError
 
 if TYPE_CHECKING:
-    from oomlens.report import CheckReport, Report
+    from oomlens.report import CheckReport, Report, WhatIfReport
+
+    Document = Report | CheckReport | WhatIfReport
 
 
 class Format(StrEnum):
@@ -55,8 +58,8 @@ _EXTENSIONS: Mapping[Format, tuple[str, ...]] = {
     Format.TEXT: (".txt", ".text"),
 }
 _MODULES: Mapping[Format, tuple[str, frozenset[str]]] = {
-    Format.TEXT: ("oomlens.render.text", frozenset({"report", "check"})),
-    Format.JSON: ("oomlens.render.json", frozenset({"report", "check"})),
+    Format.TEXT: ("oomlens.render.text", frozenset({"report", "check", "whatif"})),
+    Format.JSON: ("oomlens.render.json", frozenset({"report", "check", "whatif"})),
     Format.MARKDOWN: ("oomlens.render.markdown", frozenset({"report"})),
     Format.HTML: ("oomlens.render.html", frozenset({"report"})),
 }
@@ -77,12 +80,12 @@ class Renderer(ABC):
     format: ClassVar[Format]
 
     @abstractmethod
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+    def render(self, document: Document, options: RenderOptions) -> str:
         """``document`` in this renderer's format."""
 
 
 def formats_for(document: str) -> tuple[Format, ...]:
-    """The formats a document (``"report"``, ``"check"``) can be rendered in."""
+    """The formats a document (``"report"``, ``"check"``, ``"whatif"``) can be rendered in."""
     return tuple(fmt for fmt, (_, documents) in _MODULES.items() if document in documents)
 
 
@@ -97,9 +100,7 @@ def renderer(fmt: Format) -> Renderer:
     return made
 
 
-def render(
-    document: Report | CheckReport, fmt: Format, options: RenderOptions | None = None
-) -> str:
+def render(document: Document, fmt: Format, options: RenderOptions | None = None) -> str:
     """``document`` in ``fmt``.  Raises ``UsageError`` when no renderer makes that format of
     that document (``oomlens check --format html``)."""
     if document.document not in _MODULES[fmt][1]:

@@ -8,16 +8,20 @@ characters removed, so a hostile log cannot drive the terminal.
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import click
 
 from oomlens.render import words
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
-from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict
+from oomlens.render.whatif import whatif_text
+from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict, WhatIfReport
 from oomlens.units import format_size
 from oomlens.untrusted import strip_controls
+
+if TYPE_CHECKING:
+    from oomlens.render.registry import Document
 
 _VERDICT_COLOUR = {
     Verdict.GPU_OOM: "red",
@@ -110,10 +114,12 @@ def render_text(report: Report, *, colour: bool = False) -> str:
 class TextRenderer(Renderer):
     format: ClassVar[Format] = Format.TEXT
 
-    def render(self, document: Report | CheckReport, options: RenderOptions) -> str:
+    def render(self, document: Document, options: RenderOptions) -> str:
         if isinstance(document, CheckReport):
             # a config's keys and values are untrusted text, printed in many places
             return clean(check_text(document)) + "\n"
+        if isinstance(document, WhatIfReport):
+            return whatif_text(document)
         return render_text(document, colour=options.colour)
 
 

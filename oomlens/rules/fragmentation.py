@@ -7,9 +7,11 @@ from dataclasses import replace
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
+from oomlens.facts import SourceRef
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
+from oomlens.facts.whatif import COVERS_UP_TO_OOM, ReplayVerdict
 from oomlens.rules._common import (
     CAPTURE_SNAPSHOT,
     SnapshotOom,
@@ -27,15 +29,62 @@ from oomlens.rules._common import (
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
+REPLAY_FROM_START = (
+    "memory history from the process start, so that the what-if replay can decide whether "
+    "expandable segments would have fitted: torch.cuda.memory._record_memory_history("
+    "max_entries=<enough for the whole run>) before the first CUDA allocation (then "
+    "oomlens whatif SNAPSHOT)"
+)
 
-def fragmentation_fixes(stuck: int, expandable_on: bool) -> tuple[Fix, ...]:
-    """The fixes for fragmentation, never proposing expandable segments when already on."""
+
+def replay_outcome(verdict: ReplayVerdict) -> str:
+    """``replayed: fits with 1.30 GiB to spare`` / ``replayed: still runs out ...``."""
+    if verdict.outcome == "fits":
+        text = "replayed: fits"
+        if verdict.headroom_bytes is not None:
+            text += f" with {size(verdict.headroom_bytes)} to spare"
+        if verdict.covers == COVERS_UP_TO_OOM:
+            text += " (up to the point where the run died)"
+        return text
+    if verdict.live_too_large:
+        return "replayed: still runs out — the live memory itself is too large"
+    return "replayed: still runs out"
+
+
+def replay_evidence(verdict: ReplayVerdict | None, source: SourceRef | None) -> list[Evidence]:
+    """What the replay of the fix says, when it is a forecast (self-checked, conclusive)."""
+    if verdict is None or not verdict.trustworthy:
+        return []
+    return [
+        Evidence(
+            EvidenceKind.DERIVED,
+            f"{verdict.alloc_conf}: {replay_outcome(verdict)}",
+            source,
+            "the recorded allocations replayed through a model of the caching allocator that "
+            "reproduces the recording exactly"
+            + (f" (limit: {verdict.limit_basis})" if verdict.limit_basis else ""),
+            supports=verdict.outcome == "fits",
+        )
+    ]
+
+
+def fragmentation_fixes(
+    stuck: int, expandable_on: bool, replay: ReplayVerdict | None = None
+) -> tuple[Fix, ...]:
+    """The fixes for fragmentation, never proposing expandable segments when already on, nor
+    when a trustworthy replay shows they would not have helped."""
     fixes = []
-    if not expandable_on:
+    useless = replay is not None and replay.trustworthy and replay.outcome == "oom"
+    if not expandable_on and not useless:
+        summary = (
+            "Let the allocator map memory in pages inside growing segments, so free space "
+            "need not be contiguous."
+        )
+        if replay is not None and replay.trustworthy:
+            summary += f" ({replay_outcome(replay)})"
         fixes.append(
             Fix(
-                "Let the allocator map memory in pages inside growing segments, so free space "
-                "need not be contiguous.",
+                summary,
                 environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                 predicted_saving_bytes=stuck,
                 cost="none measurable in most training; incompatible with some CUDA-graph setups",
@@ -132,9 +181,11 @@ class FragmentationRule(Rule):
             )
         figures = oom_figures(n)
         expandable_on = False
+        replay: ReplayVerdict | None = None
         located = facts.snapshot_for(event)
         if located is not None:
             snapshot, device = located
+            replay = device.replay
             state = device.state
             settings = snapshot.allocator_settings
             expandable_on = bool(settings is not None and settings.expandable_segments)
@@ -201,8 +252,13 @@ class FragmentationRule(Rule):
                     "the usual fix is already in force",
                 )
             )
-        fixes = fragmentation_fixes(stuck, expandable_on)
-        missing = () if located is not None else (CAPTURE_SNAPSHOT,)
+        confidence, replayed, missing = _weigh_replay(
+            replay, confidence, located[0].source if located is not None else None
+        )
+        evidence.extend(replayed)
+        fixes = fragmentation_fixes(stuck, expandable_on, replay)
+        if located is None:
+            missing = (CAPTURE_SNAPSHOT,)
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
@@ -254,6 +310,9 @@ class FragmentationRule(Rule):
             )
         settings = s.snapshot.allocator_settings
         expandable_on = bool(settings is not None and settings.expandable_segments)
+        replay = s.device.replay
+        confidence, replayed, missing = _weigh_replay(replay, confidence, s.snapshot.source)
+        evidence.extend(replayed)
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
@@ -261,8 +320,8 @@ class FragmentationRule(Rule):
                 f"{size(s.request)} request failed ({size(s.allocated)} allocated)"
             ),
             evidence=tuple(evidence),
-            fixes=fragmentation_fixes(stuck, expandable_on),
-            missing=("the job's log with the OOM message (card capacity and limit)",),
+            fixes=fragmentation_fixes(stuck, expandable_on, replay),
+            missing=("the job's log with the OOM message (card capacity and limit)", *missing),
             rank=s.snapshot.source.rank,
             figures={
                 "tried_to_allocate": in_bytes(s.request),
@@ -271,6 +330,21 @@ class FragmentationRule(Rule):
                 "largest_free_block": in_bytes(oom.largest_free_block),
             },
         )
+
+
+def _weigh_replay(
+    replay: ReplayVerdict | None, confidence: float, source: SourceRef | None
+) -> tuple[float, list[Evidence], tuple[str, ...]]:
+    """Confidence, evidence and missing evidence from the replay of expandable segments: a
+    forecast that it fits confirms fragmentation, one that it still runs out weakens it."""
+    if replay is None:
+        return confidence, [], ()
+    if not replay.trustworthy:
+        return confidence, [], (REPLAY_FROM_START,)
+    cited = replay_evidence(replay, source)
+    if replay.outcome == "fits":
+        return confidence + 0.1, cited, ()
+    return confidence - 0.25, cited, ()
 
 
 RULE = FragmentationRule()

@@ -1,6 +1,6 @@
 """One renderer contract: one format enum, renderers with one signature, picked in one place
-(``oomlens.render.registry``) by every command; ``oomlens check`` renders through it too, and its
-JSON is versioned like the analysis report's."""
+(``oomlens.render.registry``) by every command; ``oomlens check`` and ``oomlens whatif`` render
+through it too, and their JSON is versioned like the analysis report's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import oomlens
 from oomlens.errors import UsageError
 from oomlens.render.registry import Format, RenderOptions, available, formats_for, render, renderer
 from oomlens.report import CHECK_SCHEMA_VERSION, SCHEMA_VERSION
-from oomlens.session import analyze, check_config
+from oomlens.session import analyze, check_config, what_if
 from tests._corpus import case_dir
 
 PACKAGE = Path(oomlens.__file__).parent
@@ -37,6 +37,21 @@ def test_a_check_renders_in_the_formats_that_make_it_and_is_refused_in_the_other
     assert render(check, Format.TEXT).rstrip().endswith("Verdict: OK: valid (no memory check)")
     with pytest.raises(UsageError, match="--format html is not available for check"):
         render(check, Format.HTML)
+
+
+def test_a_whatif_renders_in_the_formats_that_make_it_and_is_refused_in_the_others() -> None:
+    report = what_if(
+        case_dir("fragmentation") / "snapshot_rank0.pickle", ["expandable_segments:True"]
+    )
+    assert set(formats_for("whatif")) == {Format.TEXT, Format.JSON}
+    data = json.loads(render(report, Format.JSON))
+    assert data["schema_version"] == "1.0" and data["oomlens_version"] == oomlens.__version__
+    assert [p["alloc_conf"] for p in data["predictions"]] == ["", "expandable_segments:True"]
+    text = render(report, Format.TEXT)
+    assert text.startswith("oomlens whatif: ") and "expandable_segments:True" in text
+    for refused in (Format.HTML, Format.MARKDOWN):
+        with pytest.raises(UsageError, match=f"--format {refused} is not available for whatif"):
+            render(report, refused)
 
 
 def test_the_analysis_json_keeps_its_schema_version() -> None:
@@ -68,7 +83,8 @@ def test_an_unknown_extension_is_a_usage_error() -> None:
 def test_nothing_outside_the_renderers_picks_a_renderer_by_name() -> None:
     # the commands, the epilog and triage render through the registry only
     pattern = re.compile(
-        r"render_(html|markdown|text|json)\(|oomlens\.render\.(html|markdown|text)\b"
+        r"render_(html|markdown|text|json)\(|(whatif|check)_(text|to_dict)\("
+        r"|oomlens\.render\.(html|markdown|text|whatif|check_text)\b"
     )
     outside = [
         path

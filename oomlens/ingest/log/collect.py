@@ -1,10 +1,20 @@
-"""The ``LogFacts`` a finished pass of the log reader hands back."""
+"""The ``LogFacts`` a finished pass of the log reader hands back, and the folding of failure
+summaries' quotes into the OOMs they quote."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from oomlens.facts.log import CacheFlushSummary, LogFacts, StepSeries
+from oomlens.facts.log import (
+    CacheFlushSummary,
+    LogFacts,
+    OomEvent,
+    Phase,
+    ProcessFailure,
+    StepSeries,
+)
+from oomlens.ingest.log.state import BoundedList
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
@@ -50,6 +60,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         reader.fatal,
     )
     dropped = tuple((b.name, b.dropped) for b in lists if b.dropped)
+    uncaught, caught = _split_caught(reader)
     return LogFacts(
         path=reader.path,
         compression=str(reader.source.compression),
@@ -60,7 +71,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         ended_mid_line=stats.ended_mid_line,
         ended_in_traceback=reader.ended_in_traceback,
         layout_rank=reader.layout_rank,
-        oom_events=tuple(reader.oom.items),
+        oom_events=uncaught,
         exceptions=tuple(reader.exceptions.items),
         memory=tuple(k.freeze() for k in reader.memory.values()),
         cache_flushes=CacheFlushSummary(
@@ -101,4 +112,97 @@ def log_facts(reader: LogReader) -> LogFacts:
         dropped=dropped,
         notes=tuple(notes),
         tail=reader.tail,
+        completion=reader.completion,
+        caught_oom_events=caught,
+        platform_hints=tuple(reader.platform.values()),
+        allocator_summaries=tuple(reader.alloc_summaries.items),
+        tracebacks_cut=reader.cut_tracebacks,
+        partial_tracebacks=tuple(reader.partial),
+        gpu_usage=tuple(reader.gpu_usage.items),
+        gpu_processes=tuple(reader.gpu_processes.items),
+        line_by_line=reader.line_by_line,
     )
+
+
+def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEvent, ...]]:
+    """``(uncaught, caught)`` OOM events.  An OOM raised to the top (printed after a
+    ``Traceback (most recent call last)`` header) is never caught: a run restarted in the same
+    file does not make the first one's crash a retry.  Another is caught (a batch-size finder, a
+    retry loop that logged it) when the run ended normally after it and nothing says a process
+    failed, or when it was logged rather than raised (no exception class) and the same rank
+    printed training progress after it."""
+    events = reader.oom.items
+    if not events:
+        return (), ()
+    completion = reader.completion
+    failed = bool(reader.failures.items) or any(
+        e.return_code != 0 for e in reader.launcher_exits.items
+    )
+    ended_normally = completion is not None and not failed
+    end_line = completion.source.line or 0 if completion is not None else 0
+    uncaught: list[OomEvent] = []
+    caught: list[OomEvent] = []
+    for event in events:
+        line = event.source.line or 0
+        raised = event.traceback is not None and not event.traceback.headless
+        logged = event.traceback is None and not event.message.exception_class
+        progressed = reader.progress_line.get(event.source.rank, 0) > line
+        if (
+            not raised
+            and event.origin == "log"
+            and ((ended_normally and end_line > line) or (logged and progressed))
+        ):
+            caught.append(event)
+        else:
+            uncaught.append(event)
+    return tuple(uncaught), tuple(caught)
+
+
+def _oom_key(event: OomEvent) -> tuple[object, ...]:
+    m = event.message
+    return (m.kind, m.tried_to_allocate, m.total_capacity, m.free, m.process_in_use, m.text[:400])
+
+
+def fold_summary_ooms(oom: BoundedList[OomEvent], summary_ooms: list[ProcessFailure]) -> None:
+    """A failure summary quotes the OOM its worker printed before: fold each quote into the
+    latest earlier event with the same message (giving it the summary's rank when it had
+    none); a quote with no such event becomes an event of its own."""
+    events: list[OomEvent] = oom.items
+    by_key: dict[tuple[object, ...], list[int]] = {}
+    for index, event in enumerate(events):
+        by_key.setdefault(_oom_key(event), []).append(index)
+    for failure in summary_ooms:
+        assert failure.oom is not None
+        quote = OomEvent(
+            failure.source,
+            failure.oom,
+            Phase.UNKNOWN,
+            None,
+            None,
+            "failure_summary",
+            failure.timestamp,
+            False,
+            failure.local_rank,
+        )
+        line = failure.source.line or 0
+        candidates = [
+            i
+            for i in by_key.get(_oom_key(quote), [])
+            if (events[i].source.line or 0) < line
+            and events[i].origin == "log"
+            and events[i].source.rank in (None, failure.rank, failure.local_rank)
+        ]
+        if not candidates:
+            oom.add(quote)
+            continue
+        index = max(candidates, key=lambda i: events[i].source.line or 0)
+        earlier = events[index]
+        source = earlier.source
+        if source.rank is None and failure.rank is not None:
+            source = replace(source, rank=failure.rank)
+        events[index] = replace(
+            earlier,
+            source=source,
+            reported_elsewhere=earlier.reported_elsewhere + 1,
+            local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank,
+        )

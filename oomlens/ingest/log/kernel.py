@@ -28,8 +28,7 @@ from oomlens.ingest.log import timestamps
 from oomlens.ingest.textstream import open_text
 
 ANCHORS: tuple[bytes, ...] = (
-    b"Killed ",
-    b"Killed\n",
+    b"Killed",
     b"oom-kill",
     b"oom_kill",
     b"Out Of Memory",
@@ -68,13 +67,14 @@ _SRUN_TASK = regex.compile(
     r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
 )
 _BUS = regex.compile(r"(?:^|\s|:)Bus error\b")
-_SHELL_KILLED = regex.compile(r"(?:^|: |\d )Killed(?:\s|\Z)")
+_SHELL_KILLED = regex.compile(r"(?:^|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
 _ABORTED = regex.compile(r"(?:^|: |\d )Aborted(?: \(core dumped\))?(?:\s|\Z)")
 _SEGV = regex.compile(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s|\Z)")
 _SHM = regex.compile(
     r"insufficient shared memory|shared memory segment /dev/shm|/dev/shm[^\n]{0,120}No space left"
     r" on device|"
-    r"No space left on device[^\n]{0,120}/dev/shm"
+    r"No space left on device[^\n]{0,120}/dev/shm|"
+    r"Error while creating shared memory segment|posix_fallocate failed[^\n]{0,40}No space left"
 )
 
 
@@ -218,4 +218,4 @@ def read_kernel_log(path: str | os.PathLike[str], *, display: str | None = None)
     )
 
 
-_TEXT_ANCHORS = ("Killed",) + tuple(anchor.decode() for anchor in ANCHORS[2:])
+_TEXT_ANCHORS = tuple(anchor.decode() for anchor in ANCHORS)

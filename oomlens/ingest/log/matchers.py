@@ -17,26 +17,37 @@ from typing import TYPE_CHECKING
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import (
+    AllocatorSummary,
     BatchAssertion,
     CacheFlushWarning,
+    CompletionLine,
     ConfigErrorLine,
+    GpuProcess,
+    GpuUsage,
     ParamCount,
     PeerFailureSignal,
+    ProcessFailure,
 )
-from oomlens.ingest.log import deepspeed, kernel, params, steps, torchrun
+from oomlens.ingest.log import deepspeed, kernel, params, paste, steps, torchrun
 from oomlens.ingest.log.bits import (
     AGENT,
+    ALLOC_SUMMARY,
     BATCH,
+    COMPLETION,
     CONFIG_DUMP,
     CONFIG_ERROR,
     DS_CPU,
     DS_MEMORY,
+    EXCEPTION,
     FLUSH,
+    GPU_TABLE,
     KERNEL,
     LAUNCHER,
     OOM,
     PARAMS,
     PEER,
+    PLATFORM,
+    SIGNAL,
     STEP,
     SUMMARY,
     TERMINATE,
@@ -47,6 +58,7 @@ from oomlens.ingest.log.state import StreamState
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
+    from oomlens.ingest.log.traceback import FinishedException
 
 
 @dataclass(slots=True)
@@ -212,20 +224,148 @@ def _step(reader: LogReader, line: Line) -> bool:
     return False
 
 
+_COMPLETION_WORDS = ("inished", "exits successfully", "train_runtime", "stopped", "ompleted")
+
+
+def _completion(reader: LogReader, line: Line) -> bool:
+    if not any(word in line.message for word in _COMPLETION_WORDS):
+        return False
+    kind = paste.parse_completion(line.message)
+    if kind is not None:
+        reader.completion = CompletionLine(line.ref, kind, line.message[:300])
+    return False
+
+
+def _platform(reader: LogReader, line: Line) -> bool:
+    kind = paste.parse_platform(line.rest)
+    if kind is not None:
+        reader.add_platform(kind, line.ref, line.rest)
+    return False
+
+
+def _signal(reader: LogReader, line: Line) -> bool:
+    if line.stream.tb.open or line.stream.failure_block is not None:
+        return False  # an exception's own text: read when it ends (``after_exception``)
+    found = paste.parse_signal_line(line.message)
+    if found is not None and found.signal is not None:
+        _add_signal_failure(reader, line.ref, found, line.message)
+    return False
+
+
+def _alloc_summary(reader: LogReader, line: Line) -> bool:
+    device = paste.summary_device(line.rest)
+    if device is not None:
+        reader.alloc_device = device
+        return True
+    counts = paste.summary_ooms(line.rest)
+    if counts is not None:
+        reader.alloc_summaries.add(
+            AllocatorSummary(line.ref, reader.alloc_device, counts[0], counts[1])
+        )
+        return True
+    return False
+
+
+def _summary_rows(reader: LogReader, line: Line) -> bool:
+    """The ``Allocated memory`` and ``GPU reserved memory`` rows of the last summary table."""
+    if not reader.alloc_summaries.items or not line.rest.startswith("|"):
+        return False
+    row = paste.summary_row(line.rest)
+    if row is None:
+        return False
+    summary = reader.alloc_summaries.items[-1]
+    name, current, peak = row
+    if name == "Allocated memory" and summary.allocated_current is None:
+        summary = replace(summary, allocated_current=current, allocated_peak=peak)
+    elif name == "GPU reserved memory" and summary.reserved_current is None:
+        summary = replace(summary, reserved_current=current, reserved_peak=peak)
+    reader.alloc_summaries.items[-1] = summary
+    return True
+
+
+def _gpu_table(reader: LogReader, line: Line) -> bool:
+    """``nvidia-smi``'s tables (and a script's ``X MiB free of Y MiB``)."""
+    device = paste.smi_device(line.rest)
+    if device is not None:
+        reader.smi_device = device
+        return False
+    row = paste.parse_gpu_row(line.rest, reader.smi_device)
+    if row is not None:
+        origin = "nvidia_smi" if "/" in line.rest and "W" in line.rest else "script"
+        reader.gpu_usage.add(GpuUsage(line.ref, row.device, row.used, row.total, origin))
+        reader.smi_device = None
+        return False
+    process = paste.parse_gpu_process(line.rest)
+    if process is not None:
+        reader.gpu_processes.add(
+            GpuProcess(
+                line.ref, process.device, process.pid, process.kind, process.name, process.used
+            )
+        )
+    return False
+
+
+def _add_signal_failure(
+    reader: LogReader, ref: SourceRef, found: paste.SignalLine, text: str
+) -> None:
+    reader.failures.add(
+        ProcessFailure(
+            source=ref,
+            origin="signal_line",
+            exitcode=found.exitcode,
+            signal=found.signal,
+            rank=ref.rank,
+            local_rank=None,
+            pid=found.pid,
+            host=ref.host,
+            timestamp=reader.last_time,
+            root_cause=False,
+            error_file=None,
+            message=text[:500],
+            oom=None,
+        )
+    )
+
+
+_DEEPSPEED_VALIDATION = ("for DeepSpeed", "DeepSpeedConfig", "DeepSpeedZeroConfig")
+
+
+def after_exception(reader: LogReader, finished: FinishedException) -> None:
+    """What a finished non-OOM exception says besides itself: a rejected DeepSpeed config
+    (pydantic's ``ValidationError ... for DeepSpeedZeroConfig``), a subprocess killed by a
+    signal (``CalledProcessError: ... died with <Signals.SIGKILL: 9>``)."""
+    text = finished.text
+    cls = finished.exception_class
+    if cls.endswith("ValidationError") and any(m in text[:600] for m in _DEEPSPEED_VALIDATION):
+        reader.config_errors.add(ConfigErrorLine(finished.source, text[:500]))
+    if cls.endswith(("CalledProcessError", "ChildProcessError", "ProcessExitedException")) or (
+        "Signals.SIG" in text
+    ):
+        found = paste.parse_signal_line(text)
+        if found is not None and found.signal is not None:
+            _add_signal_failure(reader, finished.source, found, text)
+
+
 MATCHERS: tuple[LineMatcher, ...] = (
-    LineMatcher(OOM | TERMINATE | SUMMARY, _standalone_exception),
+    LineMatcher(OOM | TERMINATE | SUMMARY | EXCEPTION, _standalone_exception),
     LineMatcher(DS_MEMORY, _memory),
     LineMatcher(DS_CPU, _cpu),
     LineMatcher(FLUSH, _cache_flush),
     LineMatcher(CONFIG_DUMP, _config_dump),
     LineMatcher(BATCH, _batch_assertion),
     LineMatcher(CONFIG_ERROR, _config_error),
+    LineMatcher(LAUNCHER | COMPLETION | STEP, _completion),
+    LineMatcher(GPU_TABLE, _gpu_table),
     LineMatcher(LAUNCHER, _launcher),
     LineMatcher(PARAMS, _param_count),
     LineMatcher(WORLD, _world_size),
     LineMatcher(AGENT, _agent),
     LineMatcher(PEER, _peer_failure),
     LineMatcher(KERNEL, _kernel_line),
+    LineMatcher(SIGNAL, _signal),
+    LineMatcher(PLATFORM, _platform),
+    LineMatcher(ALLOC_SUMMARY, _alloc_summary),
+    LineMatcher(ALLOC_SUMMARY, _summary_rows),
     LineMatcher(STEP, _step),
 )
 """Every matcher, in the order they see a line."""

@@ -7,6 +7,8 @@ Recognised (each as printed by the tool named):
 * Hugging Face Trainer: ``Number of trainable parameters = 124,439,808`` (and
   ``Number of parameters = ...``);
 * PEFT ``print_trainable_parameters``: ``trainable params: 4,194,304 || all params: ...``;
+* Lightning's model summary: ``Total params: 368 M`` (``K``/``M``/``B``/``T`` are powers of
+  ten; a plain number below a thousand);
 * free-form training-script lines: ``model: 1.34B parameters``, ``220M params``.
 """
 
@@ -30,6 +32,10 @@ _FREE = regex.compile(
     r"(?<![\w.])(?P<n>[0-9]{1,6}(?:\.[0-9]{1,4})?)\s?(?P<u>[KMBT])\s(?:trainable\s)?"
     r"param(?:eter)?s\b"
 )
+_LIGHTNING = regex.compile(
+    r"\s{0,4}Total params:? {1,40}(?P<n>[0-9][0-9,]{0,20}(?:\.[0-9]{1,4})?) ?(?P<u>[KMBT])?"
+    r"\s{0,80}\Z"
+)
 _UNITS = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
@@ -38,7 +44,7 @@ class ParamCountReading:
     total: int
     trainable: int | None
     origin: str
-    """``deepspeed``, ``hf_trainer``, ``peft`` or ``script``."""
+    """``deepspeed``, ``hf_trainer``, ``peft``, ``lightning`` or ``script``."""
 
 
 def _int(text: str) -> int:
@@ -51,6 +57,11 @@ def parse_param_count(text: str) -> ParamCountReading | None:
         return ParamCountReading(round(float(m.group("n")) * 10**9), None, "deepspeed")
     if m := _PEFT.search(text, timeout=1.0):
         return ParamCountReading(_int(m.group("n")), _int(m.group("t")), "peft")
+    if "Total params" in text and (m := _LIGHTNING.match(text, timeout=1.0)):
+        factor = _UNITS[m.group("u")] if m.group("u") else 1
+        return ParamCountReading(
+            round(float(m.group("n").replace(",", "")) * factor), None, "lightning"
+        )
     if m := _HF.search(text, timeout=1.0):
         count = _int(m.group("n"))
         trainable = count if m.group("t") else None

@@ -15,6 +15,12 @@ are decoded and
 matched, except while some stream (rank) has a traceback, an exception message, a failure
 summary or the config dump open: then every line is read until it closes (or goes stale).
 
+Inputs of paste size (``LINE_BY_LINE_BYTES`` on disk) are read line by line instead, with a
+wider anchor table (``bits.PASTE_ANCHORS``): what people paste is cut and wrapped anywhere,
+decorated (quote markers, fences), starts inside a traceback or mid-message, and a cheap
+anchor on the first line of every fact cannot be counted on.  Only the lines the fast pass
+would see move the clock, so the times facts carry do not depend on how an input was read.
+
 How it stays bounded: a fixed number of facts per kind (the rest counted in
 ``LogFacts.dropped``), thinned time series with running statistics, bounded tracebacks and
 messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
@@ -23,6 +29,7 @@ messages, at most ``MAX_STREAMS`` tracked streams, and lines cut at 64 KiB.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -35,13 +42,17 @@ from oomlens.facts import SourceRef
 from oomlens.facts.config import DumpedConfig
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 from oomlens.facts.log import (
+    AllocatorSummary,
     BatchAssertion,
     CacheFlushWarning,
     ClosingSignal,
+    CompletionLine,
     ConfigErrorLine,
     DsConfigDump,
     ExceptionEvent,
     FailureSummary,
+    GpuProcess,
+    GpuUsage,
     KilledSubprocess,
     LauncherExit,
     LogFacts,
@@ -50,15 +61,29 @@ from oomlens.facts.log import (
     ParamCount,
     PeerFailureSignal,
     Phase,
+    PlatformHint,
     ProcessFailure,
     StepSample,
     WorldSize,
 )
 from oomlens.ingest.ds_config import parse_config_dump
-from oomlens.ingest.log import deepspeed, steps, torch_oom, torchrun
-from oomlens.ingest.log.bits import ANCHOR_BITS, ANCHORS, DS_CPU, OOM, SUMMARY, TB, TERMINATE
-from oomlens.ingest.log.collect import log_facts
-from oomlens.ingest.log.matchers import Line, takers
+from oomlens.ingest.log import deepspeed, paste, steps, torch_oom, torchrun
+from oomlens.ingest.log.bits import (
+    ANCHOR_BITS,
+    ANCHORS,
+    DS_CPU,
+    EXCEPTION,
+    MAIN,
+    OOM,
+    OOM_START,
+    PASTE_ANCHOR_BITS,
+    PASTE_ANCHORS,
+    SUMMARY,
+    TB,
+    TERMINATE,
+)
+from oomlens.ingest.log.collect import fold_summary_ooms, log_facts
+from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
@@ -76,6 +101,7 @@ from oomlens.ingest.log.traceback import (
 from oomlens.ingest.textstream import LineCleaner, TextSource, open_text
 
 MAX_STREAMS = 4096
+MAX_PARTIAL_TRACEBACKS = 16
 MAX_CONFIG_DUMP_LINES = 2000
 TAIL_LINES = 40
 _WORLD_PRIORITY = {
@@ -95,6 +121,39 @@ _EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Excepti
 
 
 _SCANNER: AnchorScanner | None = None
+_PASTE_SCANNER: AnchorScanner | None = None
+LINE_BY_LINE_BYTES = 1 << 20
+"""An input this small on disk is read line by line with the wider anchor table (a paste, a
+window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
+LINE_BY_LINE_MAX_TEXT = 16 << 20
+"""...up to this much decompressed text (a small compressed file can inflate a lot)."""
+
+
+_SPACES = (b"\xc2\xa0", b"\xe2\x80\xaf", b"\xe2\x80\x87", b"\xe3\x80\x80")
+
+
+def _plain_spaces(data: bytes) -> bytes:
+    """A paste's non-breaking and ideographic spaces as spaces, before the anchors are searched:
+    a browser or a CJK input method puts them between the words an anchor is made of."""
+    for space in _SPACES:
+        if space in data:
+            data = data.replace(space, b" ")
+    return data
+
+
+def _with_message_starts(data: bytes, hits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``hits`` and the starts of the lines where an OOM message begins in the paste's squeezed
+    text (an anchor a wrap cut in two is found there)."""
+    text = data.decode("utf-8", "replace")
+    starts = torch_oom.message_starts(text)
+    if not starts:
+        return hits
+    newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    extra = []
+    for start in starts:
+        line = text.count("\n", 0, start)  # the bytes' line: decoding keeps every newline
+        extra.append((int(newlines[line - 1]) + 1 if line else 0, OOM | OOM_START))
+    return sorted(hits + extra)
 
 
 def _scanner() -> AnchorScanner:
@@ -102,6 +161,13 @@ def _scanner() -> AnchorScanner:
     if _SCANNER is None:
         _SCANNER = AnchorScanner(ANCHORS, ANCHOR_BITS)
     return _SCANNER
+
+
+def _paste_scanner() -> AnchorScanner:
+    global _PASTE_SCANNER
+    if _PASTE_SCANNER is None:
+        _PASTE_SCANNER = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
+    return _PASTE_SCANNER
 
 
 class LogReader:
@@ -117,9 +183,13 @@ class LogReader:
         self.limits = limits
         self.cleaner = LineCleaner(source.stats, source.max_line_bytes)
         try:
-            self.year: int | None = datetime.fromtimestamp(os.stat(source.path).st_mtime).year
+            info = os.stat(source.path)
+            self.year: int | None = datetime.fromtimestamp(info.st_mtime).year
+            self.every_line = info.st_size <= LINE_BY_LINE_BYTES
         except OSError:  # pragma: no cover
             self.year = None
+            self.every_line = False
+        self.line_by_line = self.every_line
         self.last_time: datetime | None = None
         self._time_scan: tuple[bytes, int, int, int, datetime | None] | None = None
         """``time_before``'s last scan: block, lines, start, where it found a time, the time."""
@@ -141,6 +211,7 @@ class LogReader:
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
+        self.partial: deque[ExceptionEvent] = deque(maxlen=MAX_PARTIAL_TRACEBACKS)
         self.lines_since_stale_check = 0
         lim = limits.max_events
         self.oom = BoundedList[OomEvent]("oom_events", limits.max_oom_events)
@@ -178,25 +249,42 @@ class LogReader:
         self.config_dumps_seen = 0
         self.world: WorldSize | None = None
         self.summary_ooms: list[ProcessFailure] = []
+        self.completion: CompletionLine | None = None
+        self.platform: dict[str, PlatformHint] = {}
+        self.alloc_summaries = BoundedList[AllocatorSummary]("allocator_summaries", 64)
+        self.alloc_device: int | None = None
+        self.smi_device: int | None = None
+        self.last_prefix: LinePrefix | None = None
+        self.progress_line: dict[int | None, int] = {}
+        """The line of each rank's last training progress (not a progress bar)."""
+        self.gpu_usage = BoundedList[GpuUsage]("gpu_usage", 64)
+        self.gpu_processes = BoundedList[GpuProcess]("gpu_processes", 64)
         self.takers: dict[int, tuple[Callable[[LogReader, Line], bool], ...]] = {}
         """The matchers for each combination of line kinds seen (a handful)."""
 
     # --- the pass -------------------------------------------------------------------------
 
     def run(self) -> LogFacts:
-        scanner = _scanner()
         number = 1
         for block in self.source.blocks(number_lines=False):
             data = block.data
+            if self.every_line and self.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
+                self.every_line = False
+            scanner = _paste_scanner() if self.every_line else _scanner()
+            if self.every_line:
+                data = _plain_spaces(data)
             self.consumed_until = 0
-            after = self._scan_block(data, scanner.hits(data), number)
+            hits = scanner.hits(data)
+            if self.every_line:
+                hits = _with_message_starts(data, hits)
+            after = self._scan_block(data, hits, number)
             self._sample_progress_bar(data, number)
             self.prev_tail = data[-16384:]
             number = after
         self.source.stats.lines = number - 1
         self.tail = self._tail(number)
         self._close_all(at_end=True)
-        self._fold_summary_ooms()
+        fold_summary_ooms(self.oom, self.summary_ooms)
         self.oom.items.sort(key=lambda e: e.source.line or 0)
         return log_facts(self)
 
@@ -215,7 +303,7 @@ class LogReader:
         index = 0
         k = 0  # the next line (index within the block) to look at
         while True:
-            if not self.open_streams:
+            if not self.open_streams and not self.every_line:
                 while index < count and (
                     line_of[index] < k or hits[index][0] < self.consumed_until
                 ):
@@ -280,6 +368,8 @@ class LogReader:
         self.block_data = data
         self.line_start = start
         text = self.cleaner.clean(data[start:end])
+        if self.every_line and text:
+            text = paste.unquote(text)
         if text:
             self._handle(text, number, data, start, None, 0, mask)
         else:
@@ -323,6 +413,19 @@ class LogReader:
                 return
         self._handle_rest(rest, prefix, number, data, start, mask)
 
+    def _wrapped_prefix(self, prefix: LinePrefix) -> LinePrefix:
+        """A terminal that wraps a prefixed line prints the prefix once: a line with none that
+        follows a rank's unfinished exception message continues that message."""
+        last, self.last_prefix = self.last_prefix, prefix
+        if prefix.key or last is None or not last.key:
+            return prefix
+        stream = self.streams.get(last.key)
+        own = self.streams.get(())
+        if stream is None or stream.tb.exception_class is None or (own is not None and own.open):
+            return prefix
+        self.last_prefix = last
+        return last
+
     def _rank_of(self, prefix: LinePrefix) -> int | None:
         if prefix.rank is not None:
             if prefix.local_rank is not None and len(self.local_to_global) < MAX_STREAMS:
@@ -346,6 +449,8 @@ class LogReader:
     def _handle_rest(
         self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int, mask: int
     ) -> None:
+        if self.every_line:
+            prefix = self._wrapped_prefix(prefix)
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
         if rank is not None and rank not in self.ranks_seen and len(self.ranks_seen) < MAX_STREAMS:
@@ -356,7 +461,9 @@ class LogReader:
         first = rest[:1]
         if first and first in "[0123456789IWEF":
             when, has_year = leading_timestamp(rest, self.year)
-            if when is not None:
+            if when is not None and (not self.every_line or mask & MAIN or self.open_streams):
+                # read line by line, only the lines a fast pass would see move the clock: the
+                # times facts carry do not depend on how the input was read
                 self.last_time = when
                 if has_year:
                     self.year = when.year
@@ -367,6 +474,8 @@ class LogReader:
         key = prefix.key
         stream = self._stream(key)
         self.in_traceback = False
+        if self.every_line:
+            rest = paste.strip_logger(rest)  # a traceback relayed line by line by a service
         if stream.open or mask & TB or stream.pending_memory is not None:
             if self._feed_stream(stream, key, rest, ref, mask):
                 return
@@ -412,7 +521,14 @@ class LogReader:
         if finished is not None:
             self._finished(finished)
         self.in_traceback = was_open and stream.tb.open
-        if mask & OOM and stream.tb.exception_class is not None and _complete_on_its_line(rest):
+        if stream.tb.exception_class is not None and (
+            (mask & OOM and torch_oom.complete_on_its_line(rest))
+            or (
+                stream.tb.oom_like
+                and stream.tb.message_lines > 1
+                and torch_oom.wrapped_complete(stream.tb.exception_text)
+            )
+        ):
             finished = stream.tb.close()  # nothing follows a complete allocator message
             if finished is not None:
                 self._finished(finished)
@@ -449,23 +565,30 @@ class LogReader:
                 finished = stream.tb.start_exception(
                     terminate.group("cls"), rest, ref, self.time_before(data, start)
                 )
-        elif mask & OOM:
-            oom = torch_oom.parse_oom_message(rest)
-            if oom is not None:
-                cls = _EXCEPTION_CLASS.search(rest)
-                now = self.time_before(data, start)
-                finished = stream.tb.start_exception(
-                    cls.group("cls") if cls else "", rest, ref, now
-                )
-                if _complete_on_its_line(rest):
-                    self._finished_maybe(finished)
-                    finished = stream.tb.close()
+        elif mask & OOM and (mask & OOM_START or torch_oom.starts_oom(rest)):
+            cls = _EXCEPTION_CLASS.search(rest)
+            now = self.time_before(data, start)
+            finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
+            if torch_oom.complete_on_its_line(rest):
+                self._finished_maybe(finished)
+                finished = stream.tb.close()
         elif (
             mask & SUMMARY
             and rest.rstrip().endswith("ChildFailedError:")
             and stream.failure_block is None
         ):
             stream.failure_block = torchrun.FailureBlockParser(ref)
+        elif mask & SUMMARY and self.every_line and stream.failure_block is None:
+            # a paste that starts inside torchrun's failure table
+            if torchrun.starts_failure_table(rest):
+                stream.failure_block = torchrun.FailureBlockParser(ref, headless=True)
+                stream.failure_block.feed(rest, ref.line)
+        elif mask & EXCEPTION:
+            cls_name = paste.standalone_exception_class(rest)
+            if cls_name is not None:
+                finished = stream.tb.start_exception(
+                    cls_name, rest, ref, self.time_before(data, start)
+                )
         self._finished_maybe(finished)
         self.sync_open(key, stream)
 
@@ -477,18 +600,25 @@ class LogReader:
 
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
-        if not finished.exception_class and not finished.text:
-            self.cut_tracebacks += 1
-            return
         phase, evidence = (
             classify_phase(traceback.frames) if traceback is not None else (Phase.UNKNOWN, None)
         )
-        oom = torch_oom.parse_oom_message(
-            finished.text, exception_class=finished.exception_class or None
+        if not finished.exception_class and not finished.text:
+            self.cut_tracebacks += 1
+            if traceback is not None and traceback.frames:
+                self.partial.append(
+                    ExceptionEvent(
+                        finished.source, "", "", traceback, phase, evidence, False, None, False
+                    )
+                )
+            return
+        messages = torch_oom.parse_oom_messages(
+            finished.text or finished.exception_class,
+            exception_class=finished.exception_class or None,
         )
         ref = finished.source
         when = finished.time
-        if oom is not None:
+        for oom in messages:
             event = OomEvent(
                 source=ref,
                 message=oom,
@@ -498,9 +628,12 @@ class LogReader:
                 origin="log",
                 timestamp=when,
                 timestamp_exact=False,
+                preamble=torch_oom.preamble(finished.text, oom.text, oom.exception_class),
             )
             self._add_oom(event)
+        if messages:
             return
+        after_exception(self, finished)
         if traceback is None and not finished.exception_class:
             return
         peer = (
@@ -519,18 +652,6 @@ class LogReader:
                 timestamp=when,
                 timestamp_exact=False,
             )
-        )
-
-    @staticmethod
-    def _oom_key(event: OomEvent) -> tuple[object, ...]:
-        m = event.message
-        return (
-            m.kind,
-            m.tried_to_allocate,
-            m.total_capacity,
-            m.free,
-            m.process_in_use,
-            m.text[:400],
         )
 
     def _add_oom(self, event: OomEvent) -> None:
@@ -732,52 +853,6 @@ class LogReader:
         if len(self.summary_ooms) < self.limits.max_events:
             self.summary_ooms.append(failure)
 
-    def _fold_summary_ooms(self) -> None:
-        """A failure summary quotes the OOM its worker printed before: fold each quote into
-        the latest earlier event with the same message (giving it the summary's rank when it
-        had none); a quote with no such event becomes an event of its own."""
-        events: list[OomEvent] = self.oom.items
-        by_key: dict[tuple[object, ...], list[int]] = {}
-        for index, event in enumerate(events):
-            by_key.setdefault(self._oom_key(event), []).append(index)
-        for failure in self.summary_ooms:
-            assert failure.oom is not None
-            quote = OomEvent(
-                failure.source,
-                failure.oom,
-                Phase.UNKNOWN,
-                None,
-                None,
-                "failure_summary",
-                failure.timestamp,
-                False,
-                failure.local_rank,
-            )
-            line = failure.source.line or 0
-            candidates = [
-                i
-                for i in by_key.get(self._oom_key(quote), [])
-                if (events[i].source.line or 0) < line
-                and events[i].origin == "log"
-                and events[i].source.rank in (None, failure.rank, failure.local_rank)
-            ]
-            if not candidates:
-                self.oom.add(quote)
-                continue
-            index = max(candidates, key=lambda i: events[i].source.line or 0)
-            earlier = events[index]
-            source = earlier.source
-            if source.rank is None and failure.rank is not None:
-                source = replace(source, rank=failure.rank)
-            events[index] = replace(
-                earlier,
-                source=source,
-                reported_elsewhere=earlier.reported_elsewhere + 1,
-                local_rank=earlier.local_rank
-                if earlier.local_rank is not None
-                else failure.local_rank,
-            )
-
     def _finish_config_dump(self, stream: StreamState) -> None:
         collector, stream.config_dump = stream.config_dump, None
         lines, stream.config_lines = stream.config_lines, []
@@ -848,6 +923,8 @@ class LogReader:
         self.last_step_sample = sample
         if ref.rank in self.last_by_rank or len(self.last_by_rank) < MAX_STREAMS:
             self.last_by_rank[ref.rank] = sample
+            if reading.kind != "tqdm":  # a bar may be loading checkpoint shards
+                self.progress_line[ref.rank] = ref.line or 0
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -877,14 +954,9 @@ class LogReader:
                 self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
 
-
-def _complete_on_its_line(text: str) -> bool:
-    """True for an allocator message that ended on this line (its last clause is there)."""
-    if "Tried to allocate" not in text:
-        return False
-    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
-        return True
-    return "is reserved by PyTorch but unallocated" in text
+    def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
+        if kind not in self.platform:
+            self.platform[kind] = PlatformHint(ref, kind, text[:300])
 
 
 def read_log(

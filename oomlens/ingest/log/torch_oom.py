@@ -46,40 +46,93 @@ ANCHORS: tuple[bytes, ...] = (
 )
 """Literal substrings one of which every OOM message's first line contains (prefilter)."""
 
+FRAGMENT_ANCHORS: tuple[bytes, ...] = (
+    b"Tried to allocate",
+    b"total capacity",
+    b"total capacty",
+    b"already allocated",
+    b"reserved in total by",
+    b"is reserved by PyTorch",
+    b"memory in use",
+    b"is allocated by PyTorch",
+    b"Allocation on device",
+    b"out of mem",
+    b"esource exhausted",
+    b"RESOURCE_EXHAUSTED",
+    b"OOM when allocating",
+    b"OutOfMemoryError",
+)
+"""What is left of an allocator message that a paste starts mid-way or wraps: read on inputs
+small enough to be read line by line (see the log reader)."""
+
 _QUICK = tuple(anchor.decode() for anchor in ANCHORS)
 # "Tried to allocate" and "would exceed allowed memory" always share their line with
 # "out of memory"; "hipErrorOutOfMemory" holds "OutOfMemory"; cuBLAS/cuDNN/HSA statuses hold
 # "_STATUS_".
-
+_QUICK_SQUEEZED = (
+    "outofmem",
+    "OutOfMemory",
+    "Outofmemory",
+    "Triedtoallocate",
+    "totalcapac",
+    "alreadyallocated",
+    "reservedintotalbyPyTorch",
+    "isreservedbyPyTorch",
+    "wouldexceedallowedmemory",
+    "esourceexhausted",
+    "RESOURCE_EXHAUSTED",
+    "OOMwhenallocating",
+)
 _SIZE = r"(\d{1,24}(?:\.\d{1,6})?)\s?(bytes|[KMGTP]i?B|B)\b"
-_ANY_BACKEND = r"(?P<backend>[A-Z][A-Za-z0-9]{0,15})"
 
-_ALLOC_START = regex.compile(_ANY_BACKEND + r" out of memory\. Tried to allocate ")
-_TRIED = regex.compile(r"Tried to allocate (?:(?P<eb>more than 1EB memory)|" + _SIZE + ")")
-_NEW_DEVICE = regex.compile(
-    r"\b(?:GPU|XPU|NPU|device) (?P<dev>\d{1,4}|[\x00-\x1f])?[ ]?has a total capac(?P<typo>i?)ty of "
-    + _SIZE
+# The caching allocator's message is read from a *squeezed* copy of the text: spaces, tabs,
+# line ends and non-breaking spaces removed.  A message wrapped by a terminal or a paste at any
+# column (inside a word, a number or a unit) and one whose spaces became line ends read the
+# same as the message printed on one line.  Units are then told apart by their spelling alone.
+_SQUEEZED_OUT = frozenset(" \t\n\r\u00a0\u3000\u2007\u202f")
+_SZ = r"(\d{1,24}(?:\.\d{1,6})?)(bytes|[KMGTPE]iB|[KMGTP]B|B)"
+_BACKENDS = (
+    r"(?P<backend>CUDA|HIP|XPU|NPU|MPS|MUSA|MLU|GCU|DPCPP|HPU|ROCm|"
+    r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9]{1,7})"
 )
-_TRUNCATED_AFTER_GPU = regex.compile(
-    r"Tried to allocate \d[\d.]{0,30} ?[A-Za-z]{1,5}\. (?:GPU|XPU)[ \x00-\x1f]{0,4}\Z"
+_SQ_START = regex.compile(_BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)")
+_SQ_TRIED = regex.compile(r"Triedtoallocate(?:(?P<eb>morethan1EBmemory)|" + _SZ + ")")
+_SQ_NEW_DEVICE = regex.compile(
+    r"(?:GPU|XPU|NPU|device)(?P<dev>\d{1,4}|[\x00-\x08\x0b\x0c\x0e-\x1f])?hasatotalcapac"
+    r"(?P<typo>i?)tyof" + _SZ
 )
-_FREE_NEW = regex.compile(r"of which " + _SIZE + r" is free")
-_OTHER_PROCESS = regex.compile(r"Process (\d{1,10}) has " + _SIZE + " memory in use")
-_THIS_PROCESS = regex.compile(r"this process has " + _SIZE + " memory in use")
-_ALLOWED = regex.compile(_SIZE + r" allowed;")
-_ALLOCATED_NEW = regex.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
-_PRIVATE_POOLS = regex.compile(r"with " + _SIZE + r" allocated in private pools")
-_RESERVED_UNALLOCATED = regex.compile(r"and " + _SIZE + r" is reserved by PyTorch but unallocated")
-_LEGACY_OPEN = regex.compile(r"\((?P<devname>GPU|NPU|XPU|MLU|GCU|MUSA) ?(?P<dev>\d{1,4});")
-_LEGACY_CLAUSE = regex.compile(
-    _SIZE + r" (?P<label>total capacity|already allocated|free|allowed|"
-    r"reserved in total by PyTorch|cached|current active)"
+_SQ_TRUNCATED_AFTER_GPU = regex.compile(
+    r"Triedtoallocate\d[\d.]{0,30}[A-Za-z]{1,5}\.(?:GPU|XPU)[\x00-\x1f]{0,4}\Z"
 )
+_SQ_FREE_NEW = regex.compile(r"ofwhich" + _SZ + r"isfree")
+_SQ_OTHER_PROCESS = regex.compile(r"Process(\d{1,10})has" + _SZ + r"memoryinuse")
+_SQ_THIS_PROCESS = regex.compile(r"thisprocesshas" + _SZ + r"memoryinuse")
+_SQ_ALLOWED = regex.compile(_SZ + r"allowed;")
+_SQ_ALLOCATED_NEW = regex.compile(r"Oftheallocatedmemory" + _SZ + r"isallocatedbyPyTorch")
+_SQ_PRIVATE_POOLS = regex.compile(r"with" + _SZ + r"allocatedinprivatepools")
+_SQ_RESERVED_UNALLOCATED = regex.compile(r"and" + _SZ + r"isreservedbyPyTorchbutunallocated")
+_SQ_LEGACY_OPEN = regex.compile(r"\((?P<devname>GPU|NPU|XPU|MLU|GCU|MUSA)(?P<dev>\d{1,4});")
+_SQ_LEGACY_CLAUSE = regex.compile(
+    _SZ + r"(?P<label>totalcapacity|alreadyallocated|free|allowed|reservedintotalbyPyTorch|"
+    r"cached|currentactive)"
+)
+_SQ_MESSAGE_START = regex.compile(
+    _BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)|Triedtoallocate(?!\d[\d.]{0,30}[A-Za-z]{1,5}"
+    r"on(?:private|shared)pool)|\((?:GPU|NPU|XPU|MLU|GCU|MUSA)\d{1,4};\d|"
+    r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac|"
+    r"(?<![\d.])\d{1,24}(?:\.\d{1,6})?(?:bytes|[KMGTPE]iB|[KMGTP]B|B)"
+    r"(?:totalcapacity|alreadyallocated|reservedintotalbyPyTorch);"
+)
+"""Where an allocator message (or what is left of it in a paste that starts mid-way) begins."""
+_SQ_LIST_GOES_ON = regex.compile(r"\.(?:Of|Includ|\d|If|Please|See)")
+SELF_TOLERANCE = 16 * 1024 * 1024
+"""Sizes are printed with two decimals: a process' X and PyTorch's reserved memory compared
+with this much slack."""
 
-_ASYNC_START = regex.compile(r"Allocation on device (?P<dev>\d{1,4}) would exceed allowed memory")
-_ASYNC_FIELD = regex.compile(
-    r"(?P<label>Currently allocated|Requested|Device limit|Free \(according to CUDA\)|"
-    r"PyTorch limit \(set by user-supplied memory fraction\))\s{0,40}:\s{0,40}" + _SIZE
+_SQ_ASYNC_START = regex.compile(r"Allocationondevice(?P<dev>\d{1,4})wouldexceedallowedmemory")
+_SQ_ASYNC_FIELD = regex.compile(
+    r"(?P<label>Currentlyallocated|Requested|Devicelimit|Free\(accordingtoCUDA\)|"
+    r"PyTorchlimit\(setbyuser-suppliedmemoryfraction\)):" + _SZ
 )
 _MPS_FIELDS = regex.compile(r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE)
 _MPS_TRIED = regex.compile(r"Tried to allocate " + _SIZE + r" on (?:private|shared) pool")
@@ -100,18 +153,49 @@ _NCCL_CUDA_FAILURE = regex.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
 _NCCL_ERROR = regex.compile(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
 _DRIVER = regex.compile(
     r"(?P<backend>CUDA|HIP|cuda) (?:driver )?error: out of memory|hipErrorOutOfMemory|"
-    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES"
+    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES|"
+    # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
+    r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
 )
-_THC = regex.compile(r"cuda runtime error \(2\) : out of memory|error=2 : out of memory")
+_THC = regex.compile(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
 _EXCEPTION_BEFORE = regex.compile(
     r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z"
 )
 
 
 def looks_like_oom(text: str) -> bool:
-    """Cheap test: does ``text`` contain the start of an OOM message?  (No false negatives
-    for the forms ``parse_oom_message`` understands on their first line.)"""
-    return any(quick in text for quick in _QUICK)
+    """Cheap test: does ``text`` contain the start of an OOM message, or what is left of one
+    (wrapped anywhere, cut at its start)?  (No false negatives for the forms
+    ``parse_oom_message`` understands.)"""
+    if any(quick in text for quick in _QUICK):
+        return True
+    squeezed = squeeze(text[:MAX_MESSAGE_CHARS])[0]
+    return any(quick in squeezed for quick in _QUICK_SQUEEZED)
+
+
+_START_FRAGMENTS = (
+    "outofmem",
+    "esourceexhausted",
+    "RESOURCE_EXHAUSTED",
+    "OOMwhenallocating",
+    "OutOfMemory",
+    "Triedtoallocate",
+    "totalcapac",
+    "alreadyallocated",
+    "reservedintotal",
+    "isreservedbyPyTorch",
+    "Allocationondevice",
+)
+
+
+def starts_oom(text: str) -> bool:
+    """Does the line ``text`` start an OOM message, or what is left of one: a message the
+    parser reads, or one wrapped before its numbers (``torch.OutOfMemoryError: CUDA out of
+    memo``), or a paste that starts mid-message (``Tried to allocate 2.00 GiB (GPU 0; ...``)?"""
+    if parse_oom_message(text) is not None:
+        return True
+    squeezed = squeeze(text[:MAX_MESSAGE_CHARS])[0]
+    return any(fragment in squeezed for fragment in _START_FRAGMENTS)
 
 
 def _size(number: str, unit: str) -> int:
@@ -119,7 +203,10 @@ def _size(number: str, unit: str) -> int:
 
 
 def _exception_class(text: str, start: int) -> str | None:
-    match = _EXCEPTION_BEFORE.search(text, max(0, start - 160), start)
+    before = text[max(0, start - 160) : start]
+    if "\n" in before:
+        before = before.replace("\n", "")  # a class name wrapped by the terminal
+    match = _EXCEPTION_BEFORE.search(before)
     return match.group("cls") if match else None
 
 
@@ -135,9 +222,9 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
     if not looks_like_oom(text):
         return None
     for parser in (
-        _parse_allocator,
         _parse_malloc_async,
         _parse_mps,
+        _parse_allocator,
         _parse_nvml_assert,
         _parse_host,
         _parse_cublas,
@@ -146,6 +233,8 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
         _parse_nccl,
         _parse_driver,
         _parse_thc,
+        _parse_framework,
+        _parse_class_only,
     ):
         result = parser(text, exception_class)
         if result is not None:
@@ -153,44 +242,125 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
     return None
 
 
+def parse_oom_messages(text: str, *, exception_class: str | None = None) -> tuple[OomMessage, ...]:
+    """Every OOM message in ``text``: one, or several when ranks printed theirs into one line
+    (``...PYTORCH_CUDA_ALLOC_CONFCUDA out of memory. Tried to allocate...``); ``()`` when
+    ``text`` holds none."""
+    first = parse_oom_message(text, exception_class=exception_class)
+    if first is None or first.kind not in (OomKind.ALLOCATOR, OomKind.MPS):
+        return (first,) if first is not None else ()
+    starts = allocator_starts(text)
+    if len(starts) < 2:
+        return (first,)
+    more = [parse_oom_message(text[s:], exception_class=first.exception_class) for s in starts[1:]]
+    return (first, *(m for m in more[:63] if m is not None))
+
+
 def _clip(text: str, start: int) -> str:
     return text[start : start + MAX_MESSAGE_CHARS].rstrip("'\" \n")
 
 
+def squeeze(text: str) -> tuple[str, list[int]]:
+    """``text`` without spaces, tabs, line ends and non-breaking spaces, and for every kept
+    character its index in ``text``."""
+    kept = [i for i, ch in enumerate(text) if ch not in _SQUEEZED_OUT]
+    return "".join(text[i] for i in kept), kept
+
+
+def _sq_size(match: regex.Match[str], first: int = 1) -> int:
+    return _size(match.group(first), match.group(first + 1))
+
+
+def allocator_starts(text: str) -> list[int]:
+    """Where each caching-allocator message in ``text`` begins (indices into ``text``): a
+    message cut at its start (a paste that begins at ``Tried to allocate``, at ``(GPU 0;`` or
+    at ``GPU 0 has a total capacity``) begins at what is left of it.  Two messages printed
+    into one line (every rank writing to one terminal) give two starts."""
+    squeezed, kept = squeeze(text)
+    starts: list[int] = []
+    position = 0
+    while True:
+        match = _SQ_MESSAGE_START.search(squeezed, position)
+        if match is None:
+            return starts
+        starts.append(kept[match.start()])
+        # the message's own clauses follow its start: the next message starts at the next
+        # "out of memory" or "Tried to allocate", never at this one's "(GPU 0;"
+        after = _SQ_NEXT_MESSAGE.search(squeezed, match.end())
+        if after is None:
+            return starts
+        position = after.start()
+
+
+_SQ_NEXT_MESSAGE = regex.compile(
+    _BACKENDS + r"outofmemory(?=\.|\Z|Tried)|(?<!memory\.)Triedtoallocate"
+)
+_SQ_CLASS_BEFORE = regex.compile(r"[A-Za-z_][\w.]{0,120}?(?:Error|Exception):['\"]?\Z")
+
+
+def message_starts(text: str) -> list[int]:
+    """Where the OOM messages of ``text`` (a whole paste) begin, their exception class
+    included, wherever the lines were wrapped: indices into ``text``.  What a paste's lines
+    cannot show, the squeezed text does (an anchor cut in two by a wrap)."""
+    squeezed, kept = squeeze(text)
+    found: list[int] = []
+    position = 0
+    while len(found) < 1000:
+        match = _SQ_MESSAGE_START.search(squeezed, position)
+        if match is None:
+            break
+        start = match.start()
+        cls = _SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
+        found.append(kept[cls.start() if cls is not None else start])
+        after = _SQ_NEXT_MESSAGE.search(squeezed, match.end())
+        if after is None:
+            break
+        position = after.start()
+    found += [kept[m.start()] for m in _SQ_ASYNC_START.finditer(squeezed)][:100]
+    return sorted(found)
+
+
 def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | None:
-    start_match = _ALLOC_START.search(text)
-    if start_match is None:
+    starts = allocator_starts(text)
+    if not starts:
         return None
-    start = start_match.start()
-    # Hard-wrapped consoles split the single-line message anywhere: read it unwrapped.
-    body = text[start:].replace("\n", "")
-    backend = start_match.group("backend")
+    start = starts[0]
+    # One message at a time: the next message printed into the same text is not this one's.
+    stop = starts[1] if len(starts) > 1 else len(text)
+    body = text[start:stop].replace("\n", "")
+    squeezed, _ = squeeze(text[start:stop])
+    backend_match = _SQ_START.match(squeezed)
+    backend = backend_match.group("backend") if backend_match is not None else None
     fields: dict[str, object] = {}
-    tried = _TRIED.match(body, len(start_match.group(0)) - len("Tried to allocate "))
+    tried = _SQ_TRIED.search(squeezed, 0, 200)
     message_format = "capacity"
     if tried is not None:
         if tried.group("eb"):
             fields["tried_to_allocate"] = 2**60
             message_format = "exabyte"
         else:
-            fields["tried_to_allocate"] = _size(tried.group(2), tried.group(3))
+            fields["tried_to_allocate"] = _sq_size(tried, 2)
     complete = message_format == "exabyte"
-    legacy = _LEGACY_OPEN.search(body)
-    new_device = _NEW_DEVICE.search(body)
+    legacy = _SQ_LEGACY_OPEN.search(squeezed)
+    new_device = _SQ_NEW_DEVICE.search(squeezed)
+    legacy_clauses = list(_SQ_LEGACY_CLAUSE.finditer(squeezed, legacy.end() if legacy else 0))
     if message_format == "exabyte":
         pass
-    elif legacy is not None and (new_device is None or legacy.start() < new_device.start()):
-        fields["device"] = int(legacy.group("dev"))
+    elif (legacy is not None and (new_device is None or legacy.start() < new_device.start())) or (
+        legacy is None and new_device is None and len(legacy_clauses) >= 2
+    ):
+        if legacy is not None:
+            fields["device"] = int(legacy.group("dev"))
         labels: dict[str, int] = {}
-        for clause in _LEGACY_CLAUSE.finditer(body, legacy.end()):
-            labels.setdefault(clause.group("label"), _size(clause.group(1), clause.group(2)))
-        fields["total_capacity"] = labels.get("total capacity")
-        fields["allocated_by_pytorch"] = labels.get("already allocated")
+        for clause in legacy_clauses:
+            labels.setdefault(clause.group("label"), _sq_size(clause))
+        fields["total_capacity"] = labels.get("totalcapacity")
+        fields["allocated_by_pytorch"] = labels.get("alreadyallocated")
         fields["free"] = labels.get("free")
         fields["allowed"] = labels.get("allowed")
-        reserved = labels.get("reserved in total by PyTorch", labels.get("cached"))
+        reserved = labels.get("reservedintotalbyPyTorch", labels.get("cached"))
         fields["reserved_total"] = reserved
-        allocated = labels.get("already allocated")
+        allocated = labels.get("alreadyallocated")
         if reserved is not None and allocated is not None:
             fields["reserved_unallocated"] = max(reserved - allocated, 0)
         message_format = "cached" if "cached" in labels else "reserved"
@@ -203,38 +373,14 @@ def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | Non
             fields["device"] = ord(device_text) if device_text else 0
         else:
             fields["device"] = int(device_text)
-        fields["total_capacity"] = _size(new_device.group(3), new_device.group(4))
+        fields["total_capacity"] = _sq_size(new_device, 3)
         message_format = "capacty" if not new_device.group("typo") else "capacity"
-        tail = new_device.end()
-        free = _FREE_NEW.search(body, tail)
-        if free:
-            fields["free"] = _size(free.group(1), free.group(2))
-        others = tuple(
-            ProcessMemory(int(m.group(1)), _size(m.group(2), m.group(3)))
-            for m in _OTHER_PROCESS.finditer(body, tail)
-        )[:64]
-        fields["other_processes"] = others
-        this_process = _THIS_PROCESS.search(body, tail)
-        if this_process:
-            fields["process_in_use"] = _size(this_process.group(1), this_process.group(2))
-        allowed = _ALLOWED.search(body, tail)
-        if allowed:
-            fields["allowed"] = _size(allowed.group(1), allowed.group(2))
-        allocated = _ALLOCATED_NEW.search(body, tail)
-        if allocated:
-            fields["allocated_by_pytorch"] = _size(allocated.group(1), allocated.group(2))
-        pools = _PRIVATE_POOLS.search(body, tail)
-        if pools:
-            fields["private_pools"] = _size(pools.group(1), pools.group(2))
-        unallocated = _RESERVED_UNALLOCATED.search(body, tail)
-        if unallocated:
-            fields["reserved_unallocated"] = _size(unallocated.group(1), unallocated.group(2))
-        complete = unallocated is not None
-    elif _TRUNCATED_AFTER_GPU.search(body) is not None:
+        complete = _new_clauses(squeezed, new_device.end(), fields)
+    elif _SQ_TRUNCATED_AFTER_GPU.search(squeezed) is not None:
         message_format = "truncated"
         fields["device"] = 0  # the cut is the NUL that device 0 was printed as
-    else:
-        message_format = "capacity"
+    elif backend is None and tried is None:
+        return None
     return OomMessage(
         kind=OomKind.ALLOCATOR if backend != "MPS" else OomKind.MPS,
         message_format=message_format,
@@ -247,27 +393,82 @@ def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | Non
     )
 
 
+def _new_clauses(squeezed: str, tail: int, fields: dict[str, object]) -> bool:
+    """Fill ``fields`` from the clauses of the 2.1+ message after its capacity; True when the
+    message is complete (its last clause is there)."""
+    free = _SQ_FREE_NEW.search(squeezed, tail)
+    if free:
+        fields["free"] = _sq_size(free)
+    listed = list(_SQ_OTHER_PROCESS.finditer(squeezed, tail))[:64]
+    others = tuple(ProcessMemory(int(m.group(1)), _sq_size(m, 2)) for m in listed)
+    this_process = _SQ_THIS_PROCESS.search(squeezed, tail)
+    if this_process:
+        fields["process_in_use"] = _sq_size(this_process)
+    allowed = _SQ_ALLOWED.search(squeezed, tail)
+    if allowed:
+        fields["allowed"] = _sq_size(allowed)
+    allocated = _SQ_ALLOCATED_NEW.search(squeezed, tail)
+    if allocated:
+        fields["allocated_by_pytorch"] = _sq_size(allocated)
+    pools = _SQ_PRIVATE_POOLS.search(squeezed, tail)
+    if pools:
+        fields["private_pools"] = _sq_size(pools)
+    unallocated = _SQ_RESERVED_UNALLOCATED.search(squeezed, tail)
+    if unallocated:
+        fields["reserved_unallocated"] = _sq_size(unallocated)
+    listed_self = None
+    if this_process is None and len(others) == 1 and listed:
+        listed_self = _listed_self(others[0], squeezed, listed[-1].end(), fields)
+    if listed_self is not None:
+        fields["process_in_use"] = listed_self.bytes
+        fields["listed_self"] = listed_self
+        others = ()
+    fields["other_processes"] = others
+    return unallocated is not None
+
+
+def _listed_self(
+    process: ProcessMemory, squeezed: str, list_end: int, fields: dict[str, object]
+) -> ProcessMemory | None:
+    """The one listed process when it is this process under another pid (see
+    ``OomMessage.listed_self``), else None."""
+    if _SQ_LIST_GOES_ON.match(squeezed, list_end) is None:
+        return None  # cut right after the list: a "this process has" clause may have followed
+    allocated = fields.get("allocated_by_pytorch")
+    unallocated = fields.get("reserved_unallocated")
+    if isinstance(allocated, int) and isinstance(unallocated, int):
+        if allocated + unallocated > process.bytes + SELF_TOLERANCE:
+            return None  # PyTorch alone holds more than that process: it is another one
+    elif isinstance(allocated, int) and allocated > process.bytes + SELF_TOLERANCE:
+        return None
+    return process
+
+
 def _parse_malloc_async(text: str, exception_class: str | None) -> OomMessage | None:
-    start_match = _ASYNC_START.search(text)
+    if "Allocation" not in text:
+        return None
+    squeezed, kept = squeeze(text)
+    start_match = _SQ_ASYNC_START.search(squeezed)
     if start_match is None:
         return None
     values: dict[str, int] = {}
-    for field in _ASYNC_FIELD.finditer(text, start_match.end()):
-        values.setdefault(field.group("label"), _size(field.group(2), field.group(3)))
-    limit = values.get("PyTorch limit (set by user-supplied memory fraction)")
+    for field in _SQ_ASYNC_FIELD.finditer(squeezed, start_match.end()):
+        values.setdefault(field.group("label"), _sq_size(field, 2))
+    limit = values.get("PyTorchlimit(setbyuser-suppliedmemoryfraction)")
+    start = kept[start_match.start()]
     return OomMessage(
         kind=OomKind.ALLOCATOR_ASYNC,
         message_format="malloc_async",
         certain=True,
-        text=_clip(text, start_match.start()),
+        text=_clip(text, start),
         complete=limit is not None,
-        exception_class=_exception_class(text, start_match.start()) or exception_class,
+        exception_class=_exception_class(text, start) or exception_class,
         backend="CUDA",
         device=int(start_match.group("dev")),
         tried_to_allocate=values.get("Requested"),
-        total_capacity=values.get("Device limit"),
-        free=values.get("Free (according to CUDA)"),
-        allocated_by_pytorch=values.get("Currently allocated"),
+        total_capacity=values.get("Devicelimit"),
+        free=values.get("Free(accordingtoCUDA)"),
+        allocated_by_pytorch=values.get("Currentlyallocated"),
         # SIZE_MAX printed as 17179869184.00 GiB means "no fraction set".
         allowed=limit if limit is not None and limit < 2**60 else None,
     )
@@ -424,8 +625,93 @@ def _parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
     return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
 
 
+_SQ_XLA = regex.compile(
+    r"(?i:resource_?exhausted):?Outofmemorywhiletryingtoallocate(?P<n>\d{1,24})bytes"
+)
+_SQ_TF = regex.compile(r"OOMwhenallocatingtensor(?:withshape\[[^\]]{0,400}\])?")
+_SQ_MXNET = regex.compile(r"cudaMalloc(?:retry)?failed:outofmem")
+
+
+def _parse_framework(text: str, exception_class: str | None) -> OomMessage | None:
+    """Another framework's GPU allocator in the same job: XLA/JAX, TensorFlow, MXNet."""
+    squeezed, kept = squeeze(text[: MAX_MESSAGE_CHARS * 2])
+    for message_format, pattern in (("xla", _SQ_XLA), ("tensorflow", _SQ_TF), ("mxnet", _SQ_MXNET)):
+        match = pattern.search(squeezed)
+        if match is None:
+            continue
+        tried = match.groupdict().get("n")
+        start = _line_start(text, kept[match.start()])
+        return OomMessage(
+            kind=OomKind.FRAMEWORK,
+            message_format=message_format,
+            certain=True,
+            text=_clip(text, start).replace("\n", ""),
+            complete=message_format != "mxnet"
+            or "memory" in squeezed[match.end() : match.end() + 8],
+            exception_class=_exception_class(text, start) or exception_class,
+            backend=message_format.upper() if message_format == "xla" else None,
+            tried_to_allocate=int(tried) if tried else None,
+        )
+    return None
+
+
+_CUT_FORMS = tuple(f"{backend}outofmemory" for backend in ("CUDA", "HIP", "XPU", "NPU", "MPS"))
+_CLASS_ONLY = regex.compile(
+    r"\s{0,8}(?P<cls>(?:torch\.)?(?:cuda\.)?OutOfMemoryError)\s{0,4}(?::|\Z)"
+)
+
+
+def _parse_class_only(text: str, exception_class: str | None) -> OomMessage | None:
+    """torch's OOM exception named with its message lost: a traceback cut after IPython's
+    header (``OutOfMemoryError   Traceback (most recent call last)``), or a message cut before
+    any of its numbers (``torch.OutOfMemoryError: CUDA out of mem``)."""
+    match = _CLASS_ONLY.match(text)
+    if match is None:
+        return None
+    rest = squeeze(text[match.end() : match.end() + 200])[0].rstrip(".'\"")
+    if rest and not any(form.startswith(rest) for form in _CUT_FORMS):
+        return None  # the class named for another reason (a script printing it)
+    return OomMessage(
+        kind=OomKind.ALLOCATOR,
+        message_format="class_only",
+        certain=True,
+        text=_clip(text, 0).replace("\n", ""),
+        complete=False,
+        exception_class=match.group("cls"),
+    )
+
+
 def _parse_thc(text: str, exception_class: str | None) -> OomMessage | None:
     match = _THC.search(text)
     if match is None:
         return None
     return _simple(OomKind.DRIVER, "thc", text, match.start(), exception_class)
+
+
+def preamble(text: str, message: str, exception_class: str | None) -> str | None:
+    """The words before ``message`` on the first line of ``text``, unless only its exception
+    class (a warning or a log record that wraps the message; ``OomEvent.preamble``)."""
+    first = text.split("\n", 1)[0]
+    at = first.find(message[:24]) if message else -1
+    if at <= 0:
+        return None
+    before = first[:at].strip()
+    if exception_class and before.rstrip(": ") in (exception_class, ""):
+        return None
+    return before[-300:] or None
+
+
+def wrapped_complete(text: str) -> bool:
+    """True when ``text`` (the lines of an OOM message collected so far, wrapped by a terminal
+    or a paste) holds a complete allocator message."""
+    message = parse_oom_message(text)
+    return message is not None and message.complete and message.kind is OomKind.ALLOCATOR
+
+
+def complete_on_its_line(text: str) -> bool:
+    """True for an allocator message that ended on this line (its last clause is there)."""
+    if "Tried to allocate" not in text:
+        return False
+    if "more than 1EB memory" in text or "reserved in total by PyTorch" in text:
+        return True
+    return "is reserved by PyTorch but unallocated" in text

@@ -140,6 +140,17 @@ MAX_FAILURES = 1024
 MAX_TRACEBACK_LINES = 400
 
 
+_TABLE_START = regex.compile(
+    r"\s{0,8}(?:Root Cause \(first observed failure\):|[\w./-]{1,200} FAILED)\s{0,8}\Z"
+)
+
+
+def starts_failure_table(text: str) -> bool:
+    """A line of torchrun's failure table that a paste can start with (its title or its root
+    cause header), without the ``ChildFailedError:`` line before it."""
+    return _TABLE_START.match(text) is not None
+
+
 class FailureBlockParser:
     """Parses the lines after ``ChildFailedError:`` into a ``FailureSummary``.
 
@@ -148,11 +159,12 @@ class FailureBlockParser:
     was cut or malformed).
     """
 
-    def __init__(self, source: SourceRef) -> None:
+    def __init__(self, source: SourceRef, *, headless: bool = False) -> None:
         self.source = source
         self.title: str | None = None
         self.failures: list[ProcessFailure] = []
-        self._rules = 0
+        self._rules = 1 if headless else 0
+        """A paste that starts inside the table has lost its first rule."""
         self._sections = 0
         self._root = False
         self._fields: dict[str, str] | None = None

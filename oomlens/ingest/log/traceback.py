@@ -23,6 +23,15 @@ import regex
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import Frame, Phase, Traceback
+from oomlens.ingest.log.tb_shapes import (
+    LineShape,
+    Shape,
+    box_body,
+    box_content_shape,
+    is_source_line,
+    line_shape,
+)
+from oomlens.ingest.log.torch_oom import looks_like_oom
 
 HEADER = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -32,14 +41,14 @@ CHAIN_MARKERS = (
 MAX_HEAD_FRAMES = 8
 MAX_TAIL_FRAMES = 56
 MAX_EXCEPTION_LINES = 12
+MAX_OOM_MESSAGE_LINES = 160
+"""An OOM message wrapped at a narrow column spans this many lines at most (800 characters
+at five columns)."""
 MAX_EXCEPTION_CHARS = 8000
 STALE_AFTER_LINES = 400
 """An open traceback whose stream printed nothing for this many lines of the file is closed:
 its process stopped writing (killed) and other streams go on."""
 
-_FRAME = regex.compile(
-    r'\s{0,12}File "(?P<file>[^"\n]{1,1000})", line (?P<line>\d{1,9}), in (?P<func>\S{1,300})'
-)
 _EXCEPTION_LINE = regex.compile(
     r"(?P<cls>[A-Za-z_][\w]{0,100}(?:\.[A-Za-z_][\w]{0,100}){0,12})(?::(?: (?P<msg>.*))?)?\Z"
 )
@@ -63,8 +72,10 @@ class TracebackAssembler:
     """Per-stream state machine; see the module docstring."""
 
     __slots__ = (
+        "_box_closed",
         "_chained",
         "_exc_class",
+        "_exc_limit",
         "_exc_lines",
         "_exc_ref",
         "_exc_time",
@@ -72,8 +83,12 @@ class TracebackAssembler:
         "_frames_omitted",
         "_frames_tail",
         "_header_ref",
+        "_header_class",
+        "_headless",
         "_last_line",
+        "_path_start",
         "_state",
+        "_style",
     )
 
     def __init__(self) -> None:
@@ -86,8 +101,14 @@ class TracebackAssembler:
         self._exc_lines: list[str] = []
         self._exc_ref: SourceRef | None = None
         self._exc_time: datetime | None = None
+        self._exc_limit = MAX_EXCEPTION_LINES
         self._chained = False
         self._last_line = 0
+        self._style = "python"
+        self._headless = False
+        self._header_class = ""
+        self._box_closed = False
+        self._path_start = ""
 
     @property
     def open(self) -> bool:
@@ -104,6 +125,21 @@ class TracebackAssembler:
         """The class of the exception message being collected, if one is."""
         return self._exc_class if self._state == 2 else None
 
+    @property
+    def oom_like(self) -> bool:
+        """The exception message being collected looks like an OOM message."""
+        return self._state == 2 and self._exc_limit == MAX_OOM_MESSAGE_LINES
+
+    @property
+    def message_lines(self) -> int:
+        """Lines of the exception message collected so far."""
+        return len(self._exc_lines) if self._state == 2 else 0
+
+    @property
+    def exception_text(self) -> str:
+        """The exception message collected so far ('' when none is being collected)."""
+        return _join(self._exc_lines) if self._state == 2 else ""
+
     def stale(self, line_number: int) -> bool:
         return self._state != 0 and line_number - self._last_line > STALE_AFTER_LINES
 
@@ -118,6 +154,7 @@ class TracebackAssembler:
         self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
         self._exc_ref = ref
         self._exc_time = now
+        self._exc_limit = _exception_line_limit(text)
         self._last_line = ref.line or 0
         return finished
 
@@ -129,11 +166,13 @@ class TracebackAssembler:
         ``now`` (the caller's current time estimate) is kept with an exception line and
         handed back as ``FinishedException.time``."""
         line = ref.line or 0
-        stripped = text.strip()
-        if stripped.endswith(HEADER):
+        shape = line_shape(text)
+        if shape.shape is Shape.HEADER:
             finished = self.close() if self._state else None
-            self._begin(ref)
+            self._begin(ref, shape.style)
+            self._header_class = shape.header_class or ""
             return finished
+        stripped = text.strip()
         if stripped in CHAIN_MARKERS:
             if self._state == 0:
                 self._chained = True  # the next traceback was caused by the last one
@@ -143,32 +182,66 @@ class TracebackAssembler:
             self._last_line = line
             return finished
         if self._state == 0:
-            return None
-        if self._state == 1:
-            self._last_line = line
-            frame = _FRAME.match(text)
-            if frame is not None:
-                self._add_frame(
-                    Frame(frame.group("file"), int(frame.group("line")), frame.group("func"))
-                )
+            if not _starts_inside(shape, text):
                 return None
-            if not stripped or text[:1] in " \t":
-                return None  # source line, carets, or a blank inside the traceback
-            match = _EXCEPTION_LINE.match(text)
-            if match is None or _LOG_RECORD.match(text):
-                # Not an exception line: the traceback was cut here.
-                return self.close()
-            self._state = 2
-            self._exc_class = match.group("cls")
-            self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
-            self._exc_ref = ref
-            self._exc_time = now
-            return None
+            # A paste that starts inside a traceback: its first frame (or rich's current-line
+            # marker) stands for the header it lost.
+            self._begin(ref, shape.style, headless=True)
+        if self._state == 1:
+            return self._in_frames(text, stripped, shape, ref, now)
         # state 2: continuation lines of the exception message
-        if not stripped or _LOG_RECORD.match(text) or len(self._exc_lines) >= MAX_EXCEPTION_LINES:
+        if len(self._exc_lines) == MAX_EXCEPTION_LINES and looks_like_oom(self.exception_text):
+            self._exc_limit = MAX_OOM_MESSAGE_LINES  # its first line was cut before saying so
+        if (
+            not stripped
+            or _LOG_RECORD.match(text)
+            or len(self._exc_lines) >= self._exc_limit
+            or (shape.shape is Shape.FRAME and shape.style == "python")
+        ):
             return self.close()
         self._exc_lines.append(text[:MAX_EXCEPTION_CHARS])
         self._last_line = line
+        return None
+
+    def _in_frames(
+        self,
+        text: str,
+        stripped: str,
+        shape: LineShape,
+        ref: SourceRef,
+        now: datetime | None,
+    ) -> FinishedException | None:
+        self._last_line = ref.line or 0
+        if self._path_start and shape.style == "rich" and text[:1] in ("│", "┃"):
+            joined = box_content_shape(self._path_start + box_body(text))
+            self._path_start = ""
+            if joined.frame is not None:
+                self._add_frame(joined.frame)
+                return None
+        if shape.shape is Shape.FRAME and shape.frame is not None:
+            self._path_start = ""
+            self._add_frame(shape.frame)
+            return None
+        if shape.shape is Shape.PATH_START:
+            self._path_start = shape.text[:1000]
+            return None
+        if shape.shape is Shape.BOX_END:
+            self._box_closed = True
+            return None
+        if shape.shape is Shape.INSIDE or is_source_line(text, self._style):
+            return None  # source line, carets, a box's inside, or a blank inside the traceback
+        match = _EXCEPTION_LINE.match(text)
+        if match is None or _LOG_RECORD.match(text):
+            if self._style == "ipython" and match is None:
+                return None  # a frame line wrapped by the paste: only the exception ends it
+            # Not an exception line: the traceback was cut here.
+            return self.close()
+        self._state = 2
+        self._exc_class = match.group("cls")
+        self._exc_lines = [text[:MAX_EXCEPTION_CHARS]]
+        self._exc_ref = ref
+        self._exc_time = now
+        self._exc_limit = _exception_line_limit(text)
         return None
 
     def close(self) -> FinishedException | None:
@@ -186,18 +259,25 @@ class TracebackAssembler:
                 exception_text=_join(self._exc_lines) if state == 2 else None,
                 cut=state == 1,
                 chained=self._chained,
+                headless=self._headless,
+                style=self._style,
             )
         self._header_ref = None
         self._chained = False
+        self._headless = False
+        self._path_start = ""
+        header_class, self._header_class = self._header_class, ""
         if state == 1:
             assert traceback is not None
-            return FinishedException(traceback.source, "", "", traceback)
+            # IPython's header names the class: a traceback cut before its message still says
+            # what was raised
+            return FinishedException(traceback.source, header_class, "", traceback)
         assert self._exc_ref is not None
         return FinishedException(
             self._exc_ref, self._exc_class, _join(self._exc_lines), traceback, self._exc_time
         )
 
-    def _begin(self, ref: SourceRef) -> None:
+    def _begin(self, ref: SourceRef, style: str = "python", *, headless: bool = False) -> None:
         self._state = 1
         self._header_ref = ref
         self._frames_head = []
@@ -205,6 +285,10 @@ class TracebackAssembler:
         self._frames_omitted = 0
         self._exc_lines = []
         self._last_line = ref.line or 0
+        self._style = style
+        self._headless = headless
+        self._box_closed = False
+        self._path_start = ""
 
     def _add_frame(self, frame: Frame) -> None:
         if len(self._frames_head) < MAX_HEAD_FRAMES:
@@ -213,6 +297,22 @@ class TracebackAssembler:
         if len(self._frames_tail) == MAX_TAIL_FRAMES:
             self._frames_omitted += 1
         self._frames_tail.append(frame)
+
+
+def _starts_inside(shape: LineShape, text: str) -> bool:
+    """A line that shows, on its own, that the text is inside a traceback: a frame, or the
+    current-line marker of rich's or IPython's source lines."""
+    if shape.shape is Shape.FRAME:
+        return True
+    if shape.style == "rich":
+        return "❱" in text
+    return shape.style == "ipython" and shape.shape is Shape.INSIDE
+
+
+def _exception_line_limit(first_line: str) -> int:
+    """How many lines an exception message may take: an OOM message wrapped by a terminal or
+    a paste takes many."""
+    return MAX_OOM_MESSAGE_LINES if looks_like_oom(first_line) else MAX_EXCEPTION_LINES
 
 
 def _join(lines: list[str]) -> str:
@@ -246,6 +346,9 @@ _CHECKPOINT_FUNCS = frozenset(
         "save_state",
         "_save_tpu",
         "save_16bit_state_dict",
+        "get_state_dict",
+        "_full_post_state_dict_hook",
+        "save_lora_weights",
     }
 )
 _GENERATION_FUNCS = frozenset(
@@ -286,6 +389,12 @@ _EVAL_FUNCS = frozenset(
         "do_eval",
         "eval_epoch",
         "val_step",
+        "nested_concat",
+        "nested_numpify",
+        "_nested_gather",
+        "gather_for_metrics",
+        "_evaluation_step",
+        "_predict_step",
     }
 )
 _EVAL_NAME = regex.compile(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
@@ -330,6 +439,7 @@ _STEP_FUNCS = frozenset(
         "clip_grad_norm_",
         "_pre_step",
         "_apply_optimizer",
+        "initialize_optimizer_states",
     }
 )
 _BACKWARD_FUNCS = frozenset(
@@ -384,11 +494,36 @@ _CONTEXT = (
 )
 
 
+_VLLM_INIT = frozenset({"load_model", "load_weights", "_load_weights", "_initialize_model"})
+_VLLM_CACHE = frozenset(
+    {
+        "_allocate_kv_cache",
+        "initialize_cache",
+        "_init_cache",
+        "_initialize_kv_caches",
+        "determine_num_available_blocks",
+        "profile_run",
+        "raise_if_cache_size_invalid",
+        "initialize_from_config",
+    }
+)
+_EVAL_PATHS = ("loops/evaluation_loop.py", "loops/prediction_loop.py")
+
+
 def _frame_phase(frame: Frame) -> Phase | None:
-    func = frame.function
+    # IPython and Colab print qualified names ("_BaseAutoModelClass.from_pretrained")
+    func = frame.function.rsplit(".", 1)[-1]
     path = frame.filename.replace("\\", "/")
     if "torch/utils/data/" in path:
         return Phase.DATA_LOADING
+    if "/vllm/" in path:
+        # an inference engine: its weights are loaded, then its KV cache sized and allocated
+        if func in _VLLM_INIT:
+            return Phase.MODEL_INIT
+        if func in _VLLM_CACHE:
+            return Phase.GENERATION
+    if any(part in path for part in _EVAL_PATHS):
+        return Phase.EVALUATION
     if func in _CHECKPOINT_FUNCS or (func in ("save", "_save") and "torch/serialization" in path):
         return Phase.CHECKPOINT_SAVE
     if func in _GENERATION_FUNCS and (func == "generate" or "generat" in path):
@@ -405,7 +540,7 @@ def _frame_phase(frame: Frame) -> Phase | None:
                 or "deepspeed/__init__" in path
             )
         )
-        or (func in ("to", "cuda", "_apply") and "torch/nn/modules/module.py" in path)
+        or (func in ("to", "cuda", "_apply", "convert") and "torch/nn/modules/module.py" in path)
     ):
         if func == "initialize" and "deepspeed" not in path:
             return None

@@ -1,0 +1,191 @@
+"""The memory limit a recording shows, inferred from its trace.
+
+A new segment fails when reserved + its size would exceed the limit: the per-process memory
+fraction's ``allowed`` bytes, or what the device still had free.  The trace shows both sides
+of that test:
+
+* every segment the allocator got proves the limit was at least the reserved bytes before it
+  plus the size checked: the segment's own size, or with expandable segments the segment the
+  request asked for (``get_allocation_size``), which the fraction is checked against rather
+  than the pages then mapped (the ``expandable_limit`` GPU family: reserved ends above
+  ``allowed`` when the pages are larger than the request);
+* every time the allocator had to release cached segments before getting a new one (or ran
+  out), its first attempt failed: the limit was below the reserved bytes at that moment plus
+  the segment it asked for;
+* the ``oom`` entry records the device's free memory: when that is less than the segment asked
+  for, the device itself was full and the limit is exactly reserved + free (no fraction
+  needed); otherwise a fraction was in force and the evidence above brackets it.
+
+With ``garbage_collection_threshold`` the allocator also releases segments without failing
+first, so those releases are not taken as evidence.
+
+The log's OOM message, when it is the same process's, says more (:func:`narrow`): its
+``X allowed`` is the fraction itself, printed to two decimals of GiB (+-5.12 MiB) or MiB; its
+absence in a 2.1+ message says that no fraction was set.  Where the trace's bracket is wider
+than the printed figure's rounding, the two together narrow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from oomlens.analysis.whatif.replay import external_releases
+from oomlens.facts.whatif import LoggedLimit
+from oomlens.units import format_size
+
+_RELEASES = frozenset({"segment_free", "segment_unmap"})
+
+
+@dataclass(frozen=True, slots=True)
+class InferredLimit:
+    """``kind``: ``allowed`` (a memory fraction), ``capacity`` (the device was full) or
+    ``unknown`` (nothing in the trace bounds it).  ``low``..``high`` is the range the evidence
+    allows; ``value`` the one the replay uses (the middle of the range)."""
+
+    kind: str
+    low: int
+    high: int | None
+    value: int | None
+    basis: str
+    from_log: bool = False
+    """The range is narrowed by the log's OOM message (:func:`narrow`)."""
+
+    @property
+    def uncertainty(self) -> int:
+        """Half the width of the range (0 when exact or unknown)."""
+        if self.high is None or self.value is None:
+            return 0
+        return max(self.high - self.value, self.value - self.low, 0)
+
+
+def infer_limit(
+    trace: list[Any],
+    start_reserved: int,
+    *,
+    request_segment: Callable[[int], int],
+    gc_enabled: bool,
+    releases: dict[int, int] | None = None,
+) -> InferredLimit:
+    """Bracket the recording's limit; see the module docstring.
+
+    ``request_segment(size)`` is the segment size the recorded setting asks for a request of
+    ``size`` bytes (rounding, then ``get_allocation_size``).
+    """
+    reserved = start_reserved
+    low = reserved
+    high: int | None = None
+    failures = 0
+    external = external_releases(trace) if releases is None else releases
+    attempt_reserved: int | None = None
+    count = len(trace)
+    index = 0
+    capacity: int | None = None
+    while index < count:
+        entry = trace[index]
+        action = entry["action"]
+        if action in _RELEASES:
+            if index in external:
+                for inner in range(index, external[index]):
+                    if trace[inner]["action"] in _RELEASES:
+                        reserved -= trace[inner]["size"]
+                index = external[index]
+                continue
+            if attempt_reserved is None:
+                attempt_reserved = reserved
+            reserved -= entry["size"]
+        elif action in ("segment_alloc", "segment_map"):
+            checked = entry["size"]
+            if action == "segment_map":
+                checked = request_segment(_next_request(trace, index))
+            if attempt_reserved is not None and not gc_enabled:
+                high = _lower(high, attempt_reserved + checked - 1)
+                failures += 1
+            attempt_reserved = None
+            low = max(low, reserved + checked)
+            reserved += entry["size"]
+        elif action == "oom":
+            segment = request_segment(entry["size"])
+            before = attempt_reserved if attempt_reserved is not None else reserved
+            free = entry.get("device_free")
+            if isinstance(free, int) and free < segment:
+                capacity = reserved + free
+            elif not gc_enabled or attempt_reserved is None:
+                high = _lower(high, min(before, reserved) + segment - 1)
+                failures += 1
+            attempt_reserved = None
+        elif action == "alloc":
+            attempt_reserved = None
+        index += 1
+    if capacity is not None:
+        return InferredLimit(
+            "capacity",
+            capacity,
+            capacity,
+            capacity,
+            "the device's free memory at the OOM plus what PyTorch had reserved",
+        )
+    if high is None:
+        return InferredLimit(
+            "unknown", low, None, None, "the recording never hit its limit"
+        )
+    high = max(high, low)
+    return InferredLimit(
+        "allowed",
+        low,
+        high,
+        (low + high) // 2,
+        f"a memory fraction, bracketed by {failures} failed and every successful segment "
+        "request in the trace",
+    )
+
+
+def _lower(current: int | None, value: int) -> int:
+    return value if current is None else min(current, value)
+
+
+def _next_request(trace: list[Any], index: int) -> int:
+    for entry in trace[index + 1 :]:
+        if entry["action"] in ("alloc", "oom"):
+            return int(entry["size"])
+    return 0
+
+
+def narrow(inferred: InferredLimit, logged: LoggedLimit | None) -> InferredLimit:
+    """``inferred`` narrowed by the limit the log's OOM message printed for this process.
+
+    The printed figure (+- its rounding) and the trace's bracket must overlap; their overlap is
+    the new range.  When they do not, the message is not this recording's (or the trace is
+    not what it seems) and ``inferred`` stands, its basis saying so.  A full device (``capacity``)
+    is already exact; a message without ``allowed`` (no fraction) makes a trace that never
+    showed the device's free memory a ``capacity`` limit.
+    """
+    if logged is None or inferred.kind == "capacity":
+        return inferred
+    kind = "allowed" if logged.fraction else "capacity"
+    printed_low, printed_high = logged.bytes - logged.error, logged.bytes + logged.error
+    low = max(inferred.low, printed_low)
+    high = printed_high if inferred.high is None else min(inferred.high, printed_high)
+    where = logged.source.describe()
+    figure = f"{format_size(logged.bytes)} " + (
+        "allowed" if logged.fraction else "reserved + free, no memory fraction"
+    )
+    if low > high:
+        return InferredLimit(
+            inferred.kind,
+            inferred.low,
+            inferred.high,
+            inferred.value,
+            f"{inferred.basis} (the OOM message at {where} prints {figure}, which the trace "
+            "contradicts: not used)",
+        )
+    return InferredLimit(
+        kind,
+        low,
+        high,
+        (low + high) // 2,
+        f"the OOM message at {where}: {figure} (printed to +-{format_size(logged.error)}), "
+        "within what the trace shows",
+        from_log=True,
+    )

@@ -1,0 +1,71 @@
+"""``oomlens whatif SNAPSHOT``: replay the recorded allocations under other allocator settings
+and memory limits, and say whether the run would have fitted (``oomlens.session.what_if``),
+rendered through ``oomlens.render.registry`` like every other report.
+
+Exit status: 0 when the replay ran (whatever it predicts); 2 for an ``--alloc-conf`` torch
+would refuse or a bad option; 3 for a snapshot that cannot be read or holds no history.
+"""
+
+from __future__ import annotations
+
+import click
+
+from oomlens.cli.params import SIZE
+from oomlens.render.registry import formats_for
+
+
+@click.command("whatif")
+@click.argument("snapshot", type=click.Path())
+@click.option(
+    "--alloc-conf",
+    "alloc_confs",
+    multiple=True,
+    metavar="CONF",
+    help="A PYTORCH_CUDA_ALLOC_CONF value to replay (repeatable; one row each). Default: "
+    "the recorded setting plus expandable segments, a few max_split_size_mb values and "
+    "garbage_collection_threshold.",
+)
+@click.option(
+    "--allowed",
+    type=SIZE,
+    default=None,
+    help="Predict under this memory limit (40GiB: a smaller card or a memory fraction) "
+    "instead of the one the recording shows.",
+)
+@click.option(
+    "--device",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The device to replay (default: the one that ran out).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([f.value for f in formats_for("whatif")]),
+    default="text",
+    show_default=True,
+)
+@click.option(
+    "-o", "--output", type=click.Path(), default=None, help="Write to this file instead."
+)
+def whatif_command(
+    snapshot: str,
+    alloc_confs: tuple[str, ...],
+    allowed: int | None,
+    device: int | None,
+    fmt: str,
+    output: str | None,
+) -> None:
+    """Replay a snapshot's recorded allocations through a model of PyTorch's caching
+    allocator under other settings, after checking that the model reproduces the recording."""
+    from oomlens.cli.analyze import write_output
+    from oomlens.render.registry import Format, render
+    from oomlens.session import what_if
+
+    report = what_if(snapshot, alloc_confs, device=device, allowed=allowed)
+    text = render(report, Format(fmt))
+    if output is not None:
+        write_output(output, text)
+        click.echo(f"oomlens whatif: written to {output}", err=True)
+        return
+    click.echo(text, nl=False)

@@ -1,0 +1,249 @@
+"""``oomlens whatif``'s report (``WhatIfReport``): the JSON renderer's half and the text
+renderer's half for it (README, "What-if"); picked through ``oomlens.render.registry`` like
+every other document.
+
+``whatif_to_dict`` is the JSON contract (``schema_version`` 1.0; keys are only ever added):
+sizes in bytes, event indices into the device's trace (``-1``: before its first event).
+``whatif_text`` is the terminal table.  Both strip control and bidi characters from what the
+snapshot supplies (its path, the recorded setting's text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oomlens.facts.whatif import (
+    COVERS_UP_TO_OOM,
+    MemoryLimit,
+    Prediction,
+    ReplayResult,
+    SelfCheck,
+    TraceCoverage,
+)
+from oomlens.report import WhatIfReport
+from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
+
+WHATIF_SCHEMA_VERSION = "1.0"
+
+
+def _self_check(check: SelfCheck) -> dict[str, Any]:
+    return {
+        "passed": check.passed,
+        "segment_events": check.segment_events,
+        "segment_events_matched": check.segment_events_matched,
+        "reserved_checks": check.reserved_checks,
+        "reserved_matched": check.reserved_matched,
+        "allocations": check.allocations,
+        "addresses_matched": check.addresses_matched,
+        "recorded_ooms": list(check.recorded_ooms),
+        "replayed_ooms": list(check.replayed_ooms),
+        "first_mismatch": check.first_mismatch,
+    }
+
+
+def _limit(limit: MemoryLimit) -> dict[str, Any]:
+    return {
+        "allowed_bytes": limit.bytes,
+        "limit_source": limit.source,
+        "limit_uncertainty_bytes": limit.uncertainty,
+    }
+
+
+def _result(result: ReplayResult) -> dict[str, Any]:
+    return {
+        "outcome": result.outcome,
+        "oom_event_index": result.oom_event_index,
+        "oom_request_bytes": result.oom_request_bytes,
+        "peak_reserved_bytes": result.peak_reserved_bytes,
+        "peak_allocated_bytes": result.peak_allocated_bytes,
+        "reserved_at_start_bytes": result.reserved_at_start_bytes,
+        "reserved_unallocated_at_recorded_oom_bytes": (
+            result.reserved_unallocated_at_recorded_oom_bytes
+        ),
+        "headroom_bytes": result.headroom_bytes,
+        "shortfall_bytes": result.shortfall_bytes,
+        "live_too_large": result.live_too_large,
+    }
+
+
+def _coverage(coverage: TraceCoverage) -> dict[str, Any]:
+    return {
+        "entries": coverage.entries,
+        "from_process_start": coverage.from_process_start,
+        "reserved_at_start_bytes": coverage.reserved_at_start,
+        "live_at_start_bytes": coverage.live_at_start,
+        "live_blocks_at_start": coverage.live_blocks_at_start,
+        "inferred_block_sizes": coverage.inferred_block_sizes,
+        "unplaced_blocks": coverage.unplaced_blocks,
+        "ends_at_oom": coverage.ends_at_oom,
+    }
+
+
+def _prediction(prediction: Prediction, check: SelfCheck) -> dict[str, Any]:
+    packed = prediction.packed_start
+    return {
+        "alloc_conf": prediction.alloc_conf,
+        "baseline": prediction.baseline,
+        **_limit(prediction.limit),
+        **_result(prediction.result),
+        "covers": prediction.covers,
+        "conclusive": prediction.conclusive,
+        "packed_start": None
+        if packed is None
+        else {
+            "outcome": packed.outcome,
+            "oom_event_index": packed.oom_event_index,
+            "peak_reserved_bytes": packed.peak_reserved_bytes,
+            "headroom_bytes": packed.headroom_bytes,
+        },
+        "notes": list(prediction.notes),
+        "self_check": _self_check(check),
+    }
+
+
+def whatif_to_dict(report: WhatIfReport) -> dict[str, Any]:
+    """The JSON document of one what-if run (strings not yet stripped: the JSON renderer
+    strips every string it writes)."""
+    whatif = report.whatif
+    return {
+        "schema_version": WHATIF_SCHEMA_VERSION,
+        "oomlens_version": report.oomlens_version,
+        "snapshot": whatif.source.path,
+        "device": whatif.device,
+        "recorded": {
+            "alloc_conf": whatif.recorded_alloc_conf,
+            "notes": list(whatif.recorded_notes),
+            **_limit(whatif.recorded_limit),
+            **_result(whatif.recorded),
+            "trace": _coverage(whatif.coverage),
+            "self_check": _self_check(whatif.self_check),
+        },
+        "predictions": [
+            _prediction(prediction, whatif.self_check) for prediction in whatif.predictions
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------- text
+
+
+def _size(value: int | None) -> str:
+    return "-" if value is None else format_size(value)
+
+
+def _event(index: int | None) -> str:
+    if index is None:
+        return "-"
+    return "before the trace" if index < 0 else f"event {index}"
+
+
+def describe_limit(limit: MemoryLimit) -> str:
+    if limit.bytes is None:
+        return "no limit known (the recording never hit one; pass --allowed)"
+    if limit.source == "--allowed":
+        return f"{format_size(limit.bytes)} (--allowed)"
+    if limit.source == "capacity":
+        return f"{format_size(limit.bytes)} (the device was full: reserved + free at the OOM)"
+    return (
+        f"{format_size(limit.bytes)} allowed (a memory fraction, inferred from the trace, "
+        f"+-{format_size(limit.uncertainty)})"
+    )
+
+
+def describe_outcome(result: ReplayResult, covers: str | None = None) -> str:
+    """``fits with 1.30 GiB to spare`` / ``OOM at event 1499 (a 40.69 MiB request)``."""
+    if result.outcome == "fits":
+        text = "fits"
+        if result.headroom_bytes is not None:
+            text += f" with {format_size(result.headroom_bytes)} to spare"
+        if covers == COVERS_UP_TO_OOM:
+            text += " (up to the recorded OOM)"
+        return text
+    text = f"OOM at {_event(result.oom_event_index)}"
+    if result.oom_request_bytes is not None:
+        text += f" ({format_size(result.oom_request_bytes)} request)"
+    if result.live_too_large:
+        text += ": the memory in use itself is too large"
+    return text
+
+
+def _check_line(check: SelfCheck) -> str:
+    figures = (
+        f"{check.segment_events_matched}/{check.segment_events} segment events, "
+        f"{check.addresses_matched}/{check.allocations} block addresses, "
+        f"{check.reserved_matched}/{check.reserved_checks} reserved totals, "
+        f"OOMs at {list(check.replayed_ooms)} vs recorded {list(check.recorded_ooms)}"
+    )
+    if check.passed:
+        return f"self-check: passed ({figures})"
+    return f"self-check: FAILED ({figures}); first difference: {check.first_mismatch}"
+
+
+def whatif_text(report: WhatIfReport) -> str:
+    """The terminal summary: the recording, the self-check, one row per setting."""
+    whatif = report.whatif
+    coverage = whatif.coverage
+    recorded = whatif.recorded
+    lines = [
+        f"oomlens whatif: {whatif.source.path}, device {whatif.device}",
+        f"recorded setting: {whatif.recorded_alloc_conf or 'torch defaults'}; limit "
+        + describe_limit(whatif.recorded_limit),
+        f"  {describe_outcome(recorded)}; peak reserved {_size(recorded.peak_reserved_bytes)}, "
+        f"peak allocated {_size(recorded.peak_allocated_bytes)}"
+        + (
+            f"; {_size(recorded.reserved_unallocated_at_recorded_oom_bytes)} reserved but "
+            "unallocated at the OOM"
+            if coverage.ends_at_oom
+            else ""
+        ),
+    ]
+    if coverage.from_process_start:
+        lines.append(f"  trace: {coverage.entries} events from the process start (the whole run)")
+    else:
+        lines.append(
+            f"  trace: {coverage.entries} events from mid-run: {_size(coverage.reserved_at_start)}"
+            f" reserved and {_size(coverage.live_at_start)} in use "
+            f"({coverage.live_blocks_at_start} blocks) at its start, laid out as the recording "
+            "shows; predictions also try them allocated afresh"
+        )
+    lines.extend(f"  note: {note}" for note in whatif.recorded_notes)
+    lines.append("  " + _check_line(whatif.self_check))
+    lines.append("")
+    rows = [("setting", "outcome", "peak reserved", "peak allocated", "forecast")]
+    for prediction in whatif.predictions:
+        result = prediction.result
+        name = prediction.alloc_conf or "torch defaults"
+        if prediction.baseline:
+            name += " (as recorded)"
+        rows.append(
+            (
+                name,
+                describe_outcome(result, prediction.covers),
+                _size(result.peak_reserved_bytes),
+                _size(result.peak_allocated_bytes),
+                "(the recording)"
+                if prediction.baseline and prediction.limit == whatif.recorded_limit
+                else "yes"
+                if prediction.conclusive
+                else "no",
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines.extend(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+    limits = {prediction.limit for prediction in whatif.predictions}
+    if limits and limits != {whatif.recorded_limit}:
+        lines.extend(f"limit replayed: {describe_limit(limit)}" for limit in limits)
+    notes = [
+        f"  {prediction.alloc_conf or 'torch defaults'}: {note}"
+        for prediction in whatif.predictions
+        for note in prediction.notes
+    ]
+    if notes:
+        lines.append("")
+        lines.append("not a forecast where:")
+        lines.extend(notes)
+    return strip_controls("\n".join(lines) + "\n")

@@ -1,0 +1,122 @@
+"""``oomlens whatif``: the table, the JSON document, and one error line with a documented exit
+code for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomlens.cli import main
+from tests.analysis.whatif._recording import MiB, record, rounds, write
+
+ROOT = Path(__file__).resolve().parents[2]
+FRAGMENTATION = ROOT / "fixtures" / "crash_logs" / "fragmentation" / "snapshot_rank0.pickle"
+STATE_ONLY = ROOT / "tests" / "assets" / "snapshots" / "snapshot_t211_enabled_state.pickle"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["whatif", *args])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.fixture(scope="module")
+def rescued(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run recorded from its start that runs out of a 1 GiB limit by fragmentation."""
+    path = tmp_path_factory.mktemp("whatif") / "snapshot.pickle"
+    recorded, step = record(rounds(15), allowed=1024 * MiB)
+    assert step == "final"
+    write(recorded, path)
+    return path
+
+
+def test_the_default_ladder_as_a_table(capsys: pytest.CaptureFixture[str], rescued: Path) -> None:
+    code, out, err = run(capsys, str(rescued))
+    assert code == 0 and err == ""
+    assert "self-check: passed" in out
+    assert "events from the process start (the whole run)" in out
+    rows = {
+        line.split("  ")[0]: line
+        for line in out.splitlines()
+        if line.startswith(("torch", "exp", "max", "gar"))
+    }
+    assert "OOM at event" in rows["torch defaults (as recorded)"]
+    assert "fits with" in rows["expandable_segments:True"]
+    assert rows["expandable_segments:True"].rstrip().endswith("yes")
+    assert set(rows) >= {"max_split_size_mb:64", "garbage_collection_threshold:0.6"}
+
+
+def test_json_predictions_under_another_limit(
+    capsys: pytest.CaptureFixture[str], rescued: Path
+) -> None:
+    code, out, _ = run(
+        capsys, str(rescued), "--alloc-conf", "expandable_segments:True", "--allowed", "700MiB",
+        "--format", "json",
+    )
+    assert code == 0
+    document = json.loads(out)
+    assert document["recorded"]["outcome"] == "oom"
+    assert document["recorded"]["self_check"]["passed"] is True
+    baseline, expandable = document["predictions"]
+    assert baseline["baseline"] and baseline["alloc_conf"] == ""
+    # 15 kept 40 MiB tensors + 120 MiB need 720 MiB: over a 700 MiB card whatever the setting.
+    assert expandable["allowed_bytes"] == 700 * MiB
+    assert expandable["outcome"] == "oom" and expandable["live_too_large"] is True
+    for key in ("alloc_conf", "allowed_bytes", "outcome", "peak_reserved_bytes",
+                "peak_allocated_bytes", "oom_request_bytes", "covers", "self_check"):
+        assert key in expandable
+
+
+def test_a_mid_run_corpus_recording_says_it_is_not_a_forecast(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, str(FRAGMENTATION), "--alloc-conf", "expandable_segments:True")
+    assert code == 0
+    assert "events from mid-run" in out and "self-check: passed" in out
+    assert "not a forecast where:" in out and "before the recording decides" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--alloc-conf", "expandable:True"], 2, "Unrecognized key 'expandable'"),
+        (["--alloc-conf", "max_split_size_mb:8"], 2, "must be >= 20"),
+        (["--allowed", "lots"], 2, "lots"),
+        (["--device", "3"], 3, "device 3 has no recorded allocations"),
+    ],
+)
+def test_bad_input_is_one_line_and_an_exit_code(
+    capsys: pytest.CaptureFixture[str], rescued: Path, args: list[str], code: int, message: str
+) -> None:
+    got, out, err = run(capsys, str(rescued), *args)
+    assert got == code and out == ""
+    # Option values refused by click come after its usage lines, as for every command.
+    assert message in err.strip().splitlines()[-1]
+
+
+def test_a_snapshot_without_history_or_a_missing_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, str(STATE_ONLY))
+    assert code == 3 and "no allocation history" in err and "_record_memory_history" in err
+    code, _, err = run(capsys, str(tmp_path / "missing.pickle"))
+    assert code == 3 and "missing.pickle" in err
+
+
+def test_a_damaged_trace_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import pickle
+
+    recorded, _ = record(rounds(3), allowed=1024 * MiB)
+    data = recorded.snapshot()
+    trace = data["device_traces"][0]
+    index = next(i for i, entry in enumerate(trace) if entry["action"] == "alloc")
+    trace[index]["size"] = "64MiB"
+    path = tmp_path / "damaged.pickle"
+    path.write_bytes(pickle.dumps(data))
+    code, out, err = run(capsys, str(path))
+    assert code == 3 and out == ""
+    assert f"device_traces[0][{index}] (alloc) has no valid 'size'" in err
+    assert len(err.strip().splitlines()) == 1
