@@ -149,6 +149,15 @@ def _snapshot(case: Case, rng: random.Random) -> None:
         raw = mutate.hostile_pickle(rng, case.marker)
         case.description = "hostile pickle (imports, calls, floods, nesting)"
     case.files["in/snapshot_rank0.pickle"] = raw
+    if rng.random() < 0.3:
+        # the what-if replay walks the whole history: its own budgets meet the same pickles
+        fmt = rng.choice([[], ["--format", "json"]])
+        extra = rng.choice(
+            [[], ["--allowed", "6.5GiB"], ["--alloc-conf", "expandable_segments:True"]]
+        )
+        case.argv = ["whatif", "in/snapshot_rank0.pickle", *extra, *fmt]
+        case.stdout_format = "json" if fmt else "text"
+        return
     log = source.parent / "train.log"
     if log.exists() and rng.random() < 0.5:
         case.files["in/train.log"] = _read(log)

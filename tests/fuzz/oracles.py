@@ -25,7 +25,7 @@ from tests.fuzz.mutate import PAYLOADS
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 1024**3
 
-EXIT_CODES = {"analyze": {0, 3}, "check": {0, 4}, "triage": {0, 3}}
+EXIT_CODES = {"analyze": {0, 3}, "check": {0, 4}, "triage": {0, 3}, "whatif": {0, 3}}
 """The documented exit codes each command may end with on any input (2 is a usage error: the
 fuzzer's command lines are valid)."""
 
