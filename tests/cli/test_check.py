@@ -384,3 +384,27 @@ def test_an_integer_past_float_range_is_no_internal_error(
     )
     assert "internal error" not in err and code in (0, 4), err
     assert "gathered parameters (prefetch / live / reuse)" in out
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        (
+            Path(__file__).parents[2] / "fixtures/crash_logs/fragmentation/snapshot_rank0.pickle",
+            "a Python pickle",
+        ),
+        (b"\x1f\x8b\x08\x00" + bytes(range(256)), "gzip-compressed data"),
+        (b"PK\x03\x04" + bytes(range(256)), "a zip archive"),
+        (b"{\x00\x00\x00\x00\x00\x00\x00}", "binary data"),
+    ],
+)
+def test_a_file_that_is_no_config_is_said_to_be_none(
+    capsys, tmp_path: Path, data: Path | bytes, what: str
+) -> None:
+    # issue 12: a snapshot pickle given to check was told to "save the config as UTF-8"
+    path = tmp_path / "ds_config.json"
+    path.write_bytes(data.read_bytes() if isinstance(data, Path) else data)
+    code, out, err = run(capsys, str(path))
+    assert code == 4 and out == ""
+    assert err.count("\n") == 1 and "not a DeepSpeed config" in err and what in err, err
+    assert "save the config as UTF-8" not in err
