@@ -301,6 +301,7 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                 or type(state) is not str
                 or state not in states
                 or type(requested) is not int
+                or type(block.get("address", 0)) is not int
                 or (frames is not None and type(frames) is not list)
             ):
                 raise _block_error(where, f"{location}.blocks[{block_index}]", block)
@@ -337,6 +338,8 @@ def _block_error(where: str, location: str, block: dict[Any, Any]) -> InputError
         )
     if type(block.get("requested_size", 0)) is not int:
         return _bad(where, f"{location}.requested_size", "is not an int")
+    if type(block.get("address", 0)) is not int:
+        return _bad(where, f"{location}.address", "is not an int")
     return _bad(where, f"{location}.frames", "is not a list")
 
 
