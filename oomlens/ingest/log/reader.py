@@ -526,6 +526,7 @@ class LogReader:
             or (
                 stream.tb.oom_like
                 and stream.tb.message_lines > 1
+                and stream.tb.may_hold_allocator_message()
                 and torch_oom.wrapped_complete(stream.tb.exception_text)
             )
         ):

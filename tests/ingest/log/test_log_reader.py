@@ -523,3 +523,40 @@ def test_a_wall_of_oom_messages_is_read_once_not_once_per_message(
     facts = read_log(_write(tmp_path, [message] * 3000))
     assert len(facts.oom_events) > 0
     assert calls < 4 * 3000  # was about 25 back-scanned lines per message: ~75,000
+
+
+def test_a_wall_of_cublas_errors_is_not_reparsed_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: a real cuBLAS line repeated 20,000 times (1.8 MB) took over 100 s:
+    # each line of the growing exception message was parsed again as a wrapped allocator
+    # message, which it cannot be (it has no allocator message start)
+    from oomlens.ingest.log import torch_oom
+
+    line = (ASSETS / "reference_messages.txt").read_text().splitlines()[6]
+    assert "CUBLAS_STATUS_ALLOC_FAILED" in line
+    calls = 0
+    real = torch_oom.wrapped_complete
+
+    def counted(text: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(text)
+
+    monkeypatch.setattr(torch_oom, "wrapped_complete", counted)
+    facts = read_log(_write(tmp_path, [line] * 3000))
+    assert facts.oom_events and facts.oom_events[0].message.kind.value == "cublas"
+    assert calls < 30  # was one per line: ~3,000
+
+
+def test_a_wall_of_cut_allocator_messages_costs_little_per_line(tmp_path: Path) -> None:
+    # the same wall where every line starts an allocator message (a real one, cut before its
+    # last clause): each line is still parsed, in time linear in the message (~13 s before)
+    import time
+
+    real = (ASSETS / "reference_messages.txt").read_text().splitlines()[0]
+    line = real[: real.index("already allocated")]
+    started = time.process_time()
+    facts = read_log(_write(tmp_path, [line] * 5000))
+    assert facts.oom_events
+    assert time.process_time() - started < 6.0
