@@ -244,10 +244,12 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def parse_oom_messages(text: str, *, exception_class: str | None = None) -> tuple[OomMessage, ...]:
     """Every OOM message in ``text``: one, or several when ranks printed theirs into one line
     (``...PYTORCH_CUDA_ALLOC_CONFCUDA out of memory. Tried to allocate...``); ``()`` when
-    ``text`` holds none."""
+    ``text`` holds none.  Cached like ``parse_oom_message``: a repeated line is searched for
+    further messages once."""
     first = parse_oom_message(text, exception_class=exception_class)
     if first is None or first.kind not in (OomKind.ALLOCATOR, OomKind.MPS):
         return (first,) if first is not None else ()

@@ -560,3 +560,25 @@ def test_a_wall_of_cut_allocator_messages_costs_little_per_line(tmp_path: Path) 
     facts = read_log(_write(tmp_path, [line] * 5000))
     assert facts.oom_events
     assert time.process_time() - started < 6.0
+
+
+def test_a_repeated_oom_line_is_searched_for_more_messages_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: one real OOM line padded to 5.5 KB and repeated 20,000 times
+    # (111 MB) took 70 s, every copy searched again for a second message printed into it
+    from oomlens.ingest.log import torch_oom
+
+    message = next(line for line in _stderr_of("B2_frag_full") if "OutOfMemoryError" in line)
+    calls = 0
+    real = torch_oom.allocator_starts
+
+    def counted(text: str, limit: int | None = None) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return real(text, limit)
+
+    monkeypatch.setattr(torch_oom, "allocator_starts", counted)
+    facts = read_log(_write(tmp_path, [message] * 3000))
+    assert len(facts.oom_events) > 0
+    assert calls < 30  # was one per copy: ~3,000
