@@ -17,16 +17,17 @@ from collections import Counter
 from pathlib import Path
 
 from tests.fuzz.cases import KINDS, make_case, plan
-from tests.fuzz.runner import run_case, warm_up
+from tests.fuzz.runner import KILL_AFTER, run_case, warm_up
 
 
 def _worker(cases: list[tuple[str, int]], seed: int, results: Path, keep: Path | None,
-            stop_at: float) -> None:  # fmt: skip
+            stop_at: float, clock: str, kill_after: float) -> None:  # fmt: skip
     with results.open("a") as out:
         for kind, number in cases:
             if time.monotonic() > stop_at:
                 break
-            result = run_case(make_case(kind, number, seed), keep)
+            case = make_case(kind, number, seed)
+            result = run_case(case, keep, clock=clock, kill_after=kill_after)
             out.write(json.dumps(result) + "\n")
             out.flush()
 
@@ -39,6 +40,8 @@ def campaign(
     keep: Path | None,
     seconds: float | None = None,
     kinds: tuple[str, ...] = KINDS,
+    clock: str = "wall",
+    kill_after: float = KILL_AFTER,
 ) -> list[dict]:
     """Run ``count`` cases (fewer when ``seconds`` run out) and return their results."""
     warm_up()
@@ -53,7 +56,7 @@ def campaign(
         if pid == 0:
             code = 0
             try:
-                _worker(part, seed, path, keep, stop_at)
+                _worker(part, seed, path, keep, stop_at, clock, kill_after)
             except BaseException:  # noqa: BLE001
                 code = 1
             os._exit(code)
@@ -118,6 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds")
     parser.add_argument("--results", type=Path, default=Path("/tmp/oomlens-fuzz.jsonl"))
     parser.add_argument("--findings", type=Path, default=None, help="copy failing cases here")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="judge the time limit on wall time, or on each case's CPU time (a shared machine)",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=float,
+        default=None,
+        help=f"kill a case after this much wall time (default {KILL_AFTER:.0f} s; 120 s with "
+        "--clock cpu)",
+    )
     args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = set(kinds) - set(KINDS)
@@ -126,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.findings is not None:
         args.findings.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    kill_after = args.kill_after or (120.0 if args.clock == "cpu" else KILL_AFTER)
     results = campaign(args.count, args.seed, args.jobs, args.results, args.findings,
-                       args.seconds, kinds)  # fmt: skip
+                       args.seconds, kinds, args.clock, kill_after)  # fmt: skip
     print(summary(results))
     print(f"wall time: {time.monotonic() - started:.0f} s; results in {args.results}")
     return 1 if any(r["findings"] for r in results) else 0

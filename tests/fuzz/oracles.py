@@ -3,7 +3,9 @@ output and error, the files it wrote, its time and memory.
 
 * ``internal_error``: exit code 1 (or any code the command does not document), a traceback, an
   input listed as an "internal error", more than one line on stderr for a failed command;
-* ``hang``: past the time limit; ``memory``: past the memory limit;
+* ``hang``: past the time limit (wall-clock time; on a machine shared with other work, CPU
+  time with ``clock="cpu"``, a blocked case still caught by the runner's wall-clock kill);
+  ``memory``: past the memory limit;
 * ``injection``: a control character, escape sequence or bidi override in text meant for a
   terminal, JSON, CSV or a page; live markup in HTML (a tag or attribute the report never
   writes, a planted payload unescaped); a CSV cell a spreadsheet would run as a formula;
@@ -66,9 +68,10 @@ def findings(
     found: list[Finding] = []
     code = result["exit_code"]
     stdout, stderr = str(result["stdout"]), str(result["stderr"])
-    seconds = float(str(result["seconds"]))
+    clock = "cpu" if result.get("clock") == "cpu" else "wall"
+    seconds = float(str(result["cpu_seconds" if clock == "cpu" else "seconds"]))
     if result["timed_out"] or seconds > TIME_LIMIT:
-        found.append(Finding("hang", f"{seconds:.1f} s"))
+        found.append(Finding("hang", f"{seconds:.1f} s ({clock})"))
     if int(str(result["memory"])) > MEMORY_LIMIT:
         found.append(Finding("memory", f"{int(str(result['memory'])) / 2**20:.0f} MiB"))
     if (folder / marker).exists():

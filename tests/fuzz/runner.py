@@ -120,9 +120,14 @@ def _child(argv: list[str], folder: Path, cap: int) -> None:
         os._exit(code)
 
 
-def run_case(case: Case, keep: Path | None = None) -> dict[str, Any]:
+def run_case(
+    case: Case, keep: Path | None = None, *, clock: str = "wall", kill_after: float = KILL_AFTER
+) -> dict[str, Any]:
     """Run ``case``; returns what happened and its findings.  With ``keep``, the case's folder
-    is copied there when it has a finding (its files, its command line, what it printed)."""
+    is copied there when it has a finding (its files, its command line, what it printed).
+    ``clock`` is what the time limit is judged on (``wall`` or ``cpu``: the case's own CPU
+    time, for a machine whose other work stretches wall time); past ``kill_after`` seconds of
+    wall time the case is killed and is a hang whatever the clock."""
     folder = Path(tempfile.mkdtemp(prefix="fz", dir="/tmp"))
     try:
         materialize(case, folder)
@@ -139,7 +144,7 @@ def run_case(case: Case, keep: Path | None = None) -> dict[str, Any]:
             done, status, usage = os.wait4(pid, os.WNOHANG)
             if done:
                 break
-            if time.monotonic() - started > KILL_AFTER:
+            if time.monotonic() - started > kill_after:
                 timed_out = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
@@ -159,6 +164,7 @@ def run_case(case: Case, keep: Path | None = None) -> dict[str, Any]:
             "timed_out": timed_out,
             "seconds": round(seconds, 3),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+            "clock": clock,
             "memory": max(0, usage.ru_maxrss * 1024 - baseline),
             "stdout": _text(folder / "stdout.txt"),
             "stderr": _text(folder / "stderr.txt"),

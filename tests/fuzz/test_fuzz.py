@@ -39,6 +39,7 @@ def _result(**changes: object) -> dict[str, object]:
         "stdout": "oomlens: GPU OOM\n",
         "stderr": "",
         "seconds": 0.5,
+        "cpu_seconds": 0.4,
         "timed_out": False,
         "memory": 10 * 2**20,
     }
@@ -69,6 +70,8 @@ def _kinds(result: dict[str, object], tmp_path: Path, **files: str) -> set[str]:
             "internal_error",
         ),
         (_result(timed_out=True, seconds=30.0), {}, "hang"),
+        (_result(clock="cpu", seconds=60.0, cpu_seconds=21.0), {}, "hang"),
+        (_result(clock="cpu", timed_out=True, seconds=120.0, cpu_seconds=0.1), {}, "hang"),
         (_result(memory=2 * 2**30), {}, "memory"),
         (_result(stdout="rank 0 \x1b[31mred"), {}, "injection"),
         (_result(stdout="path \u202eevil"), {}, "injection"),
@@ -91,6 +94,11 @@ def test_a_clean_result_has_no_finding(tmp_path: Path) -> None:
         _kinds(_result(), tmp_path, runs_csv="run,n\n'=a,-1\n", report_html="<p>&lt;b&gt;</p>")
         == set()
     )
+
+
+def test_on_the_cpu_clock_a_case_slowed_by_other_work_is_no_hang(tmp_path: Path) -> None:
+    assert _kinds(_result(clock="cpu", seconds=45.0, cpu_seconds=3.0), tmp_path) == set()
+    assert _kinds(_result(seconds=45.0, cpu_seconds=3.0), tmp_path) == {"hang"}
 
 
 def test_the_runner_reports_an_undocumented_exit(tmp_path: Path) -> None:
