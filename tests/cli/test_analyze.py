@@ -198,3 +198,19 @@ def test_a_hostile_file_name_reaches_no_terminal(tmp_path: Path) -> None:
     result = run("analyze", hostile)
     assert result.returncode == 0, result.stderr
     assert "title" in result.stdout and not CONTROL_CHARACTERS.search(result.stdout)
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_redact_says_so_in_every_format_that_carries_the_notice(capsys, fmt: str) -> None:
+    # issue 12: --redact --format markdown printed a redacted report without its notice
+    from oomlens.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["analyze", str(case_dir("prefetch_overshoot")), "--redact", "--format", fmt])
+    out = capsys.readouterr().out
+    assert info.value.code in (0, None)
+    notice = {
+        "markdown": "redacted (user names, home paths, host names and IP addresses replaced)",
+        "html": "Redacted: user names, home paths, host names and IP addresses were replaced",
+    }[fmt]
+    assert notice in out
