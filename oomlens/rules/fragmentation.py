@@ -144,8 +144,8 @@ class FragmentationRule(Rule):
         if event is None or event.message.kind is not OomKind.ALLOCATOR:
             return
         n = event.message
-        if n.reserved_unallocated is None or n.limit is None or n.tried_to_allocate is None:
-            return
+        if n.reserved_unallocated is None or not n.limit or n.tried_to_allocate is None:
+            return  # a limit of 0 is no limit torch prints: nothing to measure against
         stuck = n.reserved_unallocated
         big_enough = stuck >= max(
             thresholds.fragmentation_min_unallocated_bytes,

@@ -72,8 +72,8 @@ class OtherProcessRule(Rule):
             return
         n = event.message
         others = event.message.other_processes
-        if not others or n.total_capacity is None:
-            return
+        if not others or not n.total_capacity:
+            return  # a capacity of 0 is no card torch reports on
         if n.process_in_use is None and len(others) == 1 and n.reserved is not None:
             # Containers: NVML reports this process under its host pid.
             if abs(others[0].bytes - n.reserved) <= thresholds.other_process_self_match_bytes:
