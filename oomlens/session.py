@@ -149,7 +149,12 @@ def what_if(
     ``alloc_confs`` (none: the recorded setting and the default ladder), under ``allowed``
     bytes when given.  Raises ``UsageError`` for a value torch would refuse (torch's message),
     ``InputError`` for a snapshot that cannot be read or holds no allocation history."""
-    from oomlens.analysis.whatif import AllocConfError, parse_alloc_conf, run_whatif
+    from oomlens.analysis.whatif import (
+        AllocConfError,
+        InconsistentTraceError,
+        parse_alloc_conf,
+        run_whatif,
+    )
 
     settings = None
     if alloc_confs:
@@ -160,4 +165,11 @@ def what_if(
             except AllocConfError as err:
                 raise UsageError(f"--alloc-conf {text!r}: {err}") from err
     loaded = load_snapshot(os.fspath(snapshot_path))
-    return WhatIfReport(run_whatif(loaded, settings, device=device, allowed=allowed))
+    try:
+        return WhatIfReport(run_whatif(loaded, settings, device=device, allowed=allowed))
+    except InconsistentTraceError as err:
+        raise InputError(
+            os.fspath(snapshot_path),
+            f"{err}: no allocator could have run it, so there is nothing to replay",
+            "take the snapshot from the job again",
+        ) from None
