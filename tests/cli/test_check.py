@@ -408,3 +408,18 @@ def test_a_file_that_is_no_config_is_said_to_be_none(
     assert code == 4 and out == ""
     assert err.count("\n") == 1 and "not a DeepSpeed config" in err and what in err, err
     assert "save the config as UTF-8" not in err
+
+
+def test_a_train_batch_of_401_digits_is_checked_in_bounded_time(capsys, tmp_path: Path) -> None:
+    # found by the fuzzer: with no micro batch written, check looked for divisors of
+    # train_batch_size / world size by trying every number below it (10**400 / 8)
+    import time
+
+    config = write(tmp_path, {**ZERO3, "train_batch_size": 10**400})
+    del_micro = json.loads(Path(config).read_text())
+    del del_micro["train_micro_batch_size_per_gpu"], del_micro["gradient_accumulation_steps"]
+    Path(config).write_text(json.dumps(del_micro))
+    started = time.process_time()
+    code, out, err = run(capsys, config, "--params", "1.3B", "--gpus", "8")
+    assert time.process_time() - started < 10.0
+    assert "internal error" not in err and code in (0, 4), err
