@@ -17,6 +17,7 @@ from tests.fuzz.runner import run_case, warm_up
         ("snapshot", 226, 120503),  # a recorded gc threshold torch refuses
         ("snapshot", 369, 120503),  # a trace no allocator could follow (KeyError in the model)
         ("log", 592, 120503),  # "a total capacity of 0 GiB": two rules divided by zero
+        ("config", 343, 120504),  # a 401-digit train_batch_size: a divisor search past 120 s
     ],
 )
 def test_a_fuzz_finding_stays_fixed(kind: str, number: int, seed: int) -> None:
