@@ -32,7 +32,7 @@ from oomlens.facts.inputs import InputFacts
 from oomlens.facts.run import InputReport, RunFacts
 from oomlens.ingest.ds_config import read_ds_config
 from oomlens.ingest.kinds import ReadOptions, preload_readers
-from oomlens.ingest.run import collect_inputs, read_inputs
+from oomlens.ingest.run import collect_inputs, failed_input, read_inputs
 from oomlens.ingest.snapshot import SnapshotLimits, load_snapshot
 from oomlens.report import CheckReport, Report, WhatIfReport, assemble
 from oomlens.rules.thresholds import Thresholds
@@ -121,6 +121,9 @@ def gather_facts(
         except InputError as exc:
             kept = []
             report = InputReport(read.found.path, read.kind.id, exc.problem, problem=exc.message)
+        except Exception as exc:  # noqa: BLE001 - one input's bug must not cost the others
+            kept = []
+            report = failed_input(read.found.path, read.kind.id, exc)
         reports.append(report)
         slots[read.kind.slot].extend(kept)
     inputs = InputFacts.from_slots(reports, slots)
@@ -155,7 +158,12 @@ def what_if(
     ``alloc_confs`` (none: the recorded setting and the default ladder), under ``allowed``
     bytes when given.  Raises ``UsageError`` for a value torch would refuse (torch's message),
     ``InputError`` for a snapshot that cannot be read or holds no allocation history."""
-    from oomlens.analysis.whatif import AllocConfError, parse_alloc_conf, run_whatif
+    from oomlens.analysis.whatif import (
+        AllocConfError,
+        InconsistentTraceError,
+        parse_alloc_conf,
+        run_whatif,
+    )
 
     settings = None
     if alloc_confs:
@@ -166,4 +174,11 @@ def what_if(
             except AllocConfError as err:
                 raise UsageError(f"--alloc-conf {text!r}: {err}") from err
     loaded = load_snapshot(os.fspath(snapshot_path))
-    return WhatIfReport(run_whatif(loaded, settings, device=device, allowed=allowed))
+    try:
+        return WhatIfReport(run_whatif(loaded, settings, device=device, allowed=allowed))
+    except InconsistentTraceError as err:
+        raise InputError(
+            os.fspath(snapshot_path),
+            f"{err}: no allocator could have run it, so there is nothing to replay",
+            "take the snapshot from the job again",
+        ) from None

@@ -307,8 +307,7 @@ def _corrections(
         if smaller_only:
             cap -= 1  # a derived micro batch: propose smaller ones, written explicitly
         # Keep train_batch_size: largest micro batch not above the one in force, then smaller ones.
-        divisors = [m for m in range(min(cap, per_rank), 0, -1) if per_rank % m == 0]
-        for m in divisors[:2]:
+        for m in _divisors_from_top(per_rank, cap, 2):
             add(BatchTriple(train, m, per_rank // m), "train_batch_size")
         if not smaller_only and _is_int(gas) and gas > 0 and per_rank % gas == 0:
             add(
@@ -321,6 +320,16 @@ def _corrections(
             "train_micro_batch_size_per_gpu and gradient_accumulation_steps",
         )
     return out
+
+
+def _divisors_from_top(n: int, cap: int, count: int, budget: int = 100_000) -> list[int]:
+    """The ``count`` largest divisors of ``n`` not above ``cap``, largest first, looking at no
+    more than ``2 * budget`` candidates (exact for ``n`` up to ``budget``; a config may say
+    ``10**400``): ``n // k`` for small ``k``, then small divisors themselves."""
+    found = [n // k for k in range(1, min(n, budget) + 1) if n % k == 0 and n // k <= cap]
+    top = min(cap, n // (budget + 1))
+    found += [m for m in range(top, max(0, top - budget), -1) if n % m == 0]
+    return found[:count]
 
 
 def batch_hazards(check: BatchCheck) -> list[ConfigHazard]:

@@ -27,6 +27,7 @@ from oomlens.facts.config import (
     PrecisionSettings,
     ZeroSettings,
     settings_fields,
+    show_value,
 )
 from oomlens.facts.ds_schema import (
     BF16,
@@ -474,6 +475,17 @@ class ConfigDifference:
     setting: str
     file_value: ConfigValue[Any]
     dump_value: ConfigValue[Any]
+
+    def describe(self) -> str:
+        """In words: ``zero_optimization.stage3_prefetch_bucket_size is 50_000_000 in the file
+        (ds_config.json:22), but the run used 10_000_000_000 (its config dump, train.log:150)``."""
+        key = self.file_value.key_path or self.dump_value.key_path or self.setting
+        mine = self.file_value.source.describe() if self.file_value.source else "the file"
+        theirs = self.dump_value.source.describe() if self.dump_value.source else "the log"
+        return (
+            f"{key} is {show_value(self.file_value.value)} in the file ({mine}), but the run "
+            f"used {show_value(self.dump_value.value)} (its config dump, {theirs})"
+        )
 
 
 def reconcile_with_dump(

@@ -22,6 +22,7 @@ from oomlens.analysis.zero_model import (
     build_budget,
     candidate_patches,
     compare_with_capacity,
+    far_above_defaults,
     memory_hazards,
 )
 from oomlens.errors import ExitCode, OomlensError
@@ -97,9 +98,15 @@ class Preflight:
         ]
         if reasons:
             return "; ".join(reasons)
+        serious = [
+            h
+            for h in self.hazards
+            if h.severity in (ConfigSeverity.MEDIUM, ConfigSeverity.HIGH, ConfigSeverity.ERROR)
+        ]
+        warned = f", with {len(serious)} hazard(s) above" if serious else ""
         if self.verdicts:
-            return "OK: valid and fits"
-        return "OK: valid" + ("" if self.budget is not None else " (no memory check)")
+            return "OK: valid and fits" + warned
+        return "OK: valid" + ("" if self.budget is not None else " (no memory check)") + warned
 
 
 def preflight(
@@ -156,6 +163,9 @@ def preflight(
         problems = tuple(p for p in problems if p.code != "batch_type_error")
 
     hazards = list(find_config_hazards(document, effective, integration=integration))
+    if params is None:
+        # no budget to size them: the settings themselves are the warning
+        hazards += far_above_defaults(effective)
     batch: BatchCheck | None = None
     batch_autos = [
         v.key_path

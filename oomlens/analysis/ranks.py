@@ -15,7 +15,10 @@ How ranks are judged:
 * the *first* failure is decided by the failure times when every own failure has one
   (``basis="timestamp"``: DeepSpeed/c10/agent times, torchrun's per-failure time, error-file
   times), else by torchrun's ``Root Cause (first observed failure)`` (``"root_cause"``), else
-  by line order within one file (``"line_order"``).
+  by line order within one file (``"line_order"``).  Ranks whose earliest times are equal
+  (``same_time``) are not ordered by time: the other bases decide among them, or none does;
+* a suspected straggler (the rank the others timed out waiting for) is never also a peer
+  victim, and output that names no rank is never listed as one.
 
 OOM events printed without any rank (plain ``torchrun`` without ``--tee``) are attributed to
 the single rank that failed on its own, when exactly one did (``attributed=True``).
@@ -156,8 +159,7 @@ def rank_picture(
         for _, status in sorted(statuses.items(), key=lambda item: (item[0] is None, item[0] or 0))
         if status.outcome != "unknown" or status.oom_events or status.failures
     )
-    first, basis = _first_failed([s for s in ranks if s.own_failure], builders)
-    victims = tuple(s.rank for s in ranks if s.died_because_of_peer)
+    first, basis, same_time = _first_failed([s for s in ranks if s.own_failure], builders)
     exits = tuple(e for facts in logs for e in facts.launcher_exits)
     timed_out = sorted(
         {
@@ -169,7 +171,24 @@ def rank_picture(
     )
     seen = {rank for facts in logs for rank in facts.ranks_seen}
     stragglers = sorted(seen - set(timed_out)) if timed_out and first is None else []
-    return RankPicture(ranks, first, basis, victims, tuple(timed_out), tuple(stragglers), exits)
+    # the rank the others waited for was torn down with them, but it is the suspect, not a
+    # victim; output that names no rank is no rank at all
+    victims = tuple(
+        s.rank
+        for s in ranks
+        if s.died_because_of_peer and s.rank is not None and s.rank not in stragglers
+    )
+    return RankPicture(
+        ranks,
+        first,
+        basis,
+        victims,
+        tuple(timed_out),
+        tuple(stragglers),
+        exits,
+        unranked_run=single_process,
+        same_time=same_time,
+    )
 
 
 def _message_key(event: OomEvent) -> str:
@@ -307,22 +326,29 @@ def _status(b: _Builder) -> RankStatus:
 
 def _first_failed(
     own: list[RankStatus], builders: dict[int | None, _Builder]
-) -> tuple[RankStatus | None, str | None]:
+) -> tuple[RankStatus | None, str | None, tuple[int, ...]]:
+    """The first failed rank, how that was decided, and the ranks that failed at the very
+    same earliest time when there are several (time cannot order them: the other bases do)."""
     if not own:
-        return None, None
+        return None, None, ()
     if len(own) == 1:
-        return own[0], "only_one"
+        return own[0], "only_one", ()
+    same_time: tuple[int, ...] = ()
     if all(s.first_time is not None for s in own):
-        return min(own, key=lambda s: s.first_time or datetime.min), "timestamp"
+        earliest = min(s.first_time or datetime.min for s in own)
+        tied = [s for s in own if s.first_time == earliest]
+        if len(tied) == 1:
+            return tied[0], "timestamp", ()
+        own = tied
+        same_time = tuple(sorted(s.rank for s in tied if s.rank is not None))
     roots = [s for s in own if any(f.root_cause for f in builders[s.rank].failures)]
     if len(roots) == 1:
-        return roots[0], "root_cause"
+        return roots[0], "root_cause", same_time
     paths = {s.first_source.path for s in own if s.first_source is not None}
     if len(paths) == 1:
-        return min(
-            own, key=lambda s: (s.first_source.line or 0) if s.first_source else 0
-        ), "line_order"
+        first = min(own, key=lambda s: (s.first_source.line or 0) if s.first_source else 0)
+        return first, "line_order", same_time
     timed = [s for s in own if s.first_time is not None]
-    if timed:
-        return min(timed, key=lambda s: s.first_time or datetime.min), "timestamp"
-    return own[0], "line_order"
+    if timed and not same_time:
+        return min(timed, key=lambda s: s.first_time or datetime.min), "timestamp", ()
+    return own[0], None if same_time else "line_order", same_time

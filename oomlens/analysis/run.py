@@ -273,7 +273,7 @@ def _config(
     if from_file is not None and dump is not None:
         merged, differences = reconcile_with_dump(from_file.effective, dump.effective)
         notes = from_file.notes + tuple(
-            f"the log's config dump differs from the file: {d}" for d in differences
+            f"the log's config dump differs from the file: {d.describe()}" for d in differences
         )
         reading = ConfigReading(
             raw=from_file.raw,

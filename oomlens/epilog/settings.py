@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlens.errors import UsageError
+from oomlens.ingest.files import not_regular_problem
 from oomlens.units import format_size, parse_size
 
 DEFAULT_SETTINGS_PATH = Path("/etc/oomlens/epilog.toml")
@@ -114,6 +115,9 @@ def load_settings(path: str | Path) -> EpilogSettings:
     cannot be read, is not TOML, or holds an unknown key or a bad value.
     """
     path = Path(path)
+    special = not_regular_problem(path, "a settings file")
+    if special is not None:
+        raise UsageError(f"{path}: {special}")
     try:
         with open(path, "rb") as handle:
             data = handle.read(_MAX_SETTINGS_BYTES + 1)

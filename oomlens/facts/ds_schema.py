@@ -288,7 +288,7 @@ def _coerce(spec: FieldSpec, value: object, loc: Loc, out: ValidatedModel) -> ob
     else:  # pragma: no cover - the tables below use only the kinds above
         raise AssertionError(kind)
     if isinstance(result, int | float) and not isinstance(result, bool):
-        number = float(result)
+        number = result  # an int is compared exactly: 10**400 is no float
         if spec.gt is not None and not number > spec.gt:
             raise CoercionError(
                 "greater_than", f"Input should be greater than {_fmt_bound(spec.gt)}"

@@ -45,8 +45,11 @@ class RankPicture:
     """Ranks that failed or died, by rank (unranked last)."""
     first_failed: RankStatus | None
     basis: str | None
-    """``timestamp``, ``root_cause``, ``line_order``, ``only_one`` or None."""
-    peer_victims: tuple[int | None, ...]
+    """``timestamp``, ``root_cause``, ``line_order``, ``only_one`` or None (words for each:
+    ``BASIS_WORDS``)."""
+    peer_victims: tuple[int, ...]
+    """Ranks that only died because a peer did (never a suspected straggler; output that
+    names no rank is not a rank)."""
     timed_out_ranks: tuple[int, ...]
     """Ranks whose NCCL watchdog reported a collective timeout (they were waiting)."""
     suspected_stragglers: tuple[int, ...]
@@ -55,3 +58,18 @@ class RankPicture:
     launcher_exits: tuple[LauncherExit, ...]
     """DeepSpeed launcher ``exits with return code = N`` lines: a rank failed with N, but the
     launcher does not say which (its printed command is the last spawned rank's)."""
+    unranked_run: bool = False
+    """The inputs name no rank and show a single process, which is taken as rank 0 (reports
+    say "the only process", not "rank 0")."""
+    same_time: tuple[int, ...] = ()
+    """When several ranks failed on their own at the very same earliest time: those ranks (the
+    first one is then chosen by ``basis``, not by time)."""
+
+
+BASIS_WORDS = {
+    "timestamp": "it failed earliest",
+    "root_cause": "torchrun's first observed failure",
+    "line_order": "it printed its failure first",
+    "only_one": "the only rank that failed on its own",
+}
+"""How the first failed rank was decided (``RankPicture.basis``), in words."""

@@ -22,7 +22,9 @@ Input size and nesting depth are bounded by the caller's limits; errors are
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MAX_DEPTH = 64
@@ -49,6 +51,40 @@ class DuplicateKeyError(JsonSyntaxError):
             column,
         )
         self.key_path = key_path
+
+
+class NestingError(ValueError):
+    """A JSON document nested deeper than the reader allows."""
+
+    def __init__(self, max_depth: int) -> None:
+        super().__init__(f"nested deeper than {max_depth} levels, which no such file is")
+        self.max_depth = max_depth
+
+
+def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> object:
+    """``json.loads(text)`` for untrusted text: raises ``ValueError`` for bad JSON and
+    ``NestingError`` (a ``ValueError``) for a document nested deeper than ``max_depth``, where
+    ``json.loads`` alone raises ``RecursionError`` past about a thousand levels and the levels
+    below that would still reach code that walks the value recursively."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NestingError(max_depth) from None
+    if text.count("[") + text.count("{") > max_depth and _deeper_than(value, max_depth):
+        raise NestingError(max_depth)
+    return value
+
+
+def _deeper_than(value: object, max_depth: int) -> bool:
+    stack: list[tuple[object, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        assert isinstance(children, Iterable)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 @dataclass(frozen=True, slots=True)

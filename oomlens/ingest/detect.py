@@ -88,6 +88,8 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
             return Detection(shown, candidate, compression, reason)
     if _text_ratio(head) < _TEXT_RATIO:
         return Detection(shown, None, compression, "binary data, not text")
+    if sample.json_problem is not None:
+        return Detection(shown, None, compression, sample.json_problem)
     json_kinds = [k for k in ordered if k.json_document]
     if sample.json_object is None:
         document = document_kind(sample.lines)
@@ -218,6 +220,9 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
                 detection = detect_kind(entry.path, display=shown)
             except InputError as exc:
                 skipped.append((shown, exc.problem))
+                continue
+            except Exception as exc:  # noqa: BLE001 - one file's bug must not cost the run
+                skipped.append((shown, f"internal error while reading it: {type(exc).__name__}"))
                 continue
             where = location(os.path.relpath(entry.path, root))
             accepted = accept(detection, where=where, name=entry.name)

@@ -58,6 +58,7 @@ from oomlens.facts.ds_schema import (
 )
 from oomlens.ingest._jsonpos import DuplicateKeyError, JsonSyntaxError, parse_json_with_positions
 from oomlens.ingest._pyrepr import parse_model_repr, parse_scalar
+from oomlens.ingest.files import open_regular
 
 #: A ds_config is a few KiB; anything this large is not one.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -135,7 +136,7 @@ def read_ds_config(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> Co
     ``max_bytes`` (``ResourceLimitError``), not UTF-8, or not a config DeepSpeed would load."""
     name = str(path)
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, display=name, what="a ds_config file") as handle:
             raw = handle.read(max_bytes + 1)
     except OSError as err:
         raise InputError(
@@ -147,12 +148,33 @@ def read_ds_config(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> Co
             f"larger than {max_bytes} bytes, which no ds_config is",
             "pass the ds_config.json file",
         )
+    binary = _binary_kind(raw)
+    if binary is not None:
+        raise InputError(
+            name,
+            f"{binary}, not a DeepSpeed config",
+            "pass the ds_config.json file the run was started with",
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise InputError(name, f"line {line}: not UTF-8 text", "save the config as UTF-8") from None
     return parse_ds_config_text(text, name)
+
+
+def _binary_kind(raw: bytes) -> str | None:
+    """What a file that is no text at all holds, told by its first bytes; None for text (a
+    config that is merely not UTF-8 is told so by its line)."""
+    if raw[:1] == b"\x80" and raw[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a Python pickle (a memory snapshot?)"
+    if raw[:2] == b"\x1f\x8b":
+        return "gzip-compressed data"
+    if raw[:4] == b"PK\x03\x04":
+        return "a zip archive"
+    if b"\x00" in raw[:4096] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16
+        return "binary data"
+    return None
 
 
 def document_from_mapping(

@@ -14,13 +14,13 @@ JSON, or has neither shape.
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime
 
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.facts import SourceRef
 from oomlens.facts.log import ErrorFileFacts, OomEvent, Phase, ProcessFailure, Traceback
+from oomlens.ingest._jsonpos import NestingError, loads_bounded
 from oomlens.ingest.log.torch_oom import parse_oom_message
 from oomlens.ingest.log.traceback import TracebackAssembler, classify_phase
 from oomlens.ingest.textstream import read_head
@@ -71,7 +71,9 @@ def read_error_file(
         )
     raw = read_head(path, MAX_ERROR_FILE_BYTES, display=shown)
     try:
-        data = json.loads(raw.decode("utf-8", "replace"))
+        data = loads_bounded(raw.decode("utf-8", "replace"))
+    except NestingError as exc:
+        raise InputError(shown, f"is JSON {exc}", "pass the training log instead") from exc
     except ValueError as exc:
         raise InputError(shown, f"is not valid JSON ({exc})", "is the file complete?") from exc
     if not isinstance(data, dict) or "message" not in data:

@@ -72,6 +72,9 @@ def collect_inputs(
             except InputError as exc:
                 reports.append(InputReport(exc.path, UNREADABLE, exc.problem, problem=exc.message))
                 continue
+            except Exception as exc:  # noqa: BLE001 - see read_one
+                reports.append(failed_input(shown, UNREADABLE, exc))
+                continue
             accepted = accept(detection, named_by_user=True, name=os.path.basename(shown))
             if accepted is None:
                 problem = InputError(
@@ -114,6 +117,18 @@ def read_inputs(files: Iterable[FoundInput], options: ReadOptions) -> Iterator[I
             yield read_one(found, options)
 
 
+def failed_input(path: str, kind_id: str, exc: BaseException) -> InputReport:
+    """The report line of an input that oomlens failed on (a bug, not the file's fault): the
+    other inputs are still analyzed, and the line says what to report."""
+    return InputReport(
+        path,
+        kind_id,
+        "internal error",
+        problem=f"{path}: internal error while reading it: {type(exc).__name__}: "
+        f"{str(exc)[:200]} (a bug in oomlens; please report it with the file)",
+    )
+
+
 def read_one(found: FoundInput, options: ReadOptions) -> InputRead:
     """Read one file with its kind's reader; a failure becomes the report's problem."""
     kind_id = found.kind.id
@@ -134,6 +149,8 @@ def read_one(found: FoundInput, options: ReadOptions) -> InputRead:
                 problem=f"{found.path}: cannot be read ({exc.strerror or exc})",
             ),
         )
+    except Exception as exc:  # noqa: BLE001 - a reader's bug costs its own input, not the run
+        return InputRead(found, (), failed_input(found.path, kind_id, exc))
     report = InputReport(
         found.path,
         kind_id,

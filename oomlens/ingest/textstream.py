@@ -40,6 +40,7 @@ from typing import IO
 import regex
 
 from oomlens.errors import InputError
+from oomlens.ingest.files import open_regular
 
 MAX_LINE_BYTES = 64 * 1024
 """Lines are cut to this many bytes: no OOM message or log record is anywhere near as long."""
@@ -191,7 +192,7 @@ class TextSource:
         self.stats = StreamStats()
         self.compression = Compression.NONE
         try:
-            with open(self.path, "rb") as raw:
+            with open_regular(self.path, display=self.display) as raw:
                 self.compression = sniff_compression(raw.read(8))
         except OSError as exc:
             raise _open_error(self.display, exc) from exc
@@ -204,7 +205,7 @@ class TextSource:
     ) -> Iterator[IO[bytes] | gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile | io.RawIOBase]:
         """The decompressed byte stream.  Raises InputError if it cannot be opened."""
         try:
-            raw = open(self.path, "rb")  # noqa: SIM115 - closed below
+            raw = open_regular(self.path, display=self.display)
         except OSError as exc:
             raise _open_error(self.display, exc) from exc
         proc: subprocess.Popen[bytes] | None = None

@@ -13,9 +13,13 @@ from typing import Any
 
 from oomlens.facts.log import MemorySeries
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
+from oomlens.render import words
 from oomlens.render.bounded import Fact, size, text, where
 from oomlens.report import Report
 from oomlens.units import format_size
+
+MIN_SERIES_SAMPLES = 2
+"""A memory series with fewer samples is not charted (one point is no trend)."""
 
 MAX_SERIES = 8
 """Ranks drawn in one memory chart (two lines each)."""
@@ -53,6 +57,10 @@ class Marker:
 class HLine:
     y: float
     label: str
+    label_x: float
+    label_y: float
+    anchor: str
+    """``start`` or ``end``: the label's side, chosen so that it covers no OOM marker's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,9 +263,10 @@ def _line_chart(
         if tick >= x_low - 1e-9:
             x_ticks.append(Tick(sx(tick), x_format(tick)))
         tick += x_step
+    placed = tuple(Marker(sx(x), sy(y), label) for x, y, label in markers)
     hlines: tuple[HLine, ...] = ()
     if limit is not None:
-        hlines = (HLine(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}"),)
+        hlines = (_limit_line(sy(limit[0]), f"{limit[1]} {format_size(limit[0])}", width, placed),)
     return LineChart(
         anchor=anchor,
         title=title,
@@ -273,10 +282,40 @@ def _line_chart(
         y_ticks=tuple(y_ticks),
         x_label=x_label,
         hlines=hlines,
-        markers=tuple(Marker(sx(x), sy(y), label) for x, y, label in markers),
+        markers=placed,
         summaries=tuple(summaries),
         note=note,
     )
+
+
+_CHAR_WIDTH = 7.0
+"""A generous width of one character of an 11 px chart label, in chart units."""
+
+
+def _limit_line(y: float, label: str, width: int, markers: Sequence[Marker]) -> HLine:
+    """The limit line with its label at the first place (right or left end, above or below
+    the line) where it covers no OOM marker or marker label (they sit at the line's end when
+    the run died at the limit)."""
+    left, right = _LEFT + 4, width - _RIGHT
+    span = _CHAR_WIDTH * len(label)
+    taken = [(m.x - 10 - _CHAR_WIDTH * len(m.label), m.y - 21, m.x + 6, m.y + 6) for m in markers]
+    candidates = [
+        (right, y - 4, "end"),
+        (left, y - 4, "start"),
+        (right, y + 14, "end"),
+        (left, y + 14, "start"),
+    ]
+    for x, base, anchor in candidates:
+        x0, x1 = (x - span, x) if anchor == "end" else (x, x + span)
+        box = (x0, base - 11, x1, base + 3)
+        if not any(_overlap(box, other) for other in taken):
+            return HLine(y, label, x, base, anchor)
+    x, base, anchor = candidates[0]
+    return HLine(y, label, x, base, anchor)
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def oom_limit(report: Report, rank: int | None = None) -> tuple[int, str] | None:
@@ -304,7 +343,9 @@ _SERIES_ORIGINS: dict[frozenset[str], tuple[str, str]] = {
 
 
 def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
-    series = [s for s in report.facts.memory_series() if s.samples]
+    """Memory over time from the logs' ``see_memory_usage`` series; a series of one sample is
+    no curve, so none is drawn from it."""
+    series = [s for s in report.facts.memory_series() if len(s.samples) >= MIN_SERIES_SAMPLES]
     if not series:
         return None
     shown = series[:MAX_SERIES]
@@ -378,7 +419,7 @@ def series_chart(report: Report, cuts: list[str]) -> LineChart | None:
 
 
 def _series_name(s: MemorySeries) -> str:
-    name = "rank ?" if s.rank is None else f"rank {s.rank}"
+    name = "the log (no rank printed)" if s.rank is None else f"rank {s.rank}"
     if s.host:
         name += f" on {text(s.host, 60)}"
     return name
@@ -686,8 +727,8 @@ def snapshot_views(report: Report, cuts: list[str]) -> tuple[SnapshotView, ...]:
             SnapshotView(
                 name=_device_name(snapshot, device),
                 where=where(snapshot.source),
-                history=snapshot.history.value.replace("_", " "),
-                stacks=snapshot.stacks.value.replace("_", " "),
+                history=words.HISTORY_WORDS.get(snapshot.history, snapshot.history.value),
+                stacks=words.STACK_WORDS.get(snapshot.stacks, snapshot.stacks.value),
                 settings=text(settings.raw_config or "(defaults)", 400)
                 if settings
                 else "not recorded",

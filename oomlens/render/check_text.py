@@ -153,6 +153,7 @@ def _render_batch(batch: BatchCheck) -> list[str]:
 
 
 def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) -> list[str]:
+    w = label_width(budget)
     m = budget.model
     topo = budget.topology
     lines = [
@@ -160,17 +161,19 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
         f"{budget.precision.value}, "
         f"ZeRO stage {budget.stage}"
     ]
-    lines += _component_rows(budget, Device.GPU)
+    lines += _component_rows(budget, Device.GPU, w)
     by_kind = {v.kind: v for v in verdicts}
-    lines.append(f"  {'peak':40} {format_size(budget.gpu_peak_bytes):>11}")
+    lines.append(f"  {'peak':{w}} {format_size(budget.gpu_peak_bytes):>11}")
     gpu = by_kind.get("gpu")
     if gpu is not None:
         lines.append(
-            f"  {'capacity (' + gpu.capacity_source + ')':40} {format_size(gpu.capacity_bytes):>11}"
+            f"  {'capacity (' + gpu.capacity_source + ')':{w}} "
+            f"{format_size(gpu.capacity_bytes):>11}"
         )
         if gpu.fits:
             lines.append(
-                f"  {'left for activations and workspace':40} {format_size(gpu.headroom_bytes):>11}"
+                f"  {'left for activations and workspace':{w}} "
+                f"{format_size(gpu.headroom_bytes):>11}"
             )
         else:
             comp = gpu.overflow_component
@@ -179,15 +182,15 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
                 f"'{comp.name if comp else '?'}' "
                 f"during {gpu.overflow_phase}"
             )
-    host_rows = _component_rows(budget, Device.HOST)
+    host_rows = _component_rows(budget, Device.HOST, w)
     lines.append("")
     lines.append(f"Memory per host: {topo.ranks_per_host} rank(s) per host")
     if host_rows:
         lines += host_rows
     else:
         lines.append("  (nothing DeepSpeed keeps on the host)")
-    lines.append(f"  {'peak':40} {format_size(budget.host_peak_bytes):>11}")
-    pinned_line = f"  {'pinned (page-locked)':40} {format_size(budget.pinned_per_host()):>11}"
+    lines.append(f"  {'peak':{w}} {format_size(budget.host_peak_bytes):>11}")
+    pinned_line = f"  {'pinned (page-locked)':{w}} {format_size(budget.pinned_per_host()):>11}"
     requested = budget.pinned_requested_per_rank() * topo.ranks_per_host
     if requested and requested != budget.pinned_per_host():
         pinned_line += (
@@ -198,7 +201,7 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     host = by_kind.get("host")
     if host is not None:
         lines.append(
-            f"  {'capacity (' + host.capacity_source + ')':40} "
+            f"  {'capacity (' + host.capacity_source + ')':{w}} "
             f"{format_size(host.capacity_bytes):>11}"
         )
         if not host.fits:
@@ -222,7 +225,13 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
     return lines
 
 
-def _component_rows(budget: MemoryBudget, device: Device) -> list[str]:
+def label_width(budget: MemoryBudget) -> int:
+    """The label column of the budget: wide enough for every component's whole name (a name
+    cut mid-phrase reads as another thing), and at least 40."""
+    return max([40, *(len(c.name) for c in budget.components)])
+
+
+def _component_rows(budget: MemoryBudget, device: Device, w: int) -> list[str]:
     rows = []
     ranks = budget.topology.ranks_per_host
     for comp in budget.on(device):
@@ -236,7 +245,7 @@ def _component_rows(budget: MemoryBudget, device: Device) -> list[str]:
             flags.append(comp.basis.value)
         flag = f" [{', '.join(flags)}]" if flags else ""
         rows.append(
-            f"  {comp.name[:40]:40} {format_size(value):>11}  {comp.phase.value:17} "
+            f"  {comp.name:{w}} {format_size(value):>11}  {comp.phase.value:17} "
             f"{comp.formula}{flag}"
         )
     return rows

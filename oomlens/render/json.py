@@ -132,6 +132,7 @@ def _rank(status: RankStatus) -> dict[str, Any]:
         "signal": status.signal,
         "first_time": status.first_time.isoformat() if status.first_time else None,
         "first_source": _source(status.first_source),
+        "attributed": status.attributed,
     }
 
 
@@ -156,6 +157,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "peer_victims": list(picture.peer_victims),
             "timed_out": list(picture.timed_out_ranks),
             "suspected_stragglers": list(picture.suspected_stragglers),
+            "same_time": list(picture.same_time),
+            "unranked_run": picture.unranked_run,
             "ranks": [_rank(s) for s in picture.ranks],
         },
         "run": {
@@ -303,7 +306,7 @@ class JsonRenderer(Renderer):
     def render(self, document: Document, options: RenderOptions) -> str:
         data: dict[str, Any]
         if isinstance(document, CheckReport):
-            data = check_to_dict(document)
+            data = _stripped(check_to_dict(document))
         elif isinstance(document, WhatIfReport):
             data = _stripped(whatif_to_dict(document))
         else:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import click
 
+from oomlens.render import words
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.whatif import whatif_text
@@ -63,7 +64,7 @@ def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
         head += f", rank {d.rank}"
     lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]
     for item in d.evidence[:SHOWN_EVIDENCE]:
-        cited = item.source.describe() if item.source else ""
+        cited = clean(item.source.describe()) if item.source else ""
         # Config values cite their own line ("... (user at ds_config.json:14)"): once is enough.
         where = f" ({cited})" if cited and cited.split(" (")[0] not in item.text else ""
         mark = "+" if item.supports else "-"
@@ -82,15 +83,12 @@ def render_text(report: Report, *, colour: bool = False) -> str:
         click.style(title, fg=_VERDICT_COLOUR[verdict], bold=True) if colour else title,
         f"  {clean(report.verdict_reason)}",
     ]
-    first = report.facts.ranks.first_failed
-    if first is not None and first.rank is not None:
-        lines.append(
-            f"  first failure: rank {first.rank} ({first.outcome}"
-            f"{', by ' + report.facts.ranks.basis if report.facts.ranks.basis else ''})"
-        )
-        victims = [str(r) for r in report.facts.ranks.peer_victims if r is not None]
-        if victims:
-            lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
+    first = words.first_failure(report.facts.ranks)
+    if first is not None:
+        lines.append(f"  first failure: {first[0]} ({first[1]})")
+    victims = [str(r) for r in report.facts.ranks.peer_victims]
+    if victims:
+        lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
     lines.append("")
     causes = list(report.diagnoses[:SHOWN_DIAGNOSES])
     if not causes:
@@ -118,7 +116,8 @@ class TextRenderer(Renderer):
 
     def render(self, document: Document, options: RenderOptions) -> str:
         if isinstance(document, CheckReport):
-            return check_text(document) + "\n"
+            # a config's keys and values are untrusted text, printed in many places
+            return clean(check_text(document)) + "\n"
         if isinstance(document, WhatIfReport):
             return whatif_text(document)
         return render_text(document, colour=options.colour)

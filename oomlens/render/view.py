@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomlens.facts.log import OomEvent, OomKind, StepSample
+from oomlens.facts.ranks import RankPicture
+from oomlens.render import words
 from oomlens.render.bounded import MAX_SHORT_TEXT, Capped, Fact, cap, pct, plain, size, text, where
 from oomlens.render.charts import LineChart, SnapshotView, series_chart, snapshot_views
 from oomlens.render.config_view import BudgetView, ConfigView, config_view, oom_budget, zero_budget
@@ -162,7 +164,7 @@ def _banner(report: Report) -> Banner:
         rows.append(Fact("What died", text(detail, 400)))
     if failure is not None and failure.source is not None:
         rows.append(Fact("Where", where(failure.source)))
-    if failure is not None and failure.rank is not None:
+    if failure is not None and failure.rank is not None and not picture.unranked_run:
         rows.append(Fact("Rank", str(failure.rank)))
     if failure is not None and failure.time is not None:
         when = failure.time.isoformat(sep=" ")
@@ -172,15 +174,9 @@ def _banner(report: Report) -> Banner:
         rows.append(Fact("Step", step))
     if phase and phase != "unknown":
         rows.append(Fact("Phase", phase))
-    if picture.first_failed is not None and picture.first_failed.rank is not None:
-        basis = f", decided by {picture.basis.replace('_', ' ')}" if picture.basis else ""
-        rows.append(
-            Fact(
-                "First failure",
-                f"rank {picture.first_failed.rank} "
-                f"({picture.first_failed.outcome.replace('_', ' ')}{basis})",
-            )
-        )
+    said = words.first_failure(picture)
+    if said is not None:
+        rows.append(Fact("First failure", f"{said[0]} ({said[1]})"))
     if picture.suspected_stragglers and (picture.first_failed is None):
         rows.append(
             Fact(
@@ -190,7 +186,7 @@ def _banner(report: Report) -> Banner:
                 + " (the ranks that did not time out: a hang or a slow rank)",
             )
         )
-    victims = [str(r) for r in picture.peer_victims if r is not None]
+    victims = [str(r) for r in picture.peer_victims]
     if victims:
         rows.append(Fact("Died because a peer did", "rank " + ", ".join(victims)))
     top = report.top
@@ -372,7 +368,9 @@ class RankRow:
 class RankTable:
     rows: Capped[RankRow]
     first_failed: str | None
-    basis: str | None
+    """Who failed first (``rank 1``, ``the only process``), None when no rank is known to."""
+    first_why: str
+    """Why that one, in words (``out of memory; it failed earliest``)."""
     victims: str
     timed_out: str
     stragglers: str
@@ -382,12 +380,13 @@ class RankTable:
 def _ranks(report: Report) -> RankTable:
     picture = report.facts.ranks
     first = picture.first_failed
+    said = words.first_failure(picture)
     rows = cap(
         picture.ranks,
         MAX_RANK_ROWS,
         lambda s: RankRow(
-            rank="?" if s.rank is None else str(s.rank),
-            outcome=s.outcome.replace("_", " "),
+            rank=words.rank_cell(s, picture),
+            outcome=words.outcome(s),
             own_failure=s.own_failure,
             died_because_of_peer=s.died_because_of_peer,
             peer_evidence=text(s.peer_evidence or "", 400),
@@ -400,9 +399,9 @@ def _ranks(report: Report) -> RankTable:
     )
     return RankTable(
         rows=rows,
-        first_failed=None if first is None else ("?" if first.rank is None else str(first.rank)),
-        basis=picture.basis.replace("_", " ") if picture.basis else None,
-        victims=", ".join(str(r) for r in picture.peer_victims if r is not None),
+        first_failed=said[0] if said is not None else None,
+        first_why=said[1] if said is not None else "",
+        victims=", ".join(str(r) for r in picture.peer_victims),
         timed_out=", ".join(str(r) for r in picture.timed_out_ranks),
         stragglers=", ".join(str(r) for r in picture.suspected_stragglers),
         launcher_exits=cap(
@@ -429,12 +428,12 @@ class OomRow:
     where: str
 
 
-def _oom_rows(events: Sequence[OomEvent]) -> Capped[OomRow]:
+def _oom_rows(events: Sequence[OomEvent], picture: RankPicture) -> Capped[OomRow]:
     return cap(
         events,
         MAX_OOM_ROWS,
         lambda e: OomRow(
-            rank="?" if e.rank is None else str(e.rank),
+            rank=words.event_rank(e, picture),
             host=text(e.source.host or "", 100),
             device="" if e.message.device is None else str(e.message.device),
             kind=e.message.kind.value,
@@ -651,7 +650,7 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
         _diagnosis(i, d, report.docs.get(d.id), cuts) for i, d in enumerate(report.diagnoses, 1)
     )
     events = report.facts.oom_events()
-    oom_rows = _oom_rows(events)
+    oom_rows = _oom_rows(events, report.facts.ranks)
     if oom_rows.more:
         cuts.append(f"{oom_rows.more:,} more out-of-memory errors not listed")
     ranks = _ranks(report)
@@ -696,9 +695,7 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
         version=report.oomlens_version,
         schema_version=SCHEMA_VERSION,
         redacted=redacted,
-        world_size=(
-            f"{world.value} ({text(world.origin, 100)})" if world is not None else "unknown"
-        ),
+        world_size=text(words.world_size(world), 400),
         generated_from=", ".join(text(i.path, 200) for i in report.facts.inputs[:3])
         + (f" and {len(report.facts.inputs) - 3} more" if len(report.facts.inputs) > 3 else ""),
     )

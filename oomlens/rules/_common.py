@@ -244,10 +244,11 @@ def snapshot_ooms(facts: RunFacts) -> list[SnapshotOom]:
 
 def snapshot_oom_evidence(s: SnapshotOom, note: str = "") -> Evidence:
     oom = s.device.oom
-    category = oom.category.value if oom is not None else "unknown"
+    category = oom.category if oom is not None else MemoryCategory.UNKNOWN
+    what = "" if category is MemoryCategory.UNKNOWN else f" ({category.value.replace('_', ' ')})"
     return snapshot_evidence(
         s.snapshot,
-        f"oom entry on {s.where()}: {size(s.request)} needed ({category}); "
+        f"oom entry on {s.where()}: {size(s.request)} needed{what}; "
         f"{size(s.allocated)} allocated, {size(s.reserved_unallocated)} reserved but unallocated, "
         f"{size(s.device_free)} free on the device",
         note,

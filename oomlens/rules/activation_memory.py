@@ -42,9 +42,13 @@ from oomlens.rules.thresholds import Thresholds
 
 
 def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fix]:
+    """A smaller micro batch (unless it is 1 already: there is nothing to halve), then
+    activation checkpointing."""
     effective = effective_config(facts) if facts is not None else None
+    micro_is_one = False
     if effective is not None:
         micro = effective.batch.micro_batch_per_gpu
+        micro_is_one = micro.value == 1
         gas = effective.batch.gradient_accumulation_steps
         if isinstance(micro.value, int) and isinstance(gas.value, int) and micro.value > 1:
             new_micro = micro.value // 2
@@ -61,13 +65,14 @@ def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fi
                     predicted_saving_bytes=saving,
                     cost="about the same tokens per second when the GPU stays busy",
                 )
-    yield Fix(
-        "Use a smaller micro batch and more gradient-accumulation steps (same global batch).",
-        command="--per_device_train_batch_size N/2 --gradient_accumulation_steps 2*G "
-        "(or your script's equivalent)",
-        predicted_saving_bytes=saving,
-        cost="slightly lower throughput per step",
-    )
+    if not micro_is_one:
+        yield Fix(
+            "Use a smaller micro batch and more gradient-accumulation steps (same global batch).",
+            command="--per_device_train_batch_size N/2 --gradient_accumulation_steps 2*G "
+            "(or your script's equivalent)",
+            predicted_saving_bytes=saving,
+            cost="slightly lower throughput per step",
+        )
     yield Fix(
         "Recompute activations in the backward pass instead of keeping them.",
         command="model.gradient_checkpointing_enable()  # HF; or torch.utils.checkpoint per block",

@@ -175,8 +175,8 @@ class FragmentationRule(Rule):
             return
         n = event.message
         b = message_balance(n, thresholds)
-        if b.unallocated is None or n.limit is None or n.tried_to_allocate is None:
-            return
+        if b.unallocated is None or not n.limit or n.tried_to_allocate is None:
+            return  # a limit of 0 is no limit torch prints: nothing to measure against
         if b.oversized:
             return  # no cache layout serves a request larger than the card
         stuck = b.unallocated

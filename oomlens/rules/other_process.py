@@ -89,7 +89,7 @@ class OtherProcessRule(Rule):
             yield from self._driver(facts, event, thresholds)
             return
         b = message_balance(n, thresholds)
-        if b.capacity is None or b.capped or b.oversized:
+        if not b.capacity or b.capped or b.oversized:  # a capacity of 0 is no card
             # Under a cap with room left on the device, or for a request larger than the card,
             # what other processes hold took nothing this process could have had.
             return

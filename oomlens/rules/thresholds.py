@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlens.errors import UsageError
+from oomlens.ingest.files import not_regular_problem
 
 MIB = 1024**2
 GIB = 1024**3
@@ -114,6 +115,9 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
     if path is None:
         return defaults
     shown = str(path)
+    special = not_regular_problem(path, "a settings file")
+    if special is not None:
+        raise UsageError(f"{shown}: {special}")
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

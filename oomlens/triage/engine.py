@@ -27,6 +27,7 @@ from typing import Protocol
 import pandas
 
 from oomlens.errors import InputError, UsageError
+from oomlens.ingest.files import not_regular_problem
 from oomlens.triage import adapter
 from oomlens.triage.pool import TaskPool, default_jobs
 from oomlens.triage.shard import Shard
@@ -330,6 +331,9 @@ def _config_key(config: str | None, deepspeed: bool) -> str:
     key = "deepspeed" if deepspeed else "oomlens"
     if config is None:
         return key
+    special = not_regular_problem(config, "a ds_config file")
+    if special is not None:
+        raise UsageError(f"{config}: {special}")
     try:
         with open(config, "rb") as stream:
             digest = hashlib.file_digest(stream, "sha256").hexdigest()

@@ -35,6 +35,7 @@ import pandas
 
 from oomlens import __version__
 from oomlens.errors import InputError, UsageError
+from oomlens.ingest.files import refuse_special
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
 from oomlens.triage.table import COLUMNS, normalize
 from oomlens.triage.worker import current_umask, write_atomically
@@ -101,6 +102,7 @@ def read_table(path: str) -> pandas.DataFrame:
 
     Raises ``InputError`` when the file cannot be read or is not such a table.
     """
+    refuse_special(path, what="a triage table")
     suffix = os.path.splitext(path)[1].lower()
     kind = TABLE_FORMATS.get(suffix)
     if kind is None:
@@ -131,7 +133,7 @@ def read_table(path: str) -> pandas.DataFrame:
         return normalize(frame)
     except KeyError as exc:
         raise InputError(path, f"not a triage table: no column {exc.args[0]}") from exc
-    except (OSError, ValueError, sqlite3.Error) as exc:
+    except (OSError, ValueError, RecursionError, sqlite3.Error) as exc:
         raise InputError(path, f"cannot be read as a triage table ({exc})") from exc
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlens.errors import UsageError
+from oomlens.ingest.files import not_regular_problem
 
 STORE_SCHEMA = 1
 
@@ -93,6 +94,9 @@ class ResultStore:
     def __init__(self, path: str | None, *, busy_timeout: float = 60.0) -> None:
         self.path = path
         target = ":memory:" if path is None else path
+        special = None if path is None else not_regular_problem(path, "a triage store")
+        if special is not None:
+            raise UsageError(f"{path}: {special}; pass another --store")
         try:
             self._db = sqlite3.connect(target, timeout=busy_timeout, isolation_level=None)
             self._prepare()

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from oomlens.errors import InputError, UsageError
+from oomlens.ingest.files import not_regular_problem
 from oomlens.ingest.kinds import kind, kind_by_name
 from oomlens.ingest.layout import (
     CAPTURE_FILE,
@@ -128,6 +129,9 @@ def find_runs(
                 ((os.path.basename(top), entry),),
             )
             continue
+        special = not_regular_problem(top, "a run directory or a log")
+        if special is not None:
+            raise UsageError(f"{os.fspath(given)}: {special}")
         if not os.path.isdir(top):
             raise UsageError(f"{os.fspath(given)}: no such directory")
         tree = _list_tree(top, skipped)

@@ -82,3 +82,27 @@ def test_batch_errors_in_the_log_are_predicted_from_the_file(case: Path) -> None
     assert sorted({p.message for p in problems}) == raised
     check = check_batch(resolve_effective_config(doc), WorldSizeFact(world, "run.json"))
     assert (check.error is None) == (not raised)
+
+
+def test_a_file_that_differs_from_the_log_s_dump_is_said_in_words(tmp_path: Path) -> None:
+    # the run's log printed the config it ran with; the file beside it was edited afterwards
+    from oomlens.render.registry import Format, RenderOptions, render
+    from oomlens.session import analyze
+
+    case = CORPUS / "prefetch_overshoot"
+    config = json.loads((case / "ds_config.json").read_text())
+    config["zero_optimization"]["stage3_prefetch_bucket_size"] = 50_000_000
+    (tmp_path / "ds_config.json").write_text(json.dumps(config, indent=2))
+    (tmp_path / "train.log").write_bytes((case / "train.log").read_bytes())
+    report = analyze([tmp_path])
+    notes = [n for i in report.facts.inputs for n in i.notes if "differs" in n]
+    notes += [n for n in report.facts.config.reading.notes if "differs" in n]  # type: ignore[union-attr]
+    assert notes
+    for note in notes:
+        assert "zero_optimization.stage3_prefetch_bucket_size" in note
+        assert "50_000_000" in note and "10_000_000_000" in note
+        assert "ds_config.json" in note and "train.log" in note
+    for fmt in Format:
+        shown = render(report, fmt, RenderOptions())
+        assert "ConfigDifference(" not in shown and "ConfigValue(" not in shown, fmt
+        assert "Origin." not in shown and "SourceRef(" not in shown, fmt

@@ -97,3 +97,37 @@ def test_deepspeed_launcher_kill_without_traceback_is_unattributed(tmp_path: Pat
     assert picture.first_failed is None
     assert [e.return_code for e in picture.launcher_exits] == [-9]
     assert sorted(r for r in picture.peer_victims if r is not None) == [0, 1]
+
+
+def _case_picture(name: str):
+    from tests._corpus import case_dir
+
+    case = case_dir(name)
+    logs = [read_log(p) for p in sorted(case.rglob("*.log")) if p.name != "kernel.log"]
+    return rank_picture(logs)
+
+
+def test_ranks_failing_at_the_same_moment_are_not_ordered_by_timestamp() -> None:
+    # both ranks of the real prefetch_overshoot run print their OOM at 06:44:31.453
+    picture = _case_picture("prefetch_overshoot")
+    assert [s.first_time for s in picture.ranks][0] == [s.first_time for s in picture.ranks][1]
+    assert picture.basis != "timestamp"
+    assert picture.same_time == (0, 1)
+    first = picture.first_failed
+    assert first is not None and first.rank == 0  # printed first (train.log:263 before :341)
+    assert picture.basis == "line_order"
+
+
+def test_a_unique_earliest_time_decides_by_timestamp() -> None:
+    picture = _case_picture("model_states_too_large")  # rank 1 at .547, rank 0 at .656
+    assert picture.first_failed is not None and picture.first_failed.rank == 1
+    assert picture.basis == "timestamp" and picture.same_time == ()
+
+
+def test_peer_victims_are_ranks_and_never_the_straggler() -> None:
+    picture = _case_picture("nccl_timeout")
+    assert None not in picture.peer_victims
+    assert picture.suspected_stragglers == (1,)
+    assert not set(picture.peer_victims) & set(picture.suspected_stragglers)
+    assert picture.peer_victims == (0,)
+    assert None not in _case_picture("device_side_assert").peer_victims

@@ -601,3 +601,51 @@ def test_patches_for_the_blamed_component_come_first() -> None:
     assert summaries.index("gather fewer parameters ahead of use") < summaries.index(
         "reduce gradients in smaller buckets"
     )
+
+
+# -- what the settings keep whole on every GPU ---------------------------------------------------
+
+
+def test_persistence_above_the_largest_parameter_keeps_the_whole_model_on_every_gpu() -> None:
+    # every parameter of at most stage3_param_persistence_threshold elements is never
+    # partitioned (parameter_offload.py mark_persistent_parameters): above the largest, all are
+    raised = {"stage": 3, "stage3_param_persistence_threshold": LARGEST}
+    budget = build_budget(_eff(raised), MODEL, EIGHT)
+    comp = budget.component("persistent_params")
+    assert comp is not None and comp.bytes == 2 * P7B
+    assert comp.device is Device.GPU and comp.phase is BudgetPhase.PERSISTENT
+    assert "zero_optimization.stage3_param_persistence_threshold" in comp.key_paths
+    # nothing is left to gather: the working set holds only what is not persistent
+    assert _bytes(budget, "gathered_params") == 0
+    cap = Capacity(gpu_bytes=24 * 2**30, gpu_source="--gpu-memory")
+    gpu = next(v for v in compare_with_capacity(budget, cap) if v.kind == "gpu")
+    assert not gpu.fits and gpu.overflow_component is not None
+    # a threshold above the whole model says as much without knowing the largest layer
+    unknown = ModelSize(P7B)
+    whole = {"stage": 3, "stage3_param_persistence_threshold": 1e10}
+    assert _bytes(build_budget(_eff(whole), unknown, EIGHT), "persistent_params") == 2 * P7B
+
+
+def test_model_persistence_threshold_caps_what_persists() -> None:
+    capped = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 1e10,
+        "stage3_model_persistence_threshold": 1e9,
+    }
+    budget = build_budget(_eff(capped), MODEL, EIGHT)
+    assert _bytes(budget, "persistent_params") == 2 * 1_000_000_000
+
+
+def test_persistence_that_cannot_be_sized_is_an_assumption_not_silence() -> None:
+    raised = {"stage": 3, "stage3_param_persistence_threshold": 1e7}  # below the largest
+    budget = build_budget(_eff(raised), MODEL, EIGHT)
+    assert budget.component("persistent_params") is None
+    assert any("stage3_param_persistence_threshold" in a for a in budget.assumptions)
+    default = build_budget(_eff({"stage": 3}), MODEL, EIGHT)
+    assert default.component("persistent_params") is None
+    assert not any("persistence" in a for a in default.assumptions)
+
+
+def test_hpz_secondary_partition_is_counted() -> None:
+    hpz = build_budget(_eff({"stage": 3, "zero_hpz_partition_size": 8}), MODEL, EIGHT)
+    assert _bytes(hpz, "hpz_secondary") == 2 * P7B // 8

@@ -152,3 +152,65 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
 def test_python_dash_m_and_version() -> None:
     result = run("--version")
     assert result.returncode == 0 and "oomlens" in result.stdout
+
+
+def test_a_deeply_nested_config_beside_a_good_log_costs_only_itself(tmp_path: Path) -> None:
+    # the fuzzer's 1 KB file: 1,000 levels of JSON dropped as the run's ds_config
+    (tmp_path / "train.log").write_bytes((CASE / "train.log").read_bytes())
+    (tmp_path / "ds_config.json").write_text('{"x":' + "[" * 1000 + "]" * 1000 + "}")
+    result = run("analyze", tmp_path, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "gpu_oom"
+    assert [Path(i["path"]).name for i in report["inputs"]] == ["train.log"]
+    named = run("analyze", CASE / "train.log", tmp_path / "ds_config.json", "--format", "json")
+    assert named.returncode == 0, named.stderr
+    problems = [i["problem"] for i in json.loads(named.stdout)["inputs"] if i["problem"]]
+    assert len(problems) == 1 and "nested deeper than" in problems[0]
+    alone = run("analyze", tmp_path / "ds_config.json")
+    assert alone.returncode == 3 and alone.stderr.count("\n") == 1
+    assert "nested deeper than" in alone.stderr
+
+
+def test_a_reader_that_fails_costs_only_its_own_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomlens.ingest.kinds import kind
+    from oomlens.session import analyze
+
+    def broken(self: object, found: object, options: object) -> object:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    snapshot = kind("snapshot_pickle")
+    monkeypatch.setattr(type(snapshot), "read", broken)
+    report = analyze([case_dir("prefetch_overshoot")])
+    assert report.verdict.value == "gpu_oom"
+    problems = [i for i in report.facts.inputs if i.problem]
+    assert [Path(i.path).suffix for i in problems] == [".pickle", ".pickle"]
+    assert all("internal error" in (i.problem or "") for i in problems)
+    assert all("RecursionError" in (i.problem or "") for i in problems)
+
+
+def test_a_hostile_file_name_reaches_no_terminal(tmp_path: Path) -> None:
+    # found by the fuzzer: the evidence's "(file:line)" was printed as it came
+    from oomlens.untrusted import CONTROL_CHARACTERS
+
+    hostile = tmp_path / "\x1b]0;title\x07\u202e.log"
+    hostile.write_bytes((CASE / "train.log").read_bytes())
+    result = run("analyze", hostile)
+    assert result.returncode == 0, result.stderr
+    assert "title" in result.stdout and not CONTROL_CHARACTERS.search(result.stdout)
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_redact_says_so_in_every_format_that_carries_the_notice(capsys, fmt: str) -> None:
+    # issue 12: --redact --format markdown printed a redacted report without its notice
+    from oomlens.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["analyze", str(case_dir("prefetch_overshoot")), "--redact", "--format", fmt])
+    out = capsys.readouterr().out
+    assert info.value.code in (0, None)
+    notice = {
+        "markdown": "redacted (user names, home paths, host names and IP addresses replaced)",
+        "html": "Redacted: user names, home paths, host names and IP addresses were replaced",
+    }[fmt]
+    assert notice in out

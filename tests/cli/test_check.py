@@ -303,3 +303,123 @@ def test_a_text_micro_batch_is_refused_without_being_repeated(
     else:
         assert info.value.code == 0
         assert json.loads(out)["verdict"] == "gpu_oom"
+
+
+def test_persistence_above_the_model_keeps_it_whole_on_every_gpu_and_cannot_fit(
+    capsys, tmp_path: Path
+) -> None:
+    # 7B in bf16 (14 GB) kept whole on every GPU does not fit 24 GiB beside the rest
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 1e10}
+    config = {**ZERO3, "zero_optimization": zero}
+    code, out, err = run(
+        capsys, write(tmp_path, config), "--params", "7B", "--gpus", "8", "--gpu-memory", "24GiB"
+    )
+    assert code == 4, out + err
+    assert "parameters never partitioned (persistence threshold)" in out
+    assert "13.04 GiB" in out
+    assert "partition the parameters the persistence threshold keeps whole" in out
+    default = {**ZERO3}
+    code, out, _ = run(
+        capsys, write(tmp_path, default), "--params", "7B", "--gpus", "8", "--gpu-memory", "24GiB"
+    )
+    assert code == 0 and "never partitioned" not in out
+
+
+def test_a_removed_mics_setting_is_invalid_not_modelled(capsys, tmp_path: Path) -> None:
+    config = {**ZERO3, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}
+    code, out, _ = run(capsys, write(tmp_path, config), "--validator", "oomlens")
+    assert code == 4 and "mics_shard_size" in out and "removed" in out
+
+
+def test_knobs_far_above_the_defaults_are_a_hazard_even_without_params(capsys) -> None:
+    # the config of the real prefetch_overshoot crash: valid, but its working-set knobs are
+    # 10-200x DeepSpeed's defaults; without --params there is no budget, yet a note is due
+    from tests._corpus import case_dir
+
+    code, out, _ = run(capsys, str(case_dir("prefetch_overshoot") / "ds_config.json"))
+    assert code == 0
+    hazards = out[out.index("Hazards:") :]
+    for key, times in (
+        ("stage3_prefetch_bucket_size", "200x"),
+        ("stage3_max_live_parameters", "10x"),
+        ("stage3_max_reuse_distance", "10x"),
+    ):
+        assert key in hazards and times in hazards, key
+    assert "--params" in hazards
+    code, out, _ = run(capsys, str(case_dir("prefetch_fits") / "ds_config.json"))
+    assert code == 0 and "far above" not in out
+
+
+def test_budget_labels_are_never_cut(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(capsys, write(tmp_path, ZERO3), "--params", "7B", "--gpus", "8")
+    assert code == 0
+    assert "gathered parameters (prefetch / live / reuse) " in out
+    assert "process baseline (Python, torch/CUDA libraries, page cache) " in out
+    assert "fp32 gradients of one optimizer sub-group " in out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_hostile_keys_reach_neither_terminal_nor_json(capsys, tmp_path: Path, fmt: str) -> None:
+    # found by the fuzzer: a key holding an escape sequence or a bidi override went to stdout
+    from oomlens.untrusted import CONTROL_CHARACTERS
+
+    zero = {"stage": 3, "\x1b]0;title\x07": 1, "\u202eevil\u202c": 2}
+    config = write(tmp_path, {**ZERO3, "zero_optimization": zero})
+    code, out, err = run(capsys, config, "--format", fmt, "--validator", "oomlens")
+    assert code == 4 and "title" in out and "evil" in out
+    assert not CONTROL_CHARACTERS.search(out + err)
+
+
+@pytest.mark.parametrize("validator", ["oomlens", "deepspeed"])
+def test_an_integer_past_float_range_is_no_internal_error(
+    capsys, tmp_path: Path, validator: str
+) -> None:
+    # found by the fuzzer: 10**400 elements (401 digits, a valid JSON integer) reached float()
+    if validator == "deepspeed":
+        pytest.importorskip("deepspeed")
+    zero = {"stage": 3, "stage3_max_live_parameters": 10**400, "stage3_max_reuse_distance": 1e8}
+    config = write(tmp_path, {**ZERO3, "zero_optimization": zero})
+    code, out, err = run(
+        capsys, config, "--params", "1.3B", "--gpus", "2", "--validator", validator
+    )
+    assert "internal error" not in err and code in (0, 4), err
+    assert "gathered parameters (prefetch / live / reuse)" in out
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        (
+            Path(__file__).parents[2] / "fixtures/crash_logs/fragmentation/snapshot_rank0.pickle",
+            "a Python pickle",
+        ),
+        (b"\x1f\x8b\x08\x00" + bytes(range(256)), "gzip-compressed data"),
+        (b"PK\x03\x04" + bytes(range(256)), "a zip archive"),
+        (b"{\x00\x00\x00\x00\x00\x00\x00}", "binary data"),
+    ],
+)
+def test_a_file_that_is_no_config_is_said_to_be_none(
+    capsys, tmp_path: Path, data: Path | bytes, what: str
+) -> None:
+    # issue 12: a snapshot pickle given to check was told to "save the config as UTF-8"
+    path = tmp_path / "ds_config.json"
+    path.write_bytes(data.read_bytes() if isinstance(data, Path) else data)
+    code, out, err = run(capsys, str(path))
+    assert code == 4 and out == ""
+    assert err.count("\n") == 1 and "not a DeepSpeed config" in err and what in err, err
+    assert "save the config as UTF-8" not in err
+
+
+def test_a_train_batch_of_401_digits_is_checked_in_bounded_time(capsys, tmp_path: Path) -> None:
+    # found by the fuzzer: with no micro batch written, check looked for divisors of
+    # train_batch_size / world size by trying every number below it (10**400 / 8)
+    import time
+
+    config = write(tmp_path, {**ZERO3, "train_batch_size": 10**400})
+    del_micro = json.loads(Path(config).read_text())
+    del del_micro["train_micro_batch_size_per_gpu"], del_micro["gradient_accumulation_steps"]
+    Path(config).write_text(json.dumps(del_micro))
+    started = time.process_time()
+    code, out, err = run(capsys, config, "--params", "1.3B", "--gpus", "8")
+    assert time.process_time() - started < 10.0
+    assert "internal error" not in err and code in (0, 4), err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,10 @@ def test_not_text_and_too_large(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_settings_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read the settings file"):
         load_settings(tmp_path)
+
+
+def test_a_fifo_as_the_settings_file_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "epilog.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match=r"named pipe \(FIFO\), not a settings file"):
+        load_settings(fifo)

@@ -138,3 +138,27 @@ def test_directory_with_nothing_recognisable(tmp_path: Path) -> None:
     assert run.files == () and run.skipped
     with pytest.raises(InputError, match="not a directory"):
         discover_run(tmp_path / "README")
+
+
+def _nested_json(levels: int, key: str = "x") -> bytes:
+    """A small JSON object nested ``levels`` deep: the fuzzer's 1 KB RecursionError."""
+    return ('{"' + key + '":' + "[" * levels + "]" * levels + "}").encode()
+
+
+@pytest.mark.parametrize("levels", [70, 1000, 30_000])
+def test_deeply_nested_json_is_told_not_crashed_on(tmp_path: Path, levels: int) -> None:
+    target = tmp_path / "ds_config.json"
+    target.write_bytes(_nested_json(levels))
+    detection = detect_kind(target)
+    assert detection.kind is None
+    assert "nested" in detection.reason
+
+
+def test_deeply_nested_json_beside_a_log_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    (tmp_path / "train.log").write_bytes(LAB.read_bytes())
+    (tmp_path / "ds_config.json").write_bytes(_nested_json(1000))
+    (tmp_path / "error.json").write_bytes(_nested_json(1000, "message"))
+    run = discover_run(tmp_path)
+    assert [Path(f.path).name for f in run.files] == ["train.log"]
+    reasons = {Path(p).name: why for p, why in run.skipped}
+    assert "nested" in reasons["ds_config.json"] and "nested" in reasons["error.json"]

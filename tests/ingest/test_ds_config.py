@@ -178,6 +178,10 @@ def test_oversized_and_non_utf8_files_are_refused(tmp_path: Path) -> None:
     latin.write_bytes(b'{\n "a": "\xe9"\n}')
     with pytest.raises(InputError, match="line 2: not UTF-8"):
         read_ds_config(latin)
+    utf16 = tmp_path / "utf16.json"  # NUL bytes, yet text saved in the wrong encoding
+    utf16.write_text('{"train_batch_size": 8}', encoding="utf-16")
+    with pytest.raises(InputError, match="line 1: not UTF-8"):
+        read_ds_config(utf16)
     with pytest.raises(InputError, match="cannot read"):
         read_ds_config(tmp_path / "missing.json")
 

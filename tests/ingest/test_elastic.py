@@ -41,3 +41,19 @@ def test_bad_error_files_raise_input_error(tmp_path: Path, content: bytes) -> No
     target.write_bytes(content)
     with pytest.raises(InputError):
         read_error_file(target)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"message": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        b'{"message": {"message": "x", "extraInfo": {"py_callstack": ' + b"[" * 50_000 + b"}}}",
+        # past the 64 KiB that detection parses: only the reader sees the nesting
+        b'{"message": "' + b"x" * 70_000 + b'", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+    ],
+)
+def test_deeply_nested_error_file_is_an_input_error(tmp_path: Path, content: bytes) -> None:
+    target = tmp_path / "error.json"
+    target.write_bytes(content)
+    with pytest.raises(InputError, match="nested"):
+        read_error_file(target)

@@ -225,9 +225,16 @@ def _dump(tmp_path: Path, data: object) -> Path:
             "segments[0].segment_type",
         ),
         (lambda d: d["segments"][0].__setitem__("blocks", None), "segments[0].blocks is missing"),
+        # found by the fuzzer: the what-if replay adds a block's address to its size
+        (
+            lambda d: d["segments"][2]["blocks"][0].__setitem__("address", [1]),
+            "segments[2].blocks[0].address is not an int",
+        ),
         (lambda d: d["segments"].__setitem__(1, [1, 2]), "segments[1] is a list, not a dict"),
         (lambda d: d.__setitem__("device_traces", "none"), "'device_traces' is a str"),
         (lambda d: d["device_traces"][0].__setitem__(0, 42), "device_traces[0][0] is a int"),
+        # found by the fuzzer: an entry after the first event was read unchecked
+        (lambda d: d["device_traces"][0].append(42), "device_traces[0][180] is a int"),
     ],
 )
 def test_wrong_shapes_are_one_clear_input_error(

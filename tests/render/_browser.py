@@ -7,6 +7,8 @@ installed before any of the page's own code runs, and returns everything the pag
 * console messages (Chromium reports CSP violations and failed loads there too) and uncaught
   exceptions;
 * every request: anything but the file itself left the page;
+* the layout at the window's width (1280 px by default): words broken mid-word, chart labels
+  over each other, a copy button over its text, anything past the right edge or clipped;
 * the trap record: calls of ``alert``/``prompt``/``confirm``/``print``/``open``/``fetch``/
   ``XMLHttpRequest``/``navigator.sendBeacon``/``eval``/``Function``, and every DOM mutation
   after the document was parsed (a payload that ran and touched the page).
@@ -113,6 +115,68 @@ DOM_AUDIT = r"""
 })()
 """
 
+#: Layout defects a reader sees at the window's width: a plain word broken mid-word (a table
+#: column squeezed below the word), chart labels drawn over each other, a copy button over the
+#: text it copies, content past the right edge or clipped.
+LAYOUT_AUDIT = r"""
+(() => {
+  const found = [];
+  const shown = (el) => { const s = getComputedStyle(el);
+    return s.display !== "none" && s.visibility !== "hidden" && el.getClientRects().length > 0; };
+  const cross = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1
+    && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  const range = document.createRange();
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  let node;
+  while ((node = walker.nextNode())) {
+    const parent = node.parentElement;
+    if (!parent || parent.closest("script,style,svg") || !shown(parent)) continue;
+    // plain words only (a break after a hyphen, or inside a path, is fine)
+    const re = /(^|[\s(\[,;:"'-])([A-Za-z]{2,})(?=$|[\s)\],.;:!?"'-])/g;
+    let m;
+    while ((m = re.exec(node.textContent))) {
+      const start = m.index + m[1].length;
+      range.setStart(node, start);
+      range.setEnd(node, start + m[2].length);
+      const tops = new Set(Array.from(range.getClientRects())
+        .filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+      if (tops.size > 1) found.push("word broken: " + m[2] + " in <" + parent.nodeName + ">");
+    }
+  }
+  for (const svg of document.querySelectorAll("svg")) {
+    const labels = Array.from(svg.querySelectorAll("text")).filter((t) => t.textContent.trim())
+      .map((t) => [t.textContent.trim(), t.getBoundingClientRect()]);
+    for (let i = 0; i < labels.length; i++) {
+      for (let j = i + 1; j < labels.length; j++) {
+        if (cross(labels[i][1], labels[j][1])) {
+          found.push("labels overlap: '" + labels[i][0] + "' and '" + labels[j][0] + "'");
+        }
+      }
+    }
+  }
+  for (const button of document.querySelectorAll("button.copy")) {
+    const pre = button.parentElement && button.parentElement.querySelector("pre");
+    if (!pre || !shown(button)) continue;
+    range.selectNodeContents(pre);
+    if (Array.from(range.getClientRects()).some((r) => cross(r, button.getBoundingClientRect()))) {
+      found.push("copy button over: " + pre.textContent.slice(0, 60));
+    }
+  }
+  const width = document.documentElement.clientWidth;
+  if (document.documentElement.scrollWidth > width + 1) {
+    found.push("page wider than the window: " + document.documentElement.scrollWidth + "px");
+  }
+  for (const el of document.querySelectorAll("body *")) {
+    if (el.closest("svg") || !shown(el)) continue;
+    const style = getComputedStyle(el);
+    if (["hidden", "clip"].includes(style.overflowX) && el.scrollWidth > el.clientWidth + 1) {
+      found.push("clipped: <" + el.nodeName + " class=" + el.className + ">");
+    }
+  }
+  return Array.from(new Set(found));
+})()
+"""
+
 
 class BrowserUnavailable(RuntimeError):
     pass
@@ -130,6 +194,8 @@ class PageResult:
     text: str = ""
     """The page's text content, script and style elements left out."""
     visible_text: str = ""
+    layout: list[str] = field(default_factory=list)
+    """What ``LAYOUT_AUDIT`` found at the window's width."""
     screenshot: bytes | None = None
 
     @property
@@ -208,6 +274,7 @@ class Browser:
         settle: float = 0.3,
         width: int = 1280,
         height: int = 1600,
+        full_page: bool = False,
     ) -> PageResult:
         """Open ``path`` in a new context, let it settle, and collect what it did."""
         url = path.resolve().as_uri()
@@ -235,8 +302,9 @@ class Browser:
             result.dom_findings = list(_value(devtools, DOM_AUDIT))
             result.text = str(_value(devtools, _TEXT))
             result.visible_text = str(_value(devtools, "document.body.innerText"))
+            result.layout = list(_value(devtools, LAYOUT_AUDIT))
             if screenshot:
-                result.screenshot = page.screenshot(type="png")
+                result.screenshot = page.screenshot(type="png", full_page=full_page)
             return result
         finally:
             context.close()

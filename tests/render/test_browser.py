@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from oomlens.render.html import render_html
 from oomlens.render.text import clean
 from oomlens.session import analyze
-from tests._corpus import case_dir, case_names
+from tests._corpus import case_dir, case_names, manifest
 from tests.render._browser import Browser, BrowserUnavailable, ensure_chromium, png_is_not_blank
 from tests.render._hostile import XSS_PAYLOADS, hostile_run
 
@@ -71,8 +72,10 @@ def test_corpus_report_loads_offline_cleanly_and_shows_its_cause(
     page.write_text(render_html(report), encoding="utf-8")
     # WHEN a browser opens it from disk
     result = browser.load(page, screenshot=True)
-    # THEN nothing leaves the file, nothing errs, and the cause is on screen, first
+    # THEN nothing leaves the file, nothing errs, nothing is laid out broken at 1280 px, and
+    # the cause is on screen, first
     _assert_clean(result)
+    assert result.layout == [], result.layout
     assert result.screenshot is not None and png_is_not_blank(result.screenshot)
     (shots / f"{name}.png").write_bytes(result.screenshot)
     visible = " ".join(result.visible_text.split())
@@ -115,6 +118,75 @@ def test_injection_payloads_never_run_and_show_as_text(browser: Browser, tmp_pat
         text = " ".join(result.text.split())
         for payload in XSS_PAYLOADS:
             assert " ".join(clean(payload).split()) in text, payload
+
+
+def test_a_long_command_is_not_under_its_copy_button(browser: Browser, shots: Path) -> None:
+    # GIVEN a fix whose command is the corpus run's own launch line, long enough to wrap
+    report = analyze([case_dir("prefetch_overshoot")])
+    command = manifest("prefetch_overshoot")["command"] + " --zero-stage 3 --gradient-checkpointing"
+    top = report.diagnoses[0]
+    fix = replace(top.fixes[0], command=command, config_patch=None)
+    report = replace(report, diagnoses=(replace(top, fixes=(fix,)), *report.diagnoses[1:]))
+    page = shots / "long_command.html"
+    page.write_text(render_html(report), encoding="utf-8")
+    # WHEN it is shown at 1280 px, THEN the copy button covers none of it
+    result = browser.load(page, screenshot=True)
+    (shots / "long_command.png").write_bytes(result.screenshot or b"")
+    _assert_clean(result)
+    assert command in " ".join(result.visible_text.split())
+    assert result.layout == [], result.layout
+
+
+def test_the_triage_index_fits_the_window(browser: Browser, shots: Path, tmp_path: Path) -> None:
+    # GIVEN an archive of real runs under long experiment folders
+    from oomlens.triage.engine import TriageOptions, triage
+    from oomlens.triage.outputs import write_table
+    from tests.triage._trees import BASE_TIME, copy_case
+
+    root = tmp_path / "experiments" / "2026-11-30" / "llm-train-zero3-sweep-with-long-names"
+    cases = ("prefetch_overshoot", "fragmentation", "memory_leak", "nccl_timeout")
+    for n, case in enumerate(cases):
+        copy_case(case, root / f"{case}-run-000{n}", moment=BASE_TIME + 60 * n)
+    result = triage([str(tmp_path)], TriageOptions(jobs=1, store=None))
+    index = shots / "triage_index.html"
+    write_table(result.table, str(index))
+    # WHEN the index is shown at 1280 px, THEN nothing runs past the right edge or is clipped
+    page = browser.load(index, screenshot=True, full_page=True)
+    (shots / "triage_index.png").write_bytes(page.screenshot or b"")
+    assert page.errors == [] and page.outside_requests == []
+    assert page.layout == [], page.layout
+    assert "tried to allocate 24.00 MiB" in " ".join(page.visible_text.split())
+
+
+def test_the_layout_audit_sees_each_defect(browser: Browser, tmp_path: Path) -> None:
+    """The harness itself: a page with each defect the reports once had is seen to have it."""
+    page = tmp_path / "defects.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head><style>"
+        "td{overflow-wrap:anywhere} .codebox{position:relative}"
+        " button{position:absolute;top:0;right:0}"
+        "</style></head><body>"
+        "<table style='width:300px'><tr><td>allocator</td><td>"
+        + "fixtures/crash_logs/prefetch_overshoot/"
+        * 10
+        + "</td></tr></table>"
+        "<svg width='400' height='60'><text x='300' y='20' text-anchor='end'>allowed 6.75 GiB"
+        "</text><text x='290' y='22' text-anchor='end'>OOM</text></svg>"
+        "<div class='codebox' style='width:300px'>"
+        "<pre style='white-space:pre-wrap;overflow-wrap:anywhere;margin:0'>deepspeed "
+        + "--deepspeed_config=runs/prefetch_overshoot/ds_config.json"
+        * 4
+        + "</pre><button class='copy'>copy</button></div>"
+        "<table><tr>"
+        + "<td style='white-space:nowrap'>2026-11-30 06:44:31.453000</td>" * 60
+        + "</tr></table></body></html>",
+        encoding="utf-8",
+    )
+    found = " | ".join(browser.load(page).layout)
+    assert "word broken: allocator" in found
+    assert "labels overlap: 'allowed 6.75 GiB' and 'OOM'" in found
+    assert "copy button over: deepspeed" in found
+    assert "page wider than the window" in found
 
 
 def test_the_traps_catch_a_payload_that_is_not_escaped(browser: Browser, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ everything a case left behind, and from its logs alone (what `oomlens analyze ru
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,27 @@ def test_every_cited_source_exists_and_fixes_never_repeat_the_config(name: str) 
         for fix in diagnosis.fixes:
             for key, value in _leaves(fix.config_patch or {}):
                 assert in_force.get(key, object()) != value, (diagnosis.id, key, value)
+
+
+def _micro_batch_1(name: str) -> bool:
+    config = case_dir(name) / "ds_config.json"
+    return (
+        config.exists()
+        and json.loads(config.read_text()).get("train_micro_batch_size_per_gpu") == 1
+    )
+
+
+@pytest.mark.parametrize("name", [n for n in case_names() if _micro_batch_1(n)])
+def test_no_fix_halves_a_micro_batch_that_is_already_1(name: str) -> None:
+    report = analyze([case_dir(name)])
+    effective = report.facts.config.reading.effective if report.facts.config else None
+    assert effective is not None and effective.batch.micro_batch_per_gpu.value == 1
+    for diagnosis in report.diagnoses:
+        for fix in diagnosis.fixes:
+            said = f"{fix.summary} {fix.command or ''}".lower()
+            assert "micro batch" not in said and "batch_size n/2" not in said, (diagnosis.id, said)
+            patch = fix.config_patch or {}
+            assert patch.get("train_micro_batch_size_per_gpu", 1) >= 1
 
 
 def _leaves(patch: object, prefix: str = "") -> list[tuple[str, object]]:

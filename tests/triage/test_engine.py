@@ -171,6 +171,20 @@ def test_a_broken_run_is_a_row_with_its_error_and_the_batch_goes_on(tmp_path: Pa
     assert rows.loc["broken", "group"] == "unknown"
 
 
+def test_hostile_files_beside_a_good_log_cost_only_themselves(tmp_path: Path) -> None:
+    # the fuzzer's deeply nested JSON as the run's config and error file, and a FIFO: the run
+    # is still analyzed from its log, with no error
+    run = copy_case("fragmentation", tmp_path / "run", moment=BASE_TIME)
+    nested = '{"x":' + "[" * 1000 + "]" * 1000 + "}"
+    (run / "ds_config.json").write_text(nested)
+    (run / "error.json").write_text(nested.replace('"x"', '"message"'))
+    os.mkfifo(run / "stderr.log")
+    result = triage([str(tmp_path)], TriageOptions(jobs=1, store=None, timeout=60))
+    row = result.table.set_index("run").loc["run"]
+    assert row["verdict"] == "gpu_oom" and row["diagnosis"] == "fragmentation"
+    assert pandas.isna(row["error"])
+
+
 def test_a_hanging_analysis_is_stopped_and_recorded(tmp_path: Path) -> None:
     copy_case("fragmentation", tmp_path / "a", moment=BASE_TIME)
     copy_case("nccl_timeout", tmp_path / "b", moment=BASE_TIME)

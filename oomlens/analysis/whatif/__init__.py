@@ -37,7 +37,12 @@ from oomlens.analysis.whatif.alloc_conf import (
 )
 from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
 from oomlens.analysis.whatif.limits import InferredLimit, infer_limit, narrow
-from oomlens.analysis.whatif.replay import ReplayRun, external_releases, replay
+from oomlens.analysis.whatif.replay import (
+    InconsistentTraceError,
+    ReplayRun,
+    external_releases,
+    replay,
+)
 from oomlens.analysis.whatif.rewind import StartState, rewind
 from oomlens.analysis.whatif.selfcheck import self_check
 from oomlens.errors import InputError
@@ -58,6 +63,7 @@ from oomlens.facts.whatif import (
 __all__ = [
     "AllocConf",
     "AllocConfError",
+    "InconsistentTraceError",
     "default_ladder",
     "parse_alloc_conf",
     "replay_verdict",
@@ -391,7 +397,10 @@ def _with_replay(
         or len(traces[device.device]) > max_entries
     ):
         return device
-    verdict = replay_verdict(snapshot, device.device, change, logged=logged)
+    try:
+        verdict = replay_verdict(snapshot, device.device, change, logged=logged)
+    except (InputError, InconsistentTraceError):
+        return device  # a damaged trace: no replay, the rest of the analysis stands
     return device if verdict is None else replace(device, replay=verdict)
 
 

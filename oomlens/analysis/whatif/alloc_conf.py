@@ -359,4 +359,14 @@ def recorded_conf(settings: AllocatorSettings | None) -> tuple[AllocConf, tuple[
         if settings.roundup_power2_divisions
         else from_text.roundup_power2_divisions,
     )
+    try:
+        parse_alloc_conf(conf.canonical())
+    except AllocConfError as err:
+        # a damaged snapshot: a setting no run of torch could have had
+        notes.append(f"the recorded settings table holds what torch refuses ({err}): ignored")
+        try:
+            parse_alloc_conf(from_text.canonical())
+        except AllocConfError:
+            return AllocConf(), (*notes, "torch defaults assumed")
+        return from_text, tuple(notes)
     return conf, tuple(notes)

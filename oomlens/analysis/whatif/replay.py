@@ -157,9 +157,20 @@ def replay(
     # The cyclic collector would walk the whole snapshot each time the model's blocks (linked
     # both ways) trigger a collection; they are dropped as a whole afterwards.
     with gc_paused():
-        return _replay(
-            trace, start, conf, limit, check=check, packed=packed, releases=releases
-        )
+        try:
+            return _replay(
+                trace, start, conf, limit, check=check, packed=packed, releases=releases
+            )
+        except (KeyError, IndexError) as err:
+            # torch never writes such a trace: a damaged or crafted file
+            raise InconsistentTraceError(
+                f"the recorded events contradict each other ({type(err).__name__} {err})"
+            ) from None
+
+
+class InconsistentTraceError(ValueError):
+    """The trace cannot be followed by any allocator (a block freed twice, an address
+    reused while live, ...): it was damaged or crafted."""
 
 
 def _replay(

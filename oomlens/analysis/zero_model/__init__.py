@@ -47,7 +47,7 @@ from oomlens.analysis.zero_model.estimators import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
 )
-from oomlens.analysis.zero_model.hazards import memory_hazards
+from oomlens.analysis.zero_model.hazards import far_above_defaults, memory_hazards
 from oomlens.analysis.zero_model.patches import (
     candidate_patches,
     patch_offload_optimizer,
@@ -73,6 +73,7 @@ __all__ = [
     "gpu_peak",
     "gpu_phase_totals",
     "host_peak",
+    "far_above_defaults",
     "memory_hazards",
     "optimizer_state_elements",
     "patch_offload_optimizer",

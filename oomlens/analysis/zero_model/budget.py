@@ -8,11 +8,14 @@ that drive it, and computes the peaks over DeepSpeed's allocation order (``.time
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from decimal import Decimal
+from typing import Any
 
 from oomlens.analysis.zero_model.estimators import estimator_for
 from oomlens.analysis.zero_model.timeline import gpu_peak, host_peak
 from oomlens.facts.config import (
+    ConfigValue,
     EffectiveDsConfig,
     OffloadOptimizerSettings,
     OffloadParamSettings,
@@ -73,7 +76,7 @@ def num(value: int | float) -> str:
         return "0"
     if abs(value) < 100_000:
         return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
-    text = f"{value:.3g}"
+    text = f"{Decimal(value):.3g}" if isinstance(value, int) else f"{value:.3g}"
     if "e" not in text:
         text = f"{value:.2e}"
     mantissa, exponent = text.split("e")
@@ -99,6 +102,32 @@ def optimizer_state_elements(effective: EffectiveDsConfig) -> tuple[int, str | N
     )
 
 
+UNBOUNDED = 2**63 - 1
+"""``sys.maxsize``: DeepSpeed's own "no limit" (``model_persistence_threshold``'s default)."""
+
+
+def _bounded(effective: EffectiveDsConfig) -> EffectiveDsConfig:
+    """``effective`` with every integer setting above ``UNBOUNDED`` set to it: for memory they
+    mean the same (no model has that many elements), and the arithmetic stays in floats'
+    range (a config may say 10**400)."""
+
+    def bound(group: Any) -> Any:
+        changes: dict[str, Any] = {}
+        for spec in fields(group):
+            value = getattr(group, spec.name)
+            if isinstance(value, ConfigValue):
+                if isinstance(value.value, int) and value.value > UNBOUNDED:
+                    changes[spec.name] = replace(value, value=UNBOUNDED)
+            elif is_dataclass(value):
+                bounded = bound(value)
+                if bounded is not value:
+                    changes[spec.name] = bounded
+        return replace(group, **changes) if changes else group
+
+    result: EffectiveDsConfig = bound(effective)
+    return result
+
+
 def build_budget(
     effective: EffectiveDsConfig,
     model: ModelSize,
@@ -116,6 +145,7 @@ def build_budget(
     """
     if model.total_params <= 0:
         raise ValueError("total_params must be positive")
+    effective = _bounded(effective)
     stage = int(effective.zero.stage.value)
     if stage == 3:
         comps, assumptions = _stage3(effective, model, topology)
@@ -307,6 +337,7 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
                 (s.stage_key, s.op.device.key_path, *s.pkeys),
             )
         )
+    persistent = _persistent_params(ctx, s)
     # fp32 master weights.  In pure fp32 the partitions are the master weights (no copy).
     fp32_alias = s.e == 4 and s.master_bytes == 4 and not s.oo_on
     if not fp32_alias:
@@ -406,10 +437,11 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
     max_live = int(s.z.max_live_parameters.value)
     reuse = int(s.z.max_reuse_distance.value)
     total = s.model.total_params
+    gatherable = total - persistent  # persistent parameters are never released nor gathered
     retained = min(total, reuse // 2)
     prefetched = min(prefetch, max(0, max_live - retained)) if prefetch > 0 else 0
     current = s.largest or 0
-    working = min(total, retained + prefetched + current)
+    working = min(gatherable, retained + prefetched + current)
     if s.largest is None:
         ctx.assumptions.append(
             "largest layer unknown: the module being gathered is not counted in the working set"
@@ -486,6 +518,52 @@ def _stage3_gpu(ctx: _Ctx, s: _Stage3) -> None:
                 basis=Basis.BOUND,
             )
         )
+
+
+DEFAULT_PARAM_PERSISTENCE = 100_000
+"""DeepSpeed's ``stage3_param_persistence_threshold`` default (elements)."""
+
+
+def _persistent_params(ctx: _Ctx, s: _Stage3) -> int:
+    """Parameters ZeRO-3 never partitions, kept whole on every GPU (elements), and their
+    component.  DeepSpeed marks every parameter of at most ``stage3_param_persistence_threshold``
+    elements persistent, while their total stays within ``stage3_model_persistence_threshold``
+    (``mark_persistent_parameters``), and keeps them gathered from their first use on.  Without
+    the parameters' sizes only a threshold at or above the largest parameter (or the whole
+    model) can be sized: then every parameter persists; a raised threshold below it is an
+    assumption of the budget."""
+    threshold = int(s.z.param_persistence_threshold.value)
+    cap = int(s.z.model_persistence_threshold.value)
+    total = s.model.total_params
+    keys = (s.z.param_persistence_threshold.key_path, s.z.model_persistence_threshold.key_path)
+    if threshold < (s.largest if s.largest is not None else total):
+        if threshold > DEFAULT_PARAM_PERSISTENCE:
+            ctx.assumptions.append(
+                f"parameters of at most {num(threshold)} elements "
+                f"({s.z.param_persistence_threshold.key_path}) are kept whole on every GPU: not "
+                "counted, the parameters' sizes are unknown (above the largest parameter the "
+                "whole 16-bit model stays on every GPU)"
+            )
+        return 0
+    persistent = min(total, cap)
+    ctx.add(
+        MemoryComponent(
+            "persistent_params",
+            "parameters never partitioned (persistence threshold)",
+            Device.GPU,
+            BudgetPhase.PERSISTENT,
+            s.e * persistent,
+            (
+                f"{s.e} B x min(model {num(total)}, model_persistence_threshold {num(cap)})"
+                if cap < total
+                else f"{s.e} B x model {num(total)}"
+            )
+            + f": every parameter is at most param_persistence_threshold {num(threshold)}",
+            keys,
+            note="whole on every GPU from its first use on, besides its partition",
+        )
+    )
+    return persistent
 
 
 def _stage3_host(ctx: _Ctx, s: _Stage3) -> None:

@@ -1,5 +1,6 @@
-"""Config hazards that need the memory model's numbers: buckets or a prefetch working set too
-large for the card, pinned buffers the host cannot hold, and the like.
+"""Config hazards of ``oomlens check`` that the memory model sizes: buckets or a prefetch working
+set too large for the card, pinned buffers the host cannot hold, and the like; and the settings
+far above DeepSpeed's defaults that it would size, said even when it cannot (no ``--params``).
 """
 
 from __future__ import annotations
@@ -9,9 +10,49 @@ from typing import Any
 
 from oomlens.analysis.zero_model.budget import build_budget, num
 from oomlens.analysis.zero_model.patches import with_settings
-from oomlens.facts.config import ConfigHazard, ConfigSeverity, EffectiveDsConfig
+from oomlens.facts.config import ConfigHazard, ConfigSeverity, EffectiveDsConfig, show_value
 from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget
 from oomlens.units import format_size
+
+#: ZeRO-3 settings whose memory grows with their value, DeepSpeed's defaults, and the factor
+#: above which a value is "far above" it (elements).
+_STAGE3_DEFAULTS = (
+    ("prefetch_bucket_size", 50_000_000, 10, "the parameters gathered ahead of use"),
+    ("max_live_parameters", 1_000_000_000, 10, "the parameters gathered ahead of use"),
+    ("max_reuse_distance", 1_000_000_000, 10, "the parameters kept gathered for reuse"),
+    ("param_persistence_threshold", 100_000, 100, "the parameters never partitioned"),
+)
+
+
+def far_above_defaults(effective: EffectiveDsConfig) -> list[ConfigHazard]:
+    """ZeRO-3 working-set and persistence settings far above DeepSpeed's defaults: a hazard
+    whatever the model size (``check`` without ``--params`` still says so)."""
+    z = effective.zero
+    if z.stage.value != 3:
+        return []
+    raised = [
+        (getattr(z, name), default, what)
+        for name, default, factor, what in _STAGE3_DEFAULTS
+        if isinstance(getattr(z, name).value, int) and getattr(z, name).value >= factor * default
+    ]
+    if not raised:
+        return []
+    said = "; ".join(
+        f"{v.key_path} = {show_value(v.value)} is {v.value // default:,}x DeepSpeed's default "
+        f"{show_value(default)} ({what})"
+        for v, default, what in raised
+    )
+    return [
+        ConfigHazard(
+            "far_above_defaults",
+            f"{said}: ZeRO-3 may hold far more parameters whole on each GPU than it was meant "
+            "to, up to the whole 16-bit model; give --params (and --gpu-memory) to size it",
+            ConfigSeverity.MEDIUM,
+            tuple(v.key_path for v, _, _ in raised),
+            tuple(v.source for v, _, _ in raised if v.source is not None and v.is_explicit),
+        )
+    ]
+
 
 # -- hazards with numbers ----------------------------------------------------------------------
 

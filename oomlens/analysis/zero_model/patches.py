@@ -287,6 +287,37 @@ def patch_prefetch(
     )
 
 
+def patch_persistence(
+    eff: EffectiveDsConfig,
+    model: ModelSize,
+    topo: Topology,
+    before: MemoryBudget,
+    capacity: Capacity | None = None,
+    focus: str | None = None,
+) -> ConfigPatch | None:
+    """``stage3_param_persistence_threshold`` back to DeepSpeed's default (HF's 10 x hidden
+    size when known), when the budget keeps parameters whole because of it."""
+    z = eff.zero
+    if int(z.stage.value) != 3 or before.component("persistent_params") is None:
+        return None
+    hidden = model.hidden_size
+    target = 10 * hidden if hidden else 100_000
+    if int(z.param_persistence_threshold.value) <= target:
+        return None
+    changes = [ConfigChange(z.param_persistence_threshold.key_path, target)]
+    return _predict(
+        eff,
+        model,
+        topo,
+        changes,
+        {"zero__param_persistence_threshold": target},
+        "partition the parameters the persistence threshold keeps whole",
+        "small parameters are gathered at each use again: more, smaller all-gathers",
+        before,
+        focus,
+    )
+
+
 def patch_reduce_bucket(
     eff: EffectiveDsConfig,
     model: ModelSize,
@@ -462,6 +493,7 @@ def patch_allgather_sequential(
 
 
 ALL_PATCH_BUILDERS: tuple[PatchBuilder, ...] = (
+    patch_persistence,
     patch_prefetch,
     patch_allgather_sequential,
     patch_reduce_bucket,
@@ -490,6 +522,7 @@ PATCHES_FOR_COMPONENT: dict[str, tuple[PatchBuilder, ...]] = {
     "grads": (patch_stage3, patch_offload_optimizer),
     "param_partition": (patch_offload_params, patch_offload_optimizer),
     "param_full": (patch_stage3, patch_bf16),
+    "persistent_params": (patch_persistence, patch_offload_optimizer),
     "hpz_secondary": (),
     "allgather_bucket": (),
 }

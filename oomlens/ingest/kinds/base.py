@@ -9,13 +9,13 @@ looks at a ``Sample`` of the file (its first 64 KiB, decompressed) and never tru
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
+from oomlens.ingest._jsonpos import NestingError, loads_bounded
 from oomlens.ingest.layout import Location
 from oomlens.ingest.textstream import HEAD_BYTES, Compression
 
@@ -55,15 +55,28 @@ class Sample:
         return self.text.lstrip("\ufeff \t\r\n").startswith("{")
 
     @cached_property
+    def _decoded(self) -> tuple[object, str | None]:
+        if not self.json_like or not self.whole or self.size > MAX_JSON_SNIFF_BYTES:
+            return None, None
+        try:
+            return loads_bounded(self.text.lstrip("\ufeff \t\r\n")), None
+        except NestingError as exc:
+            return None, f"JSON {exc}"
+        except ValueError:
+            return None, None
+
+    @property
     def json_object(self) -> dict[str, object] | None:
         """The decoded JSON object, when the whole file is one (and small)."""
-        if not self.json_like or not self.whole or self.size > MAX_JSON_SNIFF_BYTES:
-            return None
-        try:
-            data = json.loads(self.text.lstrip("\ufeff \t\r\n"))
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
+        value = self._decoded[0]
+        return value if isinstance(value, dict) else None
+
+    @property
+    def json_problem(self) -> str | None:
+        """Why a whole, small file that starts like JSON cannot be taken as JSON at all
+        (nested too deep), else None.  Bad syntax is no problem here: the kinds look at the
+        text instead."""
+        return self._decoded[1]
 
     @cached_property
     def lines(self) -> list[str]:

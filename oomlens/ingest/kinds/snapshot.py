@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
+from oomlens.facts.snapshot import HistoryMode
 from oomlens.ingest.kinds.base import FoundInput, InputKind, Reading, ReadOptions, Sample
 from oomlens.ingest.snapshot.unpickler import looks_like_snapshot_pickle
 from oomlens.ingest.textstream import Compression
@@ -56,10 +57,16 @@ class SnapshotKind(InputKind):
             freeze_gc=False,
         )
         detail = (
-            f"{snapshot.layout.value} layout, {snapshot.history.value} history, "
+            f"{snapshot.layout.value} layout, {_HISTORY[snapshot.history]}, "
             f"{snapshot.segment_count} segments, {snapshot.trace_entry_count} trace entries"
         )
         return Reading((snapshot,), detail, rank=snapshot.source.rank)
 
+
+_HISTORY = {
+    HistoryMode.ALLOC_HISTORY: "allocation history",
+    HistoryMode.STATE_ONLY: "live blocks only (no allocation history)",
+    HistoryMode.NONE: "no allocation history",
+}
 
 KIND = SnapshotKind()

@@ -159,6 +159,8 @@ class LogReader:
             self.every_line = False
         self.line_by_line = self.every_line
         self.last_time: datetime | None = None
+        self._time_scan: tuple[bytes, int, int, int, datetime | None] | None = None
+        """``time_before``'s last scan: block, lines, start, where it found a time, the time."""
         self.last_step: int | None = None
         self.known_hosts: set[str] = set()
         self.local_to_global: dict[tuple[object, ...], int] = {}
@@ -442,6 +444,7 @@ class LogReader:
             or (
                 stream.tb.oom_like
                 and stream.tb.message_lines > 1
+                and stream.tb.may_hold_allocator_message()
                 and torch_oom.wrapped_complete(stream.tb.exception_text)
             )
         ):
@@ -661,24 +664,37 @@ class LogReader:
         return cpu
 
     def time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
-        """The timestamp of the nearest line before ``start`` that has one (up to ``lines``
-        lines within 16 KiB back, the previous block's tail included when ``data`` is the
-        current block, so that where blocks are cut changes nothing), else the last time seen."""
-        window = data[max(0, start - 16384) : start]
+        """The timestamp of the nearest line before ``start`` that has one (within ``lines``
+        lines and 16 KiB), else the last time seen.  A scan from a later start in the same
+        block stops where the previous one began and reuses what it found: a log of
+        thousands of OOM messages in a row costs one scan of each line, not 64.  Near the
+        start of a block the previous block's tail is looked through too, so that where blocks
+        are cut changes no timestamp (those scans are not reused: at most 16 KiB per block)."""
         if start < 16384 and data is self.block_data and self.prev_tail:
-            window = (self.prev_tail + window)[-16384:]
-        end = len(window)
+            head = self.prev_tail[-(16384 - start) :]
+            data, start = head + data[:start], len(head) + start
+        floor = max(0, start - 16384)
+        stop, found_at, found = floor, -1, None
+        last = self._time_scan
+        if last is not None and last[0] is data and last[1] == lines and floor <= last[2] <= start:
+            stop, found_at, found = last[2], last[3], last[4]
+        end = start
         for _ in range(lines):
-            if end <= 0:
+            if end <= stop:
                 break
-            begin = window.rfind(b"\n", 0, end - 1) + 1
-            raw = window[begin:end]
+            newline = data.rfind(b"\n", stop, end - 1)
+            begin = newline + 1 if newline >= 0 else stop
+            raw = data[begin:end]
             end = begin
             rest, _ = strip_prefixes(self.cleaner.clean(raw))
             when, _ = leading_timestamp(rest, self.year)
             if when is not None:
-                return when
-        return self.last_time
+                found_at, found = begin, when
+                break
+        if found_at < floor:
+            found = None
+        self._time_scan = (data, lines, start, found_at, found)
+        return found if found is not None else self.last_time
 
     def add_flush(self, warning: CacheFlushWarning) -> None:
         self.flushes.add(warning)

@@ -23,6 +23,10 @@ time is bounded by the text's length.
 
 from __future__ import annotations
 
+import bisect
+import functools
+from collections.abc import Iterator
+
 import regex
 
 from oomlens.facts.log import OomKind, OomMessage, ProcessMemory
@@ -208,11 +212,14 @@ def _exception_class(text: str, start: int) -> str | None:
     return match.group("cls") if match else None
 
 
+@functools.lru_cache(maxsize=64)
 def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMessage | None:
     """What the OOM message in ``text`` says, or None when ``text`` holds none.
 
     ``exception_class`` is used when the text itself does not name the exception (e.g. the
-    ``what():`` line after ``terminate called after throwing an instance of ...``).
+    ``what():`` line after ``terminate called after throwing an instance of ...``).  Results
+    are immutable and cached: a log that repeats one message thousands of times (a retry
+    loop) parses it once.
     """
     if not looks_like_oom(text):
         return None
@@ -237,10 +244,12 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def parse_oom_messages(text: str, *, exception_class: str | None = None) -> tuple[OomMessage, ...]:
     """Every OOM message in ``text``: one, or several when ranks printed theirs into one line
     (``...PYTORCH_CUDA_ALLOC_CONFCUDA out of memory. Tried to allocate...``); ``()`` when
-    ``text`` holds none."""
+    ``text`` holds none.  Cached like ``parse_oom_message``: a repeated line is searched for
+    further messages once."""
     first = parse_oom_message(text, exception_class=exception_class)
     if first is None or first.kind not in (OomKind.ALLOCATOR, OomKind.MPS):
         return (first,) if first is not None else ()
@@ -255,26 +264,62 @@ def _clip(text: str, start: int) -> str:
     return text[start : start + MAX_MESSAGE_CHARS].rstrip("'\" \n")
 
 
-def squeeze(text: str) -> tuple[str, list[int]]:
+_SQUEEZE_TABLE = dict.fromkeys(map(ord, _SQUEEZED_OUT))
+_KEPT_RUN = regex.compile("[^" + regex.escape("".join(sorted(_SQUEEZED_OUT))) + "]+")
+
+
+class Kept:
+    """For every character of a squeezed text, its index in the text it was squeezed from;
+    worked out on demand from the runs of kept characters, only as far as the indices looked
+    up (most callers look up one or two near the start, or none when their pattern is absent).
+    """
+
+    __slots__ = ("_covered", "_raw", "_runs", "_squeezed")
+
+    def __init__(self, text: str) -> None:
+        self._runs: Iterator[regex.Match[str]] | None = _KEPT_RUN.finditer(text)
+        self._squeezed: list[int] = []  # where each run starts in the squeezed text
+        self._raw: list[int] = []  # ... and in the text
+        self._covered = 0  # squeezed characters the runs read so far hold
+
+    def __getitem__(self, index: int) -> int:
+        if index < 0:
+            raise IndexError(index)
+        while index >= self._covered and self._runs is not None:
+            run = next(self._runs, None)
+            if run is None:
+                self._runs = None
+                break
+            self._squeezed.append(self._covered)
+            self._raw.append(run.start())
+            self._covered += run.end() - run.start()
+        if index >= self._covered:
+            raise IndexError(index)
+        at = bisect.bisect_right(self._squeezed, index) - 1
+        return self._raw[at] + index - self._squeezed[at]
+
+
+def squeeze(text: str) -> tuple[str, Kept]:
     """``text`` without spaces, tabs, line ends and non-breaking spaces, and for every kept
-    character its index in ``text``."""
-    kept = [i for i, ch in enumerate(text) if ch not in _SQUEEZED_OUT]
-    return "".join(text[i] for i in kept), kept
+    character its index in ``text``.  Linear and in C: a log's reader calls it on every line
+    of a message being collected."""
+    return text.translate(_SQUEEZE_TABLE), Kept(text)
 
 
 def _sq_size(match: regex.Match[str], first: int = 1) -> int:
     return _size(match.group(first), match.group(first + 1))
 
 
-def allocator_starts(text: str) -> list[int]:
+def allocator_starts(text: str, limit: int | None = None) -> list[int]:
     """Where each caching-allocator message in ``text`` begins (indices into ``text``): a
     message cut at its start (a paste that begins at ``Tried to allocate``, at ``(GPU 0;`` or
     at ``GPU 0 has a total capacity``) begins at what is left of it.  Two messages printed
-    into one line (every rank writing to one terminal) give two starts."""
+    into one line (every rank writing to one terminal) give two starts.  With ``limit``, only
+    the first ``limit`` starts."""
     squeezed, kept = squeeze(text)
     starts: list[int] = []
     position = 0
-    while True:
+    while limit is None or len(starts) < limit:
         match = _SQ_MESSAGE_START.search(squeezed, position)
         if match is None:
             return starts
@@ -285,6 +330,18 @@ def allocator_starts(text: str) -> list[int]:
         if after is None:
             return starts
         position = after.start()
+    return starts
+
+
+ANCHOR_CONTEXT = 120
+"""Squeezed characters before a new line that a message start ending in it can reach back
+over (the longest start, ``<24 digits>.<6 digits>GiBreservedintotalbyPyTorch;``, is ~70)."""
+
+
+def has_allocator_start(squeezed: str) -> bool:
+    """Whether squeezed text holds the start of a caching-allocator message (as
+    ``allocator_starts`` finds them)."""
+    return _SQ_MESSAGE_START.search(squeezed) is not None
 
 
 _SQ_NEXT_MESSAGE = regex.compile(
@@ -316,7 +373,7 @@ def message_starts(text: str) -> list[int]:
 
 
 def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | None:
-    starts = allocator_starts(text)
+    starts = allocator_starts(text, 2)
     if not starts:
         return None
     start = starts[0]

@@ -33,7 +33,12 @@ from oomlens.ingest.log.tb_shapes import (
     is_source_line,
     line_shape,
 )
-from oomlens.ingest.log.torch_oom import looks_like_oom
+from oomlens.ingest.log.torch_oom import (
+    ANCHOR_CONTEXT,
+    has_allocator_start,
+    looks_like_oom,
+    squeeze,
+)
 
 HEADER = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -76,6 +81,8 @@ class TracebackAssembler:
     __slots__ = (
         "_box_closed",
         "_chained",
+        "_clear_lines",
+        "_clear_of",
         "_current",
         "_exc_class",
         "_exc_limit",
@@ -113,6 +120,8 @@ class TracebackAssembler:
         self._box_closed = False
         self._path_start = ""
         self._current: str | None = None
+        self._clear_of: list[str] | None = None  # the message whose first lines were searched
+        self._clear_lines = 0  # ... and how many of them hold no allocator message start
 
     @property
     def open(self) -> bool:
@@ -143,6 +152,28 @@ class TracebackAssembler:
     def exception_text(self) -> str:
         """The exception message collected so far ('' when none is being collected)."""
         return _join(self._exc_lines) if self._state == 2 else ""
+
+    def may_hold_allocator_message(self) -> bool:
+        """False when the exception message collected so far holds no start of a
+        caching-allocator message (so cannot hold a complete one).  Incremental: only the lines
+        added since the last call are searched, with enough of the earlier ones for a start cut
+        by a wrap; a reader asks on every line of a message up to ``MAX_OOM_MESSAGE_LINES``."""
+        lines = self._exc_lines
+        if self._state != 2:
+            return False
+        if self._clear_of is not lines:
+            self._clear_of, self._clear_lines = lines, 0
+        begin = self._clear_lines
+        if begin >= len(lines):
+            return False
+        before, at = "", begin
+        while at > 0 and len(before) < ANCHOR_CONTEXT:
+            at -= 1
+            before = squeeze(lines[at])[0] + before
+        if has_allocator_start(before + squeeze("".join(lines[begin:]))[0]):
+            return True
+        self._clear_lines = len(lines)
+        return False
 
     def stale(self, line_number: int) -> bool:
         return self._state != 0 and line_number - self._last_line > STALE_AFTER_LINES

@@ -110,10 +110,9 @@ def build_snapshot(
     trace_entries = 0
     for device, trace in enumerate(device_traces):
         trace_entries += len(trace)
-        if any(
-            _action(where, device, index, entry) not in _MARKER_ACTIONS
-            for index, entry in enumerate(trace)
-        ):
+        # every entry is checked: later passes read them all, not just up to the first event
+        actions = [_action(where, device, index, entry) for index, entry in enumerate(trace)]
+        if any(action not in _MARKER_ACTIONS for action in actions):
             devices.add(device)
     device_count = max(len(device_traces), max(devices, default=-1) + 1)
 
@@ -302,6 +301,7 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                 or type(state) is not str
                 or state not in states
                 or type(requested) is not int
+                or type(block.get("address", 0)) is not int
                 or (frames is not None and type(frames) is not list)
             ):
                 raise _block_error(where, f"{location}.blocks[{block_index}]", block)
@@ -338,6 +338,8 @@ def _block_error(where: str, location: str, block: dict[Any, Any]) -> InputError
         )
     if type(block.get("requested_size", 0)) is not int:
         return _bad(where, f"{location}.requested_size", "is not an int")
+    if type(block.get("address", 0)) is not int:
+        return _bad(where, f"{location}.address", "is not an int")
     return _bad(where, f"{location}.frames", "is not a list")
 
 

@@ -46,7 +46,6 @@ import os
 import pickle
 import pickletools
 import resource
-import stat
 import sys
 import time
 import zlib
@@ -57,6 +56,7 @@ from typing import Any, NoReturn, Protocol
 
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.gcpause import gc_paused
+from oomlens.ingest.files import open_regular
 from oomlens.units import format_size
 
 MiB = 1024**2
@@ -531,37 +531,19 @@ def restricted_load(
         raw.close()
 
 
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def _refuse_not_regular(where: str, mode: int) -> None:
-    if stat.S_ISDIR(mode):
-        raise InputError(where, "is a directory, not a snapshot file", "give the .pickle file")
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
-        raise InputError(
-            where,
-            f"is {kind}, not a snapshot file; oomlens reads snapshots from regular files only "
-            "(a pipe or device could block or never end)",
-            "save the snapshot to a file first and give that file",
-        )
-
-
 def _open_regular_file(where: str, path: str | Path) -> io.BufferedReader[io.FileIO]:
     """Open ``path`` for reading if it is a regular file; else one clear ``InputError``.
 
-    A FIFO, socket or device is refused before it is opened (opening a FIFO blocks until a
-    writer comes; a device may never end).  The file is then opened non-blocking and checked
-    again through its descriptor, so a path swapped for a FIFO in between is refused too.
+    A FIFO, socket or device is refused before it is opened (``oomlens.ingest.files``).
     """
     try:
-        _refuse_not_regular(where, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return open_regular(
+            path,
+            display=where,
+            what="a snapshot file",
+            hint="save the snapshot to a file first and give that file",
+            buffer_size=_CHUNK,
+        )
     except FileNotFoundError:
         raise InputError(where, "no such file", "check the path") from None
     except IsADirectoryError:
@@ -572,14 +554,6 @@ def _open_regular_file(where: str, path: str | Path) -> io.BufferedReader[io.Fil
         raise InputError(
             where, f"cannot be read: {exc.strerror or exc}", "check the path and permissions"
         ) from None
-    try:
-        _refuse_not_regular(where, os.fstat(fd).st_mode)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return io.BufferedReader(io.FileIO(fd, "rb", closefd=True), buffer_size=_CHUNK)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _load_open_file(

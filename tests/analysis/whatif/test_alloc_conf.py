@@ -118,3 +118,21 @@ def test_a_real_211_snapshot_records_its_settings() -> None:
     plain = load_snapshot(f"{SAMPLES}/snapshot_t211_stacks_all_oom.pickle")
     assert recorded_conf(plain.allocator_settings)[0].canonical() == ""
     assert recorded_conf(None)[1]
+
+
+def test_a_recorded_table_torch_would_refuse_is_set_aside_not_replayed() -> None:
+    # found by the fuzzer: a damaged snapshot's table said garbage_collection_threshold 5.0,
+    # and every replay built on it raised AllocConfError (an internal error in analyze)
+    settings = AllocatorSettings(
+        raw_config="expandable_segments:True",
+        expandable_segments=True,
+        max_split_size=None,
+        garbage_collection_threshold=5.0,
+        roundup_power2_divisions=(),
+        release_lock_on_cudamalloc=False,
+        config_options=(),
+    )
+    conf, notes = recorded_conf(settings)
+    assert conf.canonical() == "expandable_segments:True"
+    assert parse_alloc_conf(conf.canonical() + ",max_split_size_mb:256")
+    assert any("refuses" in note and "garbage_collect" in note for note in notes)

@@ -507,3 +507,84 @@ def test_log_cut_between_traceback_and_exception_line(tmp_path: Path) -> None:
     facts = read_log(_write(tmp_path, body[:-1]))  # everything but the exception line
     assert facts.oom_events == () and facts.ended_in_traceback
     assert any("traceback" in note for note in facts.notes)
+
+
+def test_a_wall_of_oom_messages_is_read_once_not_once_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: one real OOM line repeated 20,000 times took ~25 s, each message
+    # scanning up to 64 lines back for a timestamp
+    from oomlens.ingest.log import reader
+
+    message = next(line for line in _stderr_of("B2_frag_full") if "OutOfMemoryError" in line)
+    calls = 0
+    real = reader.leading_timestamp
+
+    def counted(text: str, year: int | None) -> object:
+        nonlocal calls
+        calls += 1
+        return real(text, year)
+
+    monkeypatch.setattr(reader, "leading_timestamp", counted)
+    facts = read_log(_write(tmp_path, [message] * 3000))
+    assert len(facts.oom_events) > 0
+    assert calls < 4 * 3000  # was about 25 back-scanned lines per message: ~75,000
+
+
+def test_a_wall_of_cublas_errors_is_not_reparsed_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: a real cuBLAS line repeated 20,000 times (1.8 MB) took over 100 s:
+    # each line of the growing exception message was parsed again as a wrapped allocator
+    # message, which it cannot be (it has no allocator message start)
+    from oomlens.ingest.log import torch_oom
+
+    line = (ASSETS / "reference_messages.txt").read_text().splitlines()[6]
+    assert "CUBLAS_STATUS_ALLOC_FAILED" in line
+    calls = 0
+    real = torch_oom.wrapped_complete
+
+    def counted(text: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(text)
+
+    monkeypatch.setattr(torch_oom, "wrapped_complete", counted)
+    facts = read_log(_write(tmp_path, [line] * 3000))
+    assert facts.oom_events and facts.oom_events[0].message.kind.value == "cublas"
+    assert calls < 30  # was one per line: ~3,000
+
+
+def test_a_wall_of_cut_allocator_messages_costs_little_per_line(tmp_path: Path) -> None:
+    # the same wall where every line starts an allocator message (a real one, cut before its
+    # last clause): each line is still parsed, in time linear in the message (~13 s before)
+    import time
+
+    real = (ASSETS / "reference_messages.txt").read_text().splitlines()[0]
+    line = real[: real.index("already allocated")]
+    started = time.process_time()
+    facts = read_log(_write(tmp_path, [line] * 5000))
+    assert facts.oom_events
+    assert time.process_time() - started < 6.0
+
+
+def test_a_repeated_oom_line_is_searched_for_more_messages_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the fuzzer: one real OOM line padded to 5.5 KB and repeated 20,000 times
+    # (111 MB) took 70 s, every copy searched again for a second message printed into it
+    from oomlens.ingest.log import torch_oom
+
+    message = next(line for line in _stderr_of("B2_frag_full") if "OutOfMemoryError" in line)
+    calls = 0
+    real = torch_oom.allocator_starts
+
+    def counted(text: str, limit: int | None = None) -> list[int]:
+        nonlocal calls
+        calls += 1
+        return real(text, limit)
+
+    monkeypatch.setattr(torch_oom, "allocator_starts", counted)
+    facts = read_log(_write(tmp_path, [message] * 3000))
+    assert len(facts.oom_events) > 0
+    assert calls < 30  # was one per copy: ~3,000

@@ -1,0 +1,193 @@
+"""What counts as a finding, from what a case's command left: its exit code, its standard
+output and error, the files it wrote, its time and memory.
+
+* ``internal_error``: exit code 1 (or any code the command does not document), a traceback, an
+  input listed as an "internal error", more than one line on stderr for a failed command;
+* ``hang``: past the time limit (wall-clock time; on a machine shared with other work, CPU
+  time with ``clock="cpu"``, a blocked case still caught by the runner's wall-clock kill);
+  ``memory``: past the memory limit;
+* ``injection``: a control character, escape sequence or bidi override in text meant for a
+  terminal, JSON, CSV or a page; live markup in HTML (a tag or attribute the report never
+  writes, a planted payload unescaped); a CSV cell a spreadsheet would run as a formula;
+* ``code_execution``: the marker file a hostile pickle would have created exists.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from tests.fuzz.mutate import PAYLOADS
+
+TIME_LIMIT = 20.0
+MEMORY_LIMIT = 1024**3
+
+EXIT_CODES = {"analyze": {0, 3}, "check": {0, 4}, "triage": {0, 3}, "whatif": {0, 3}}
+"""The documented exit codes each command may end with on any input (2 is a usage error: the
+fuzzer's command lines are valid)."""
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Nothing a terminal or a page would act on: C0 controls but tab and line feed, DEL, C1
+controls, bidi embeddings, overrides and isolates."""
+
+INTERNAL = re.compile(
+    r"internal error while reading it|oomlens: internal error|\binternal_error\b|"
+    r"rule \w+ failed"
+)
+"""oomlens' own words for a bug: an input that cost one, the CLI's last line, a rule that
+raised (its ``internal_error`` diagnosis)."""
+
+_ALLOWED_TAGS = frozenset(
+    "html head meta title style script body header nav main section article footer div span "
+    "p a h1 h2 h3 h4 ul ol li dl dt dd table thead tbody tr th td pre code details summary "
+    "figure figcaption svg g line polyline rect circle text title button br strong em b small "
+    "sub sup abbr".split()
+)
+_LIVE_PAYLOADS = tuple(p for p in PAYLOADS if "<" in p)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    detail: str
+
+
+def findings(
+    argv: list[str],
+    stdout_format: str,
+    outputs: tuple[str, ...],
+    folder: Path,
+    result: dict[str, object],
+    marker: str,
+) -> list[Finding]:
+    found: list[Finding] = []
+    code = result["exit_code"]
+    stdout, stderr = str(result["stdout"]), str(result["stderr"])
+    clock = "cpu" if result.get("clock") == "cpu" else "wall"
+    seconds = float(str(result["cpu_seconds" if clock == "cpu" else "seconds"]))
+    if result["timed_out"] or seconds > TIME_LIMIT:
+        found.append(Finding("hang", f"{seconds:.1f} s ({clock})"))
+    if int(str(result["memory"])) > MEMORY_LIMIT:
+        found.append(Finding("memory", f"{int(str(result['memory'])) / 2**20:.0f} MiB"))
+    if (folder / marker).exists():
+        found.append(Finding("code_execution", f"{marker} was created"))
+    if not result["timed_out"]:
+        if code not in EXIT_CODES[argv[0]]:
+            found.append(Finding("internal_error", f"exit {code}: {stderr.strip()[-300:]}"))
+        elif code != 0 and len(stderr.strip().splitlines()) != 1:
+            found.append(Finding("internal_error", f"exit {code} with {stderr[-300:]!r}"))
+    for where, text in (("stdout", stdout), ("stderr", stderr)):
+        # a traceback quoted from a log is data on stdout; the command's own would be on stderr
+        if where == "stderr" and "Traceback" in text:
+            found.append(Finding("internal_error", "a traceback on stderr"))
+        if INTERNAL.search(text):
+            found.append(Finding("internal_error", f"{where}: {_match(INTERNAL, text)}"))
+        if CONTROL.search(text):
+            found.append(Finding("injection", f"control character in {where}: {_around(text)}"))
+    if stdout_format == "json" and stdout.strip():
+        found += _json(stdout, "stdout")
+    for name in outputs:
+        path = folder / name
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if INTERNAL.search(text):
+            found.append(Finding("internal_error", f"{name}: {_match(INTERNAL, text)}"))
+        if name.endswith(".html"):
+            found += _html(text, name)
+        elif name.endswith(".csv"):
+            found += _csv(text, name)
+        elif name.endswith(".jsonl"):
+            for line in text.splitlines():
+                found += _json(line, name)
+        elif CONTROL.search(text):
+            found.append(Finding("injection", f"control character in {name}: {_around(text)}"))
+    return found
+
+
+def _match(pattern: re.Pattern[str], text: str) -> str:
+    match = pattern.search(text)
+    start = match.start() if match else 0
+    return text[max(0, start - 80) : start + 200].replace("\n", " ")
+
+
+def _around(text: str) -> str:
+    match = CONTROL.search(text)
+    start = match.start() if match else 0
+    return repr(text[max(0, start - 40) : start + 20])
+
+
+def _json(text: str, name: str) -> list[Finding]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return [Finding("internal_error", f"{name} is not JSON: {exc}")]
+    found: list[Finding] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += list(item.keys()) + list(item.values())
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str) and CONTROL.search(item):
+            found.append(Finding("injection", f"control character in {name}: {_around(item)}"))
+            break
+    return found
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.problems: list[str] = []
+        self.scripts = 0
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in _ALLOWED_TAGS:
+            self.problems.append(f"<{tag}>")
+        self.scripts += tag == "script"
+        for name, value in attrs:
+            lowered = (value or "").strip().lower()
+            if name.startswith("on") or name in ("src", "srcdoc", "formaction", "action"):
+                self.problems.append(f"<{tag} {name}=...>")
+            if (
+                name in ("href", "xlink:href")
+                and not lowered.startswith("#")
+                and (":" in lowered.split("/")[0])
+            ):
+                self.problems.append(f"<{tag} {name}={lowered[:40]}>")
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _html(text: str, name: str) -> list[Finding]:
+    parser = _Tags()
+    parser.feed(text)
+    found = [Finding("injection", f"{name}: {p}") for p in parser.problems[:5]]
+    if parser.scripts > 1:
+        found.append(Finding("injection", f"{name}: {parser.scripts} script elements"))
+    found += [Finding("injection", f"{name}: {p!r} unescaped") for p in _LIVE_PAYLOADS if p in text]
+    if CONTROL.search("".join(parser.text)):
+        found.append(Finding("injection", f"control character in {name}"))
+    return found
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def _csv(text: str, name: str) -> list[Finding]:
+    found: list[Finding] = []
+    for row in csv.reader(io.StringIO(text)):
+        for cell in row:
+            if cell[:1] in ("=", "+", "-", "@", "\t", "\r") and not _NUMBER.fullmatch(cell):
+                found.append(Finding("injection", f"{name}: formula cell {cell[:40]!r}"))
+            if CONTROL.search(cell.replace("\r", "")):
+                found.append(Finding("injection", f"{name}: control character {cell[:40]!r}"))
+    return found
