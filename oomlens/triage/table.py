@@ -96,9 +96,7 @@ def normalize(frame: pandas.DataFrame) -> pandas.DataFrame:
                 [None if value is None else str(value) for value in column], dtype="string"
             )
         elif dtype == "Int64":
-            frame[name] = pandas.array(
-                [None if pandas.isna(value) else int(value) for value in column], dtype="Int64"
-            )
+            frame[name] = pandas.array([_int64(value) for value in column], dtype="Int64")
         else:
             frame[name] = pandas.array(
                 [None if pandas.isna(value) else float(value) for value in column],
@@ -108,6 +106,15 @@ def normalize(frame: pandas.DataFrame) -> pandas.DataFrame:
         ["time", "run", "path"], ascending=[False, True, True], na_position="last", kind="stable"
     )
     return frame.reset_index(drop=True)
+
+
+def _int64(value: Any) -> int | None:
+    """``value`` as a table integer, or missing when it is missing or past int64 (a log may
+    print a 24-digit size; no real byte count or rank is that large)."""
+    if pandas.isna(value):
+        return None
+    number = int(value)
+    return number if -(2**63) <= number < 2**63 else None
 
 
 def _record(row: RunRow) -> dict[str, Any]:

@@ -445,6 +445,7 @@ class LogReader:
                 stream.tb.oom_like
                 and stream.tb.message_lines > 1
                 and stream.tb.may_hold_allocator_message()
+                and stream.tb.may_be_complete()
                 and torch_oom.wrapped_complete(stream.tb.exception_text)
             )
         ):

@@ -306,6 +306,11 @@ def squeeze(text: str) -> tuple[str, Kept]:
     return text.translate(_SQUEEZE_TABLE), Kept(text)
 
 
+def squeezed_text(text: str) -> str:
+    """``squeeze(text)`` without the index map."""
+    return text.translate(_SQUEEZE_TABLE)
+
+
 def _sq_size(match: regex.Match[str], first: int = 1) -> int:
     return _size(match.group(first), match.group(first + 1))
 

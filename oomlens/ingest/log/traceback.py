@@ -38,6 +38,7 @@ from oomlens.ingest.log.torch_oom import (
     has_allocator_start,
     looks_like_oom,
     squeeze,
+    squeezed_text,
 )
 
 HEADER = "Traceback (most recent call last):"
@@ -49,6 +50,10 @@ MAX_HEAD_FRAMES = 8
 MAX_TAIL_FRAMES = 56
 MAX_EXCEPTION_LINES = 12
 MAX_OOM_MESSAGE_LINES = 160
+_COMPLETE_ENDINGS = ("PyTorch", "cached", "1EB")
+"""What the last clause of a complete caching-allocator message holds, spaces removed
+(``torch_oom.parse_oom_message``'s ``complete``: reserved in total by PyTorch, cached, is
+reserved by PyTorch but unallocated, more than 1EB)."""
 """An OOM message wrapped at a narrow column spans this many lines at most (800 characters
 at five columns)."""
 MAX_EXCEPTION_CHARS = 8000
@@ -83,6 +88,9 @@ class TracebackAssembler:
         "_chained",
         "_clear_lines",
         "_clear_of",
+        "_ending_lines",
+        "_ending_of",
+        "_ending_seen",
         "_current",
         "_exc_class",
         "_exc_limit",
@@ -122,6 +130,9 @@ class TracebackAssembler:
         self._current: str | None = None
         self._clear_of: list[str] | None = None  # the message whose first lines were searched
         self._clear_lines = 0  # ... and how many of them hold no allocator message start
+        self._ending_of: list[str] | None = None  # the message searched for a last clause
+        self._ending_lines = 0
+        self._ending_seen = False
 
     @property
     def open(self) -> bool:
@@ -174,6 +185,30 @@ class TracebackAssembler:
             return True
         self._clear_lines = len(lines)
         return False
+
+    def may_be_complete(self) -> bool:
+        """False while the exception message collected so far holds none of the words a
+        complete caching-allocator message ends its last clause with (``... by PyTorch``,
+        ``... cached)``, ``more than 1EB``), so that parsing it cannot find it complete.
+        Incremental like ``may_hold_allocator_message``: once one is there it stays there."""
+        lines = self._exc_lines
+        if self._state != 2:
+            return False
+        if self._ending_of is not lines:
+            self._ending_of, self._ending_lines, self._ending_seen = lines, 0, False
+        if self._ending_seen:
+            return True
+        begin = self._ending_lines
+        if begin >= len(lines):
+            return False
+        before, at = "", begin
+        while at > 0 and len(before) < ANCHOR_CONTEXT:
+            at -= 1
+            before = squeezed_text(lines[at]) + before
+        window = before + squeezed_text("".join(lines[begin:]))
+        self._ending_lines = len(lines)
+        self._ending_seen = any(word in window for word in _COMPLETE_ENDINGS)
+        return self._ending_seen
 
     def stale(self, line_number: int) -> bool:
         return self._state != 0 and line_number - self._last_line > STALE_AFTER_LINES
