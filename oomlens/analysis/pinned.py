@@ -53,10 +53,12 @@ def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
         frames = event.traceback.frames if event.traceback is not None else ()
         pinning = [f for f in frames if f.function in _PINNED_FRAMES]
         if pinning or _PINNED_TEXT.search(event.message.text):
-            where = f" ({pinning[-1].filename}:{pinning[-1].line} in {pinning[-1].function})"
-            return PinnedFailure(
-                event.message.text[:400] + (where if pinning else ""), event.source, True
+            where = (
+                f" ({pinning[-1].filename}:{pinning[-1].line} in {pinning[-1].function})"
+                if pinning
+                else ""  # the message's own words say pinning: no frame to name
             )
+            return PinnedFailure(event.message.text[:400] + where, event.source, True)
     for exception in facts.exceptions():
         if _PINNED_TEXT.search(exception.text):
             return PinnedFailure(exception.text[:400], exception.source, False)
