@@ -154,7 +154,7 @@ class NonPytorchMemoryRule(Rule):
             held is None
             or b.in_use_self is not None
             or b.others
-            or b.capacity is None
+            or not b.capacity  # a capacity of 0 is no card torch reports on
             or b.free is None
             or b.request is None
             or b.capped

@@ -18,6 +18,9 @@ from tests.fuzz.runner import run_case, warm_up
         ("snapshot", 369, 120503),  # a trace no allocator could follow (KeyError in the model)
         ("log", 592, 120503),  # "a total capacity of 0 GiB": two rules divided by zero
         ("config", 343, 120504),  # a 401-digit train_batch_size: a divisor search past 120 s
+        ("log", 227, 120506),  # a capacity of 0: non_pytorch_memory divided by zero
+        ("log", 1016, 120506),  # a message that says pinning with no frame: IndexError
+        ("snapshot", 178, 120506),  # 100,000 page maps at one address: quadratic rewind, limit
     ],
 )
 def test_a_fuzz_finding_stays_fixed(kind: str, number: int, seed: int) -> None:

@@ -82,6 +82,7 @@ def infer_limit(
     count = len(trace)
     index = 0
     capacity: int | None = None
+    next_request = _NextRequest(trace)
     while index < count:
         entry = trace[index]
         action = entry["action"]
@@ -98,7 +99,7 @@ def infer_limit(
         elif action in ("segment_alloc", "segment_map"):
             checked = entry["size"]
             if action == "segment_map":
-                checked = request_segment(_next_request(trace, index))
+                checked = request_segment(next_request.after(index))
             if attempt_reserved is not None and not gc_enabled:
                 high = _lower(high, attempt_reserved + checked - 1)
                 failures += 1
@@ -127,9 +128,7 @@ def infer_limit(
             "the device's free memory at the OOM plus what PyTorch had reserved",
         )
     if high is None:
-        return InferredLimit(
-            "unknown", low, None, None, "the recording never hit its limit"
-        )
+        return InferredLimit("unknown", low, None, None, "the recording never hit its limit")
     high = max(high, low)
     return InferredLimit(
         "allowed",
@@ -145,11 +144,22 @@ def _lower(current: int | None, value: int) -> int:
     return value if current is None else min(current, value)
 
 
-def _next_request(trace: list[Any], index: int) -> int:
-    for entry in trace[index + 1 :]:
-        if entry["action"] in ("alloc", "oom"):
-            return int(entry["size"])
-    return 0
+class _NextRequest:
+    """The size of the first request (``alloc`` or ``oom``) after an index: one forward scan
+    per run of map events, not one per event (a trace may map 100,000 pages in a row)."""
+
+    def __init__(self, trace: list[Any]) -> None:
+        self._trace = trace
+        self._found_at = -1  # the index of the request last found (-1: none yet, len: none left)
+
+    def after(self, index: int) -> int:
+        trace = self._trace
+        if self._found_at <= index:
+            at = index + 1
+            while at < len(trace) and trace[at]["action"] not in ("alloc", "oom"):
+                at += 1
+            self._found_at = at
+        return int(trace[self._found_at]["size"]) if self._found_at < len(trace) else 0
 
 
 def narrow(inferred: InferredLimit, logged: LoggedLimit | None) -> InferredLimit:

@@ -23,7 +23,7 @@ report says how much was already reserved and in use.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,7 +186,8 @@ def rewind(
                 requested = block.get("requested_size", block["size"])
                 live[block_addr] = [block["size"], requested, stream]
 
-    anchors = _anchors(ranges, trace)
+    known = _anchors(ranges, trace)
+    anchors = _AnchorIndex(known)
     for entry in reversed(trace):
         action = entry["action"]
         if action == "alloc":
@@ -218,7 +219,7 @@ def rewind(
         items = mapped.items()
         if not items:
             continue
-        base = min([start for start, _ in items] + anchors.get(key, []))
+        base = min([start for start, _ in items] + known.get(key, []))
         reservations[key] = StartReservation(base, key[0], key[1], items)
     for addr, (size, requested, stream) in live.items():
         index = bisect_right(by_addr, addr) - 1
@@ -251,9 +252,7 @@ def rewind(
     for reservation in reservations.values():
         for start, size in reservation.mapped:
             inside = [item for item in reservation.live if start <= item[0] < start + size]
-            state.inferred_sizes += _infer_sizes(
-                inside, start + size, True, round_size, None
-            )
+            state.inferred_sizes += _infer_sizes(inside, start + size, True, round_size, None)
             rest = [item for item in reservation.live if not start <= item[0] < start + size]
             reservation.live = rest + inside
         state.reservations.append(reservation)
@@ -280,9 +279,38 @@ def _anchors(
     return anchors
 
 
+class _AnchorIndex:
+    """Each stream's known expandable-segment addresses, sorted, for the nearest one to an
+    address in O(log n) (a trace may hold millions of map events and anchors)."""
+
+    def __init__(self, anchors: dict[tuple[int, bool], list[int]]) -> None:
+        by_stream: dict[int, list[tuple[int, tuple[int, bool]]]] = {}
+        for key, addresses in anchors.items():
+            by_stream.setdefault(key[0], []).extend((address, key) for address in addresses)
+        self._addresses: dict[int, list[int]] = {}
+        self._keys: dict[int, list[tuple[int, bool]]] = {}
+        for stream, listed in by_stream.items():
+            pairs = sorted(set(listed))  # a trace may repeat one address many times
+            self._addresses[stream] = [address for address, _ in pairs]
+            self._keys[stream] = [key for _, key in pairs]
+
+    def nearest(self, stream: int, addr: int) -> tuple[int, bool] | None:
+        """The key of the anchor nearest ``addr`` on ``stream`` (the smallest key among equally
+        near ones), else None."""
+        addresses = self._addresses.get(stream)
+        if not addresses:
+            return None
+        at = bisect_left(addresses, addr)
+        distance = min(abs(addresses[i] - addr) for i in (at - 1, at) if 0 <= i < len(addresses))
+        low = bisect_left(addresses, addr - distance)
+        high = bisect_right(addresses, addr + distance)
+        keys = self._keys[stream]
+        return min(keys[i] for i in range(low, high) if abs(addresses[i] - addr) == distance)
+
+
 def _owner(
     ranges: dict[tuple[int, bool], _Ranges],
-    anchors: dict[tuple[int, bool], list[int]],
+    anchors: _AnchorIndex,
     addr: int,
     stream: int,
     size: int,
@@ -292,14 +320,9 @@ def _owner(
     for key, mapped in ranges.items():
         if key[0] == stream and mapped.contains(addr):
             return key
-    candidates: list[tuple[int, tuple[int, bool]]] = [
-        (abs(anchor - addr), key)
-        for key, addresses in anchors.items()
-        if key[0] == stream
-        for anchor in addresses
-    ]
-    if candidates:
-        return min(candidates)[1]
+    nearest = anchors.nearest(stream, addr)
+    if nearest is not None:
+        return nearest
     return (stream, _expandable_pool(size))
 
 
