@@ -430,7 +430,7 @@ def parse_allocator_settings(raw: dict[Any, Any]) -> AllocatorSettings:
         for key, value in divisions_raw.items():
             try:
                 divisions.append((int(key), int(value)))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # inf, nan, huge
                 continue
     threshold = raw.get("garbage_collection_threshold")
     other = tuple(
