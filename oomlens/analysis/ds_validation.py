@@ -211,7 +211,7 @@ def _batch_problem(
                 )
             )
             return _Problem(key, "batch_nonpositive", text)
-        except TypeError as exc:
+        except (TypeError, OverflowError) as exc:  # a text value times a huge number
             key = next(
                 (
                     k
@@ -220,11 +220,11 @@ def _batch_problem(
                         (train, micro, gas),
                         strict=True,
                     )
-                    if isinstance(v, str)
+                    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float))
                 ),
                 TRAIN,
             )
-            return _Problem(key, "batch_type_error", f"TypeError: {exc}")
+            return _Problem(key, "batch_type_error", f"{type(exc).__name__}: {exc}")
         except ZeroDivisionError as exc:
             key = "train_micro_batch_size_per_gpu" if micro == 0 else "gradient_accumulation_steps"
             return _Problem(key, "batch_zero_division", f"ZeroDivisionError: {exc}")

@@ -22,6 +22,7 @@ from tests.fuzz.runner import run_case, warm_up
         ("log", 1016, 120506),  # a message that says pinning with no frame: IndexError
         ("snapshot", 178, 120506),  # 100,000 page maps at one address: quadratic rewind, limit
         ("snapshot", 155, 120507),  # an infinite roundup division count: OverflowError
+        ("config", 53, 120507),  # a list micro batch times a 22-digit accumulation: OverflowError
     ],
 )
 def test_a_fuzz_finding_stays_fixed(kind: str, number: int, seed: int) -> None:
