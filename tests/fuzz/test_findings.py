@@ -23,6 +23,7 @@ from tests.fuzz.runner import run_case, warm_up
         ("snapshot", 178, 120506),  # 100,000 page maps at one address: quadratic rewind, limit
         ("snapshot", 155, 120507),  # an infinite roundup division count: OverflowError
         ("config", 53, 120507),  # a list micro batch times a 22-digit accumulation: OverflowError
+        ("snapshot", 416, 120508),  # a gc threshold too large for a float: OverflowError
     ],
 )
 def test_a_fuzz_finding_stays_fixed(kind: str, number: int, seed: int) -> None:

@@ -16,3 +16,17 @@ def test_division_counts_that_are_no_integers_are_left_out() -> None:
         }
     )
     assert settings.roundup_power2_divisions == ((2048, 4),)
+
+
+def test_a_threshold_too_large_for_a_float_is_left_out() -> None:
+    """Fuzz finding snapshot-416 of campaign H: an integer threshold past a float's range."""
+    assert (
+        parse_allocator_settings(
+            {"garbage_collection_threshold": 10**400}
+        ).garbage_collection_threshold
+        is None
+    )
+    assert (
+        parse_allocator_settings({"garbage_collection_threshold": 0.6}).garbage_collection_threshold
+        == 0.6
+    )

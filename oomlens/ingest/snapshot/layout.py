@@ -419,6 +419,17 @@ _KNOWN_SETTINGS = frozenset(
 _MAX_CONFIG_CHARS = 4096
 
 
+def _threshold(value: Any) -> float | None:
+    """A garbage-collection threshold as a float; None for what is no number (or an integer
+    too large for a float, which no real setting is)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def parse_allocator_settings(raw: dict[Any, Any]) -> AllocatorSettings:
     """Read torch's ``allocator_settings`` dict; fields of unexpected type become None."""
     conf = raw.get("PYTORCH_CUDA_ALLOC_CONF")
@@ -442,9 +453,7 @@ def parse_allocator_settings(raw: dict[Any, Any]) -> AllocatorSettings:
         raw_config=conf_text,
         expandable_segments=_bool_or_none(raw.get("expandable_segments")),
         max_split_size=max_split if type(max_split) is int and max_split >= 0 else None,
-        garbage_collection_threshold=float(threshold)
-        if isinstance(threshold, int | float)
-        else None,
+        garbage_collection_threshold=_threshold(threshold),
         roundup_power2_divisions=tuple(sorted(divisions)[:64]),
         release_lock_on_cudamalloc=_bool_or_none(raw.get("release_lock_on_cudamalloc")),
         config_options=split_alloc_conf(conf_text),
