@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 BATCH_BLOCKS = 4
 """Blocks scanned at once (4 MiB with the default 1 MiB blocks): large enough that the scan's
-fixed costs vanish, small enough to keep memory flat: a batch's scan holds about 15 times its
-bytes at its peak (line index, padded copy, Arrow columns), so 8 blocks put a dense 64-rank
-log's reading at 237 MiB peak RSS and 4 at 199 MiB, for the same CPU time (measured)."""
+fixed costs vanish, small enough to keep memory flat: a batch's scan holds several times its
+bytes at its peak (line index, padded copy, Arrow columns), and up to ``2 * jobs + 1`` batches
+are in flight.  Reading a dense 1 GiB 64-rank log with two workers (peak RSS, CPU): 8 blocks
+217 MiB, 36 s; 4 blocks 168 MiB, 37-38 s; 2 blocks 137 MiB, 41 s (measured)."""
 MIN_RUN = 32
 """Bulk lines applied at once below this count go the per-line way: the fixed cost of applying
 a run is that of a few dozen lines read one by one (measured)."""
@@ -55,39 +56,61 @@ def default_jobs() -> int:
 
 
 class _Batch:
-    __slots__ = ("blocks", "prev_tail", "scan", "starts")
+    """A batch's bytes held once: joined for the scan, each block cut out again as it is read
+    (holding the blocks and their join too doubled the memory of the batches in flight)."""
+
+    __slots__ = ("_cut", "data", "prev_tail", "scan", "starts")
 
     def __init__(self, blocks: list[bytes], prev_tail: bytes) -> None:
-        self.blocks = blocks
+        self.data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
         self.prev_tail = prev_tail
         starts = [0]
         for block in blocks[:-1]:
             starts.append(starts[-1] + len(block))
         self.starts = starts
         self.scan: bulk.BatchScan | Future[bulk.BatchScan] | None = None
+        self._cut: tuple[int, bytes] | None = None
 
-    def data(self) -> bytes:
-        return self.blocks[0] if len(self.blocks) == 1 else b"".join(self.blocks)
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def block(self, b: int) -> bytes:
+        """Block ``b``'s bytes (the last one cut is kept: a block is asked for again and
+        again while it is read)."""
+        if len(self.starts) == 1:
+            return self.data
+        if self._cut is None or self._cut[0] != b:
+            end = self.starts[b + 1] if b + 1 < len(self.starts) else len(self.data)
+            self._cut = (b, self.data[self.starts[b] : end])
+        return self._cut[1]
+
+    def tail_before(self, b: int) -> bytes:
+        """The ``TAIL_BYTES`` before block ``b`` (the previous batch's for the first)."""
+        if b == 0:
+            return self.prev_tail
+        start = self.starts[b]
+        return self.data[max(self.starts[b - 1], start - TAIL_BYTES) : start]
 
 
 def _batches(reader: LogReader) -> Iterator[_Batch]:
     blocks: list[bytes] = []
     size = 0
-    tail = b""
+    previous_tail = b""
     limit = BATCH_BLOCKS * reader.source.chunk_bytes
     for block in reader.source.blocks(number_lines=False):
         blocks.append(block.data)
         size += len(block.data)
         if size >= limit:
-            yield _Batch(blocks, tail)
-            tail = blocks[-1][-TAIL_BYTES:]
-            blocks, size = [], 0
+            batch = _Batch(blocks, previous_tail)
+            previous_tail = blocks[-1][-TAIL_BYTES:]
+            blocks, size = [], 0  # before the yield: the batch holds the bytes now
+            yield batch
     if blocks:
-        yield _Batch(blocks, tail)
+        yield _Batch(blocks, previous_tail)
 
 
 def _scan(batch: _Batch) -> bulk.BatchScan:
-    return bulk.scan_batch(batch.data(), batch.starts, batch.prev_tail)
+    return bulk.scan_batch(batch.data, batch.starts, batch.prev_tail)
 
 
 def _scan_remote(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchScan:
@@ -133,7 +156,7 @@ def _read_line_by_line(reader: LogReader) -> int:
 def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> int:
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
     for batch in _batches(reader):
-        future = pool.submit(_scan_remote, batch.data(), batch.starts, batch.prev_tail)
+        future = pool.submit(_scan_remote, batch.data, batch.starts, batch.prev_tail)
         pending.append((batch, future))
         while len(pending) > 2 * jobs:
             done, future = pending.popleft()
@@ -171,7 +194,8 @@ def _process_blocks(reader: LogReader, batch: _Batch, scan: bulk.BatchScan, numb
     context = _Context(reader, batch, scan, number, next_stop, stops)
     h = 0
     line_base = 0
-    for b, block in enumerate(batch.blocks):
+    for b in range(len(batch)):
+        block = batch.block(b)
         count = scan.line_counts[b]
         reader.consumed_until = 0
         reader.block_newlines = None
@@ -222,8 +246,8 @@ class _Context:
         scan, batch, reader = self.scan, self.batch, self.reader
         start = int(scan.hit_start[h])
         b = int(np.searchsorted(batch.starts, start, side="right")) - 1
-        block = batch.blocks[b]
-        prev_tail = batch.prev_tail if b == 0 else batch.blocks[b - 1][-TAIL_BYTES:]
+        block = batch.block(b)
+        prev_tail = batch.tail_before(b)
         reader.prefix_chars = int(scan.prefix_len[h])
         return reader.label_before(
             block, start - batch.starts[b], stream_key(int(scan.key[h])), prev_tail

@@ -263,3 +263,65 @@ def test_sources_are_real_lines() -> None:
     src = _sources()
     assert src["traceback"][0] == "Traceback (most recent call last):"
     assert src["dump"][-1].strip() == "}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.just(""), st.from_regex(r"\A[0-9]{1,9}\Z", fullmatch=True)),
+        min_size=1,
+        max_size=40,
+    ),
+    data=st.data(),
+)
+def test_groups_read_from_arrow_buffers_as_arrow_reads_them(
+    values: list[str | None], data: st.DataObject
+) -> None:
+    # a slice (an offset into the buffers) with nulls, empty groups and digits
+    lo = data.draw(st.integers(0, len(values) - 1))
+    hi = data.draw(st.integers(lo + 1, len(values)))
+    column = pa.array(values, pa.binary()).slice(lo, hi - lo)
+    table = pa.StructArray.from_arrays([column], names=["a"])
+    chosen = values[lo:hi]
+    assert bulk._ints(table, "a").tolist() == [int(v) if v else -1 for v in chosen]
+    floats = bulk._floats(table, "a").tolist()
+    assert [None if f != f else f for f in floats] == [float(v) if v else None for v in chosen]
+    flags = pa.array([None if v is None else v == "" for v in values], pa.bool_()).slice(
+        lo, hi - lo
+    )
+    assert bulk.numpy_bools(flags).tolist() == [v == "" for v in chosen]
+
+
+def test_reading_a_dense_log_leaves_pandas_unimported(tmp_path: Path) -> None:
+    # pyarrow imports pandas when handed Python scalars or asked for numpy conversions: about
+    # 40 MiB of resident memory in every reading process, against issue 15's 200 MB bound
+    import subprocess
+    import sys
+
+    path = tmp_path / "dense.log"
+    path.write_text(mixed_log(7, ranks=16, steps=200, odd=0.0))  # past a paste's size: bulk
+    script = (
+        "import sys\nfrom oomlens.ingest.log import read_log\n"
+        f"facts = read_log({str(path)!r})\n"
+        "print(sum(s.total_samples for s in facts.memory), 'pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    samples, imported = done.stdout.split()
+    assert int(samples) == 16 * 200 and imported == "False"
+
+
+@given(
+    blocks=st.lists(st.binary(min_size=1, max_size=40000), min_size=1, max_size=5),
+    prev=st.binary(max_size=20000),
+)
+@settings(max_examples=50, deadline=None)
+def test_a_batch_gives_back_its_blocks_and_tails(blocks: list[bytes], prev: bytes) -> None:
+    # a batch keeps one joined copy of its blocks and cuts each block out again when read
+    batch = batches._Batch(list(blocks), prev)
+    assert batch.data == b"".join(blocks) and len(batch) == len(blocks)
+    for b in (*range(len(blocks)), 0):
+        assert batch.block(b) == blocks[b]
+        expected = prev if b == 0 else blocks[b - 1][-batches.TAIL_BYTES :]
+        assert batch.tail_before(b) == expected
