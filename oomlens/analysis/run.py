@@ -91,9 +91,7 @@ def logged_limit(events: Sequence[OomEvent], rank: int | None, device: int) -> L
     another rank do not count; those with no rank count only when none has this one.
     """
     on_device = [
-        e
-        for e in events
-        if e.message.kind is OomKind.ALLOCATOR and e.message.device == device
+        e for e in events if e.message.kind is OomKind.ALLOCATOR and e.message.device == device
     ]
     same_rank = [e for e in on_device if rank is not None and e.rank == rank]
     chosen = same_rank or [e for e in on_device if e.rank is None]

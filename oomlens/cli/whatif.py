@@ -45,9 +45,7 @@ from oomlens.render.registry import formats_for
     default="text",
     show_default=True,
 )
-@click.option(
-    "-o", "--output", type=click.Path(), default=None, help="Write to this file instead."
-)
+@click.option("-o", "--output", type=click.Path(), default=None, help="Write to this file instead.")
 def whatif_command(
     snapshot: str,
     alloc_confs: tuple[str, ...],

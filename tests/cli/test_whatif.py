@@ -53,8 +53,14 @@ def test_json_predictions_under_another_limit(
     capsys: pytest.CaptureFixture[str], rescued: Path
 ) -> None:
     code, out, _ = run(
-        capsys, str(rescued), "--alloc-conf", "expandable_segments:True", "--allowed", "700MiB",
-        "--format", "json",
+        capsys,
+        str(rescued),
+        "--alloc-conf",
+        "expandable_segments:True",
+        "--allowed",
+        "700MiB",
+        "--format",
+        "json",
     )
     assert code == 0
     document = json.loads(out)
@@ -65,8 +71,16 @@ def test_json_predictions_under_another_limit(
     # 15 kept 40 MiB tensors + 120 MiB need 720 MiB: over a 700 MiB card whatever the setting.
     assert expandable["allowed_bytes"] == 700 * MiB
     assert expandable["outcome"] == "oom" and expandable["live_too_large"] is True
-    for key in ("alloc_conf", "allowed_bytes", "outcome", "peak_reserved_bytes",
-                "peak_allocated_bytes", "oom_request_bytes", "covers", "self_check"):
+    for key in (
+        "alloc_conf",
+        "allowed_bytes",
+        "outcome",
+        "peak_reserved_bytes",
+        "peak_allocated_bytes",
+        "oom_request_bytes",
+        "covers",
+        "self_check",
+    ):
         assert key in expandable
 
 

@@ -335,9 +335,7 @@ def run_whatif(
     recorded_text = context.conf.canonical()
     if settings is None:
         settings = default_ladder(context.conf)
-    predictions = [
-        context.predict(replace(context.conf, text=recorded_text), limit, baseline=True)
-    ]
+    predictions = [context.predict(replace(context.conf, text=recorded_text), limit, baseline=True)]
     seen = {recorded_text}
     for conf in settings:
         key = conf.canonical()

@@ -113,8 +113,7 @@ class AllocConf:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
         if any(value > 1 for value in self.roundup_power2_divisions):
             pairs = ",".join(
-                f"{1 << index}:{value}"
-                for index, value in enumerate(self.roundup_power2_divisions)
+                f"{1 << index}:{value}" for index, value in enumerate(self.roundup_power2_divisions)
             )
             parts.append(f"roundup_power2_divisions:[{pairs}]")
         if self.large_segment_size != DEFAULT_LARGE_SEGMENT:

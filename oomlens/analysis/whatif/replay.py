@@ -122,10 +122,16 @@ def _start_model(
                 )
             )
         return blocks, None
-    in_use = [(addr, requested, segment.stream) for segment in start.segments
-              for addr, _, requested in segment.live]
-    in_use += [(addr, requested, reservation.stream) for reservation in start.reservations
-               for addr, _, requested in reservation.live]
+    in_use = [
+        (addr, requested, segment.stream)
+        for segment in start.segments
+        for addr, _, requested in segment.live
+    ]
+    in_use += [
+        (addr, requested, reservation.stream)
+        for reservation in start.reservations
+        for addr, _, requested in reservation.live
+    ]
     for addr, requested, stream in sorted(in_use):
         block = model.malloc(requested, stream)
         if block is None:
@@ -158,9 +164,7 @@ def replay(
     # both ways) trigger a collection; they are dropped as a whole afterwards.
     with gc_paused():
         try:
-            return _replay(
-                trace, start, conf, limit, check=check, packed=packed, releases=releases
-            )
+            return _replay(trace, start, conf, limit, check=check, packed=packed, releases=releases)
         except (KeyError, IndexError) as err:
             # torch never writes such a trace: a damaged or crafted file
             raise InconsistentTraceError(
@@ -357,9 +361,9 @@ def _compare(
 ) -> int:
     """Compare the segment events of one request; returns the recorded reserved bytes after."""
     for entry in recorded:
-        delta = entry["size"] if entry["action"] in ("segment_alloc", "segment_map") else -entry[
-            "size"
-        ]
+        delta = (
+            entry["size"] if entry["action"] in ("segment_alloc", "segment_map") else -entry["size"]
+        )
         recorded_reserved += delta
     agreement.segment_events += len(recorded)
     for position, entry in enumerate(recorded):

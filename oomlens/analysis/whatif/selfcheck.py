@@ -44,9 +44,7 @@ def self_check(
     if run.unknown_frees and first is None:
         first = f"{run.unknown_frees} frees of blocks the rewind did not know"
     if tuple(replayed) != recorded_ooms and first is None:
-        first = (
-            f"the recording runs out at events {list(recorded_ooms)}, the model at {replayed}"
-        )
+        first = f"the recording runs out at events {list(recorded_ooms)}, the model at {replayed}"
     passed = (
         first is None
         and not stopped_early

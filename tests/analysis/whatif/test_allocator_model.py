@@ -107,9 +107,7 @@ def test_a_recorded_start_lies_above_the_segments_the_model_adds() -> None:
     # Predicting from a mid-run trace: the start's segments were there first, so the driver
     # would have put the new ones below them; the start's blocks still answer to their
     # recorded addresses.
-    allocator = CachingAllocatorModel(
-        parse_alloc_conf(""), Limit(), start_shift=SYNTHETIC_TOP
-    )
+    allocator = CachingAllocatorModel(parse_alloc_conf(""), Limit(), start_shift=SYNTHETIC_TOP)
     recorded = 0x7F0000000000
     live = allocator.adopt_segment(recorded, 30 * MiB, 0, False, [(recorded, 30 * MiB, 30 * MiB)])
     assert list(live) == [recorded] and live[recorded].addr == recorded + SYNTHETIC_TOP

@@ -104,9 +104,7 @@ def test_the_rewind_finds_the_state_at_the_first_kept_event(tmp_path: Path, shar
     partial.trace.clear()
     segments, in_use = state_of(partial)
     assert {(segment.addr, segment.size) for segment in start.segments} == segments
-    assert {
-        (addr, size) for segment in start.segments for addr, size, _ in segment.live
-    } == in_use
+    assert {(addr, size) for segment in start.segments for addr, size, _ in segment.live} == in_use
     assert start.unplaced == 0
 
 
@@ -115,8 +113,16 @@ def test_the_rewind_finds_the_state_at_the_first_kept_event(tmp_path: Path, shar
     [
         (rounds(15), 1024 * MiB, ["expandable_segments:True", "max_split_size_mb:32"]),
         (small_tensors(), 1024 * MiB, ["expandable_segments:True", "roundup_power2_divisions:4"]),
-        (churn, 200 * MiB, ["expandable_segments:True", "garbage_collection_threshold:0.5",
-                            "max_split_size_mb:24", "roundup_power2_divisions:[1:2,>:8]"]),
+        (
+            churn,
+            200 * MiB,
+            [
+                "expandable_segments:True",
+                "garbage_collection_threshold:0.5",
+                "max_split_size_mb:24",
+                "roundup_power2_divisions:[1:2,>:8]",
+            ],
+        ),
     ],
 )
 def test_a_replay_from_the_start_is_the_run_under_that_setting(
@@ -143,8 +149,9 @@ def test_a_replay_from_the_start_is_the_run_under_that_setting(
 def test_the_expandable_rescue_is_a_forecast_with_its_head_room(tmp_path: Path) -> None:
     recorded, step = record(rounds(15), allowed=1024 * MiB)
     assert step == "final"
-    whatif = run_whatif(write(recorded, tmp_path / "r.pickle"), [parse_alloc_conf(
-        "expandable_segments:True")])
+    whatif = run_whatif(
+        write(recorded, tmp_path / "r.pickle"), [parse_alloc_conf("expandable_segments:True")]
+    )
     baseline, expandable = whatif.predictions
     assert baseline.baseline and baseline.result.outcome == "oom"
     assert expandable.result.outcome == "fits" and expandable.conclusive
