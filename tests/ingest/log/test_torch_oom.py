@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomlens.facts.log import OomKind
 from oomlens.ingest.log.torch_oom import ANCHORS, looks_like_oom, parse_oom_message
@@ -290,3 +292,86 @@ def test_xpu_npu_and_mps_messages_built_from_their_source_templates() -> None:
         t,
         a,
     )
+
+
+def _message_starts_searching_everywhere(text: str) -> list[int]:
+    """``message_starts`` as it was before it skipped to the patterns' literals: the reference
+    the skipping must agree with."""
+    from oomlens.ingest.log import torch_oom as t
+
+    squeezed, kept = t.squeeze(text)
+    found: list[int] = []
+    position = 0
+    while len(found) < 1000:
+        match = t._SQ_MESSAGE_START.search(squeezed, position)
+        if match is None:
+            break
+        start = match.start()
+        cls = t._SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
+        found.append(kept[cls.start() if cls is not None else start])
+        after = t._SQ_NEXT_MESSAGE.search(squeezed, match.end())
+        if after is None:
+            break
+        position = after.start()
+    found += [kept[m.start()] for m in t._SQ_ASYNC_START.finditer(squeezed)][:100]
+    return sorted(found)
+
+
+_PIECES = [
+    *(ln[:80] for ln in REFERENCE[:12]),
+    "torch.OutOfMemoryError: ",
+    "CUDA out of memory. ",
+    "HIP out of memory.",
+    "out of memory",
+    "Tried to allocate 2.00 GiB",
+    "(GPU 0; 79.19 GiB total capacity; ",
+    "GPU 3 has a total capacity of 139.81 GiB",
+    "123456789012345678901234.123456 bytes total capacity;",
+    "18.00 MiB already allocated;",
+    "7 GiB reserved in total by PyTorch;",
+    "Allocation on device 0 would exceed allowed memory.",
+    "RuntimeError: ",
+    "9" * 30,
+    ".",
+    " ",
+    "\n",
+    "memory.",
+    "ROCm",
+    "X",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40), st.integers(0, 60))
+def test_message_starts_finds_what_a_search_from_every_character_finds(
+    pieces: list[str], cut: int
+) -> None:
+    text = "".join(pieces)[cut:]
+    from oomlens.ingest.log.torch_oom import message_starts
+
+    assert message_starts(text) == _message_starts_searching_everywhere(text)
+
+
+def test_message_starts_searches_from_the_literals_not_every_character(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # fuzz campaign J: a 5.8 KB bzip2 log inflating to 100 MB of digit lines spent 7 of its
+    # 12-18 CPU seconds in message_starts (16 MiB of it are read as a paste): the pattern was
+    # searched from every character, ~0.4 s a MiB
+    from oomlens.ingest.log import torch_oom
+
+    searched_from: list[int] = []
+    pattern = torch_oom._SQ_MESSAGE_START
+
+    class Watched:
+        def search(self, text: str, position: int = 0):  # type: ignore[no-untyped-def]
+            searched_from.append(position)
+            return pattern.search(text, position)
+
+    monkeypatch.setattr(torch_oom, "_SQ_MESSAGE_START", Watched())
+    flood = ("[" + "9" * 5234 + "\n") * 200
+    assert torch_oom.message_starts(flood) == [] and searched_from == []
+    message = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert torch_oom.message_starts(flood + message) == [len(flood)]
+    squeezed_flood = len(torch_oom.squeezed_text(flood))
+    assert searched_from and min(searched_from) >= squeezed_flood - torch_oom._START_REACH
