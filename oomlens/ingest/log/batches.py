@@ -59,7 +59,7 @@ class _Batch:
     """A batch's bytes held once: joined for the scan, each block cut out again as it is read
     (holding the blocks and their join too doubled the memory of the batches in flight)."""
 
-    __slots__ = ("_cut", "data", "prev_tail", "scan", "starts")
+    __slots__ = ("_cut", "data", "prev_tail", "starts")
 
     def __init__(self, blocks: list[bytes], prev_tail: bytes) -> None:
         self.data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
@@ -68,7 +68,6 @@ class _Batch:
         for block in blocks[:-1]:
             starts.append(starts[-1] + len(block))
         self.starts = starts
-        self.scan: bulk.BatchScan | Future[bulk.BatchScan] | None = None
         self._cut: tuple[int, bytes] | None = None
 
     def __len__(self) -> int:

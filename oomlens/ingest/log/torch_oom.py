@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Iterator
+from itertools import islice
 
 import regex
 
@@ -322,20 +323,7 @@ def allocator_starts(text: str, limit: int | None = None) -> list[int]:
     into one line (every rank writing to one terminal) give two starts.  With ``limit``, only
     the first ``limit`` starts."""
     squeezed, kept = squeeze(text)
-    starts: list[int] = []
-    position = 0
-    while limit is None or len(starts) < limit:
-        match = _SQ_MESSAGE_START.search(squeezed, position)
-        if match is None:
-            return starts
-        starts.append(kept[match.start()])
-        # the message's own clauses follow its start: the next message starts at the next
-        # "out of memory" or "Tried to allocate", never at this one's "(GPU 0;"
-        after = _SQ_NEXT_MESSAGE.search(squeezed, match.end())
-        if after is None:
-            return starts
-        position = after.start()
-    return starts
+    return [kept[match.start()] for match in islice(_message_matches(squeezed), limit)]
 
 
 ANCHOR_CONTEXT = 120
@@ -406,29 +394,36 @@ class _Skipper:
         return None if best < 0 else max(position, best - self.reach)
 
 
+def _message_matches(squeezed: str) -> Iterator[regex.Match[str]]:
+    """The match of ``_SQ_MESSAGE_START`` of each allocator message in squeezed text, in order.
+    A message's own clauses follow its start, so the next message is searched for from the
+    next ``out of memory`` or ``Tried to allocate`` after it, never at its own ``(GPU 0;``;
+    both patterns are searched from where their literals next occur (``_Skipper``)."""
+    starts = _Skipper(squeezed, _START_LITERALS, _START_REACH)
+    nexts = _Skipper(squeezed, _NEXT_LITERALS, _NEXT_REACH)
+    position = starts.start(0)
+    while position is not None:
+        match = _SQ_MESSAGE_START.search(squeezed, position)
+        if match is None:
+            return
+        yield match
+        after_from = nexts.start(match.end())
+        after = None if after_from is None else _SQ_NEXT_MESSAGE.search(squeezed, after_from)
+        if after is None:
+            return
+        position = starts.start(after.start())
+
+
 def message_starts(text: str) -> list[int]:
     """Where the OOM messages of ``text`` (a whole paste) begin, their exception class
     included, wherever the lines were wrapped: indices into ``text``.  What a paste's lines
     cannot show, the squeezed text does (an anchor cut in two by a wrap)."""
     squeezed, kept = squeeze(text)
-    starts, nexts = (
-        _Skipper(squeezed, _START_LITERALS, _START_REACH),
-        _Skipper(squeezed, _NEXT_LITERALS, _NEXT_REACH),
-    )
     found: list[int] = []
-    position: int | None = starts.start(0)
-    while position is not None and len(found) < 1000:
-        match = _SQ_MESSAGE_START.search(squeezed, position)
-        if match is None:
-            break
+    for match in islice(_message_matches(squeezed), 1000):
         start = match.start()
         cls = _SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
         found.append(kept[cls.start() if cls is not None else start])
-        after_from = nexts.start(match.end())
-        after = None if after_from is None else _SQ_NEXT_MESSAGE.search(squeezed, after_from)
-        if after is None:
-            break
-        position = starts.start(after.start())
     if "Allocationondevice" in squeezed:
         found += [kept[m.start()] for m in _SQ_ASYNC_START.finditer(squeezed)][:100]
     return sorted(found)

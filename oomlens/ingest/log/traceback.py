@@ -37,7 +37,6 @@ from oomlens.ingest.log.torch_oom import (
     ANCHOR_CONTEXT,
     has_allocator_start,
     looks_like_oom,
-    squeeze,
     squeezed_text,
 )
 
@@ -172,7 +171,7 @@ class TracebackAssembler:
         added since the last call are searched, with enough of the earlier ones for a start cut
         by a wrap; a reader asks on every line of a message up to ``MAX_OOM_MESSAGE_LINES``.
         Once a start is there it stays there (the message only grows): searching it again on
-        every line was quadratic in a message's length (fuzz campaign J: 20,000 long lines of
+        every line was quadratic in a message's length (fuzz campaign I: 20,000 long lines of
         unfinished messages, 8 of 15 CPU seconds)."""
         lines = self._exc_lines
         if self._state != 2:
@@ -187,8 +186,8 @@ class TracebackAssembler:
         before, at = "", begin
         while at > 0 and len(before) < ANCHOR_CONTEXT:
             at -= 1
-            before = squeeze(lines[at])[0] + before
-        if has_allocator_start(before + squeeze("".join(lines[begin:]))[0]):
+            before = squeezed_text(lines[at]) + before
+        if has_allocator_start(before + squeezed_text("".join(lines[begin:]))):
             self._clear_start = True
             return True
         self._clear_lines = len(lines)

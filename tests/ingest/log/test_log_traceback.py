@@ -203,18 +203,18 @@ def test_the_captured_prefetch_overshoot_fails_in_the_forward_not_at_init() -> N
 def test_a_found_allocator_start_is_not_searched_for_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # fuzz campaign J: every line of an unfinished OOM message squeezed the whole message
+    # fuzz campaign I: every line of an unfinished OOM message squeezed the whole message
     # again (quadratic: 20,000 such 5 KB lines took 15 s of CPU, 8 of them here)
     from oomlens.ingest.log import traceback as tb
 
     squeezed: list[int] = []
-    original = tb.squeeze
+    original = tb.squeezed_text
 
     def counting(text: str):  # type: ignore[no-untyped-def]
         squeezed.append(len(text))
         return original(text)
 
-    monkeypatch.setattr(tb, "squeeze", counting)
+    monkeypatch.setattr(tb, "squeezed_text", counting)
     assembler = TracebackAssembler()
     first = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. " + "x" * 5000
     assembler.start_exception("torch.OutOfMemoryError", first, SourceRef("log", 1))

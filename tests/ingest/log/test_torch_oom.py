@@ -294,25 +294,33 @@ def test_xpu_npu_and_mps_messages_built_from_their_source_templates() -> None:
     )
 
 
-def _message_starts_searching_everywhere(text: str) -> list[int]:
-    """``message_starts`` as it was before it skipped to the patterns' literals: the reference
-    the skipping must agree with."""
+def _matches_searching_everywhere(squeezed: str) -> list[int]:
+    """The allocator message starts in squeezed text as found before the search skipped to
+    the patterns' literals: the reference the skipping must agree with."""
     from oomlens.ingest.log import torch_oom as t
 
-    squeezed, kept = t.squeeze(text)
     found: list[int] = []
     position = 0
     while len(found) < 1000:
         match = t._SQ_MESSAGE_START.search(squeezed, position)
         if match is None:
             break
-        start = match.start()
-        cls = t._SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
-        found.append(kept[cls.start() if cls is not None else start])
+        found.append(match.start())
         after = t._SQ_NEXT_MESSAGE.search(squeezed, match.end())
         if after is None:
             break
         position = after.start()
+    return found
+
+
+def _message_starts_searching_everywhere(text: str) -> list[int]:
+    from oomlens.ingest.log import torch_oom as t
+
+    squeezed, kept = t.squeeze(text)
+    found: list[int] = []
+    for start in _matches_searching_everywhere(squeezed):
+        cls = t._SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
+        found.append(kept[cls.start() if cls is not None else start])
     found += [kept[m.start()] for m in t._SQ_ASYNC_START.finditer(squeezed)][:100]
     return sorted(found)
 
@@ -347,9 +355,13 @@ def test_message_starts_finds_what_a_search_from_every_character_finds(
     pieces: list[str], cut: int
 ) -> None:
     text = "".join(pieces)[cut:]
-    from oomlens.ingest.log.torch_oom import message_starts
+    from oomlens.ingest.log.torch_oom import allocator_starts, message_starts, squeeze
 
     assert message_starts(text) == _message_starts_searching_everywhere(text)
+    squeezed, kept = squeeze(text)
+    everywhere = [kept[start] for start in _matches_searching_everywhere(squeezed)]
+    assert allocator_starts(text) == everywhere
+    assert allocator_starts(text, 2) == everywhere[:2]
 
 
 def test_message_starts_searches_from_the_literals_not_every_character(
