@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -32,7 +32,13 @@ from oomlens.facts import SourceRef
 from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
 from oomlens.ingest.log import bulk
 from oomlens.ingest.log.deepspeed import MemoryReading
-from oomlens.ingest.log.series import Lazy, RunningStats, grouped_stats, grouped_sums
+from oomlens.ingest.log.series import (
+    Lazy,
+    RunningStats,
+    grouped_columns,
+    grouped_stats,
+    grouped_sums,
+)
 from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
 
 if TYPE_CHECKING:
@@ -90,7 +96,8 @@ class Run:
         self.ts = scan.ts[lo:hi]
         self.deferred = deferred
         self.rank_of_key: dict[int, int | None] = {}
-        for key in np.unique(self.keys).tolist():
+        unique, inverse = np.unique(self.keys, return_inverse=True)
+        for key in unique.tolist():
             if key == bulk.NO_KEY:
                 self.rank_of_key[key] = reader.layout_rank
             elif key >= bulk.DEFAULT_ROLE:
@@ -98,8 +105,8 @@ class Run:
                 self.rank_of_key[key] = reader.local_to_global.get((None, "default", local), local)
             else:
                 self.rank_of_key[key] = key
-        lookup = {k: (-1 if r is None else r) for k, r in self.rank_of_key.items()}
-        self.prefix_rank = np.asarray([lookup[k] for k in self.keys.tolist()], dtype=np.int64)
+        ranks = [-1 if r is None else r for r in self.rank_of_key.values()]  # in key order
+        self.prefix_rank = np.asarray(ranks, dtype=np.int64)[inverse.ravel()]
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
         self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
@@ -262,7 +269,11 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     rows = len(order)
     line = closed.line[order]
     cpu = closed.cpu[order]
-    pending = [closed.pending[i] for i in order.tolist()]
+    pending = (
+        [closed.pending[i] for i in order.tolist()]
+        if any(p is not None for p in closed.pending)
+        else closed.pending  # all None: the order does not matter
+    )
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
     ranks = run.rank[np.maximum(line, 0)].copy()
@@ -306,7 +317,7 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
             keeper_of[ranks == rank] = len(keepers)
             keepers.append(keeper)
     kept = keeper_of >= 0
-    columns = [grouped_stats(keeper_of[kept], values[kept, c]) for c in range(3)]
+    columns = grouped_columns(keeper_of[kept], [values[kept, c] for c in range(3)])
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
     rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
     # The rows each keeper's thinned series keeps, read out for all keepers at once.
@@ -318,16 +329,27 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
         assert keeper is not None
         positions, stride = keeper.samples.wanted(len(mine))
         plans.append((positions, stride, keeper.samples.tail_split(len(mine), positions)))
-    wanted = [mine[positions] for mine, (positions, _, _) in zip(groups, plans, strict=True)]
-    fields = rows_of.fields(np.concatenate(wanted)) if wanted else []
-    at = 0
+    kept_rows, tail_rows = [], []
+    for mine, (positions, _, split) in zip(groups, plans, strict=True):
+        kept_rows.append(mine[positions[:split]])
+        tail_rows.append(mine[positions[split:]])
+    fields = rows_of.fields(np.concatenate(kept_rows)) if kept_rows else []
+    tail = rows_of.columns(np.concatenate(tail_rows)) if tail_rows else None
+    at = tail_at = 0
     for k, keeper in enumerate(keepers):
         assert keeper is not None
         positions, stride, split = plans[k]
-        mine_fields = fields[at : at + len(positions)]
-        at += len(positions)
-        items: list[MemorySample] = [_build(f) for f in mine_fields[:split]]
-        items += cast(list[MemorySample], [Lazy(_build_any, f) for f in mine_fields[split:]])
+        items: list[MemorySample] = [_build(f) for f in fields[at : at + split]]
+        at += split
+        if tail is not None and len(positions) > split:
+            # each keeper's own rows: a rank that stops printing keeps its last few alive,
+            # not those of every rank in its last run
+            ends = tail_at + len(positions) - split
+            mine_tail = tail.part(tail_at, ends)
+            items += cast(
+                list[MemorySample], [Lazy(mine_tail.build, r) for r in range(ends - tail_at)]
+            )
+            tail_at = ends
         keeper.samples.place(len(groups[k]), positions, stride, items)
         keeper.allocated.merge(*columns[0][k])
         keeper.max_allocated.merge(*columns[1][k])
@@ -352,8 +374,10 @@ _Fields = tuple[
 
 
 class _SampleRows:
-    """What a run's closed samples are made of, read out row by row only for the samples a
-    series keeps."""
+    """What a run's closed samples are made of, read out only for the samples a series keeps:
+    as tuples for those kept for good (``fields``), as columns whose rows are built on demand
+    for those that end in a tail (``columns``: most leave it again unkept, when the next run's
+    samples come)."""
 
     def __init__(
         self,
@@ -366,85 +390,149 @@ class _SampleRows:
     ) -> None:
         self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
         self.labels, self.texts = labels, texts
-        self.when: dict[int, datetime | None] = {}
 
-    def fields(self, rows: np.ndarray) -> list[_Fields]:
+    def columns(self, rows: np.ndarray) -> _Columns:
+        """The ``rows`` (of the closed samples) as columns."""
         run, scan, lo = self.run, self.run.scan, self.run.lo
         line = self.line[rows]
         i = np.maximum(line, 0)
         j = lo + i
         cpu = self.cpu[rows]
         c = lo + np.maximum(cpu, 0)
-        has_cpu = (cpu >= 0).tolist()
         step_source = run.step_source[i]
-        steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1).tolist()
-        columns = zip(
-            rows.tolist(),
-            i.tolist(),
+        steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1)
+        time_source = run.time_source[i]
+        micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk.NO_TS)
+        reader, texts = run.reader, self.texts
+        return _Columns(
+            reader.path,
+            reader.layout_host,
+            reader.last_step,
+            reader.last_time,
+            [self.pending[r] for r in rows.tolist()] if any(self.pending) else None,
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
-            self.labels[rows].tolist(),
+            [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
             scan.a[j].tolist(),
             scan.b[j].tolist(),
             scan.c[j].tolist(),
             scan.d[j].tolist(),
             scan.a[c].tolist(),
             scan.f[c].tolist(),
-            has_cpu,
-            steps,
-            run.time_source[i].tolist(),
-            strict=True,
+            (cpu >= 0).tolist(),
+            steps.tolist(),
+            micros.tolist(),
         )
-        path, host = run.reader.path, run.reader.layout_host
-        last_step = run.reader.last_step
-        out: list[_Fields] = []
-        for r, at, number, rank, label, a, b, cc, d, used, pct, has, step, source in columns:
-            cpu_used, cpu_pct = (used, pct) if has else (None, None)
-            p = self.pending[r]
-            if p is not None:
-                reading = p[2]
-                out.append(
-                    (
-                        p[0],
-                        p[1],
-                        reading.allocated,
-                        reading.max_allocated,
-                        reading.reserved,
-                        reading.max_reserved,
-                        cpu_used,
-                        cpu_pct,
-                        p[4],
-                        p[3],
-                    )
-                )
-                continue
-            when = self.when.get(source)
-            if when is None and source not in self.when:
-                when = self.when[source] = run.when(at)
-            out.append(
-                (
-                    (path, number, None if rank < 0 else rank, host),
-                    None if label < 0 else self.texts[label],
-                    a,
-                    b,
-                    cc,
-                    d,
-                    cpu_used,
-                    cpu_pct,
-                    last_step if step < 0 else step,
-                    when,
-                )
+
+    def fields(self, rows: np.ndarray) -> list[_Fields]:
+        columns = self.columns(rows)
+        return [columns.fields(r) for r in range(len(rows))]
+
+
+class _Columns:
+    """Rows of closed samples as columns (lists), with what the reader knew when the run was
+    applied (its last step and time before the run: a deferred row is built after later runs
+    have moved them on)."""
+
+    __slots__ = (
+        "a",
+        "b",
+        "c",
+        "cpu_pct",
+        "cpu_used",
+        "d",
+        "has_cpu",
+        "host",
+        "labels",
+        "last_step",
+        "lists",
+        "last_time",
+        "micros",
+        "numbers",
+        "path",
+        "pending",
+        "ranks",
+        "steps",
+    )
+
+    def __init__(
+        self,
+        path: str,
+        host: str | None,
+        last_step: int | None,
+        last_time: datetime | None,
+        pending: list[Pending | None] | None,
+        *columns: list[Any],
+    ) -> None:
+        self.path, self.host, self.last_step, self.last_time = path, host, last_step, last_time
+        self.pending = pending
+        self.lists = columns
+        (
+            self.numbers,
+            self.ranks,
+            self.labels,
+            self.a,
+            self.b,
+            self.c,
+            self.d,
+            self.cpu_used,
+            self.cpu_pct,
+            self.has_cpu,
+            self.steps,
+            self.micros,
+        ) = columns
+
+    def part(self, start: int, end: int) -> _Columns:
+        """Rows ``start..end`` alone."""
+        return _Columns(
+            self.path,
+            self.host,
+            self.last_step,
+            self.last_time,
+            None if self.pending is None else self.pending[start:end],
+            *(column[start:end] for column in self.lists),
+        )
+
+    def fields(self, r: int) -> _Fields:
+        has = self.has_cpu[r]
+        cpu_used, cpu_pct = (self.cpu_used[r], self.cpu_pct[r]) if has else (None, None)
+        p = None if self.pending is None else self.pending[r]
+        if p is not None:
+            reading = p[2]
+            return (
+                p[0],
+                p[1],
+                reading.allocated,
+                reading.max_allocated,
+                reading.reserved,
+                reading.max_reserved,
+                cpu_used,
+                cpu_pct,
+                p[4],
+                p[3],
             )
-        return out
+        rank, step, micros = self.ranks[r], self.steps[r], self.micros[r]
+        return (
+            (self.path, self.numbers[r], None if rank < 0 else rank, self.host),
+            self.labels[r],
+            self.a[r],
+            self.b[r],
+            self.c[r],
+            self.d[r],
+            cpu_used,
+            cpu_pct,
+            self.last_step if step < 0 else step,
+            self.last_time if micros == bulk.NO_TS else when_of(micros),
+        )
+
+    def build(self, r: object) -> object:
+        """Row ``r``'s ``MemorySample`` (a ``Lazy`` item's build)."""
+        return _build(self.fields(cast(int, r)))
 
 
 def _build(f: _Fields) -> MemorySample:
     ref = f[0] if isinstance(f[0], SourceRef) else SourceRef(*f[0])
     return MemorySample(ref, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9])
-
-
-def _build_any(f: object) -> object:
-    return _build(cast(_Fields, f))
 
 
 def _labels(
@@ -486,8 +574,7 @@ def _labels(
         return
     take = np.isin(pair, np.fromiter(accepted, dtype=np.int64))
     rows, groups = labelled[take], pair[take]
-    allocated = grouped_stats(groups, values[rows, 0])
-    reserved = grouped_stats(groups, values[rows, 2])
+    allocated, reserved = grouped_columns(groups, [values[rows, 0], values[rows, 2]])
     for combined, (a, r) in accepted.items():
         a.merge(*allocated[combined])
         r.merge(*reserved[combined])

@@ -143,14 +143,15 @@ class Thinned(Generic[T]):
                 tail.append((i, v))
             elif i % stride == 0:
                 middle.append((i, _real(v)))
-        for position, item in zip(positions, items, strict=True):
-            index = old + position
-            if index < head:
-                self._head.append(item)
-            elif index < evicted_end:
-                middle.append((index, item))
-            else:
-                tail.append((index, item))
+        if len(positions) != len(items):
+            raise ValueError("place: one item per position")
+        # positions ascend: the head's, the middle's and the tail's are three slices
+        to_middle = bisect.bisect_left(positions, head - old)
+        to_tail = bisect.bisect_left(positions, evicted_end - old, lo=to_middle)
+        self._head.extend(items[:to_middle])
+        middle_indices = [old + p for p in positions[to_middle:to_tail]]
+        middle.extend(zip(middle_indices, items[to_middle:to_tail], strict=True))
+        tail.extend(zip([old + p for p in positions[to_tail:]], items[to_tail:], strict=True))
         self._middle = middle
         self._stride = stride
         self._tail = deque(tail, maxlen=tail_max)
@@ -229,30 +230,35 @@ GroupStats = tuple[int, float, float, float, float, int, int]
 def grouped_stats(groups: np.ndarray, values: np.ndarray) -> dict[int, GroupStats]:
     """For each group id, what ``RunningStats.merge`` takes for its values in order (finite
     float64 values; the index of a value is its position among its group's)."""
-    if len(values) == 0:
-        return {}
+    return grouped_columns(groups, [values])[0]
+
+
+def grouped_columns(groups: np.ndarray, columns: list[np.ndarray]) -> list[dict[int, GroupStats]]:
+    """``grouped_stats`` of each of several value columns over the same groups (grouped once)."""
+    if len(groups) == 0:
+        return [{} for _ in columns]
     order = np.argsort(groups, kind="stable")
-    g, v = groups[order], values[order]
+    g = groups[order]
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
     ends = np.append(starts[1:], len(g))
     sizes = ends - starts
     index = np.arange(len(g)) - np.repeat(starts, sizes)
-    sums = grouped_sums(g, v, index)
-    low = np.minimum.reduceat(v, starts)
-    high = np.maximum.reduceat(v, starts)
-    out: dict[int, GroupStats] = {}
-    for k, group in enumerate(g[starts].tolist()):
-        total, weighted = sums[group]
-        out[group] = (
-            int(sizes[k]),
-            float(v[starts[k]]),
-            float(v[ends[k] - 1]),
-            float(low[k]),
-            float(high[k]),
-            total,
-            weighted,
-        )
-    return out
+    ids = g[starts].tolist()
+    counts = sizes.tolist()
+    result: list[dict[int, GroupStats]] = []
+    for values in columns:
+        v = values[order]
+        sums = grouped_sums(g, v, index)
+        firsts = v[starts].tolist()
+        lasts = v[ends - 1].tolist()
+        lows = np.minimum.reduceat(v, starts).tolist()
+        highs = np.maximum.reduceat(v, starts).tolist()
+        out: dict[int, GroupStats] = {}
+        for k, group in enumerate(ids):
+            total, weighted = sums[group]
+            out[group] = (counts[k], firsts[k], lasts[k], lows[k], highs[k], total, weighted)
+        result.append(out)
+    return result
 
 
 class RunningStats:

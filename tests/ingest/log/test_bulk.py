@@ -325,3 +325,101 @@ def test_a_batch_gives_back_its_blocks_and_tails(blocks: list[bytes], prev: byte
         assert batch.block(b) == blocks[b]
         expected = prev if b == 0 else blocks[b - 1][-batches.TAIL_BYTES :]
         assert batch.tail_before(b) == expected
+
+
+_LABEL_TEXTS = st.sampled_from(
+    [
+        b"after step 12",
+        b"after step 13",
+        b"[2026-11-30 06:00:01,127] [INFO] [engine.py:10:step] after step 12",
+        b"[2026-11-30 06:00:02,555] [INFO] [engine.py:10:step] after step 12",
+        b"[2026-13-99 99:99:99,999] [INFO] [engine.py:10:step] after step 12",
+        b"[INFO] [engine.py:10:step] after step 12",
+        b"MA 3.8 GB         Max_MA 5.2 GB         CA 7.4 GB         Max_CA 7 GB",
+        b"   ",
+        b"",
+        b"x" * 300,
+        b"caf\xc3\xa9 \x1b[31mred\x1b[0m",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_LABEL_TEXTS, max_size=80))
+def test_label_ids_in_bulk_are_those_of_row_by_row_lookups(texts: list[bytes]) -> None:
+    data = b"\n".join(texts) + b"\n"
+    begins, ends, at = [], [], 0
+    for text in texts:
+        begins.append(at)
+        ends.append(at + len(text))
+        at += len(text) + 1
+    one, bulk_labels = bulk._Labels(), bulk._Labels()
+    expected = [one.id_of(text) for text in texts]
+    arr = np.frombuffer(data, dtype=np.uint8)
+    got = bulk_labels.ids_of(
+        arr, np.asarray(begins, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    )
+    assert got.tolist() == expected
+    assert bulk_labels.texts == one.texts
+
+
+@given(st.binary(max_size=40), st.sampled_from([b"", b"[2026-11-30 06:00:01,127] ["]))
+def test_stamp_test_in_numpy_is_the_pattern(tail: bytes, stamp: bytes) -> None:
+    text = stamp + tail
+    arr = np.frombuffer(text + b"\n", dtype=np.uint8)
+    found = bulk._stamped(arr, np.asarray([0]), np.asarray([len(text)]))
+    assert bool(found[0]) == bool(bulk._STAMPED.match(text))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 2**40), st.floats(0, 1e12)),
+        max_size=60,
+    )
+)
+def test_grouped_columns_are_the_stats_of_each_group_in_order(
+    rows: list[tuple[int, int, float]],
+) -> None:
+    from oomlens.ingest.log.series import grouped_columns
+
+    groups = np.asarray([g for g, _, _ in rows], dtype=np.int64)
+    columns = [
+        np.asarray([float(v) for _, v, _ in rows], dtype=np.float64),
+        np.asarray([f for _, _, f in rows], dtype=np.float64),
+    ]
+    result = grouped_columns(groups, columns)
+    for c, column in enumerate(columns):
+        assert set(result[c]) == set(groups.tolist())
+        for group, merged in result[c].items():
+            one, from_merge = RunningStats(), RunningStats()
+            for value in column[groups == group].tolist():
+                one.add(value)
+            from_merge.merge(*merged)
+            assert one.freeze() == from_merge.freeze()
+
+
+def test_a_tail_item_keeps_only_its_own_ranks_rows_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a rank that stops printing keeps its last items for the rest of the read: they must
+    # not hold the rows of every rank of their run
+    path = tmp_path / "dense.log"
+    path.write_text(mixed_log(7, ranks=16, steps=200, odd=0.0))
+    made: list[object] = []
+
+    class Recording(bulk_apply.Lazy):
+        def __init__(self, build, row):  # type: ignore[no-untyped-def]
+            super().__init__(build, row)
+            made.append(build.__self__)
+
+    monkeypatch.setattr(bulk_apply, "Lazy", Recording)
+    runs = _runs(monkeypatch)
+    facts = read_log(path, chunk_bytes=16384)
+    assert runs and made
+    for columns in made:
+        pending = columns.pending or [None] * len(columns.ranks)  # type: ignore[attr-defined]
+        own = {r for r, p in zip(columns.ranks, pending, strict=True) if p is None}  # type: ignore[attr-defined]
+        assert len(own) <= 1
+        assert len(columns.numbers) <= 32  # type: ignore[attr-defined]
+    assert _same(facts, _per_line(path, monkeypatch, chunk_bytes=16384))
