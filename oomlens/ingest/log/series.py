@@ -137,12 +137,14 @@ class Thinned(Generic[T]):
             if stride == self._stride
             else [(i, v) for i, v in self._middle if i % stride == 0]
         )
-        tail: list[tuple[int, T]] = []
-        for i, v in self._tail:
-            if i >= evicted_end:
-                tail.append((i, v))
-            elif i % stride == 0:
-                middle.append((i, _real(v)))
+        # the tail holds consecutive indices: the evicted ones are its first ``cut``, and
+        # those of them the middle keeps every ``stride``-th from the first multiple
+        old_tail = list(self._tail)
+        first = old_tail[0][0] if old_tail else 0
+        cut = min(len(old_tail), max(0, evicted_end - first))
+        kept_from = -(-first // stride) * stride - first
+        middle.extend((i, _real(v)) for i, v in old_tail[kept_from:cut:stride])
+        tail = old_tail[cut:]
         if len(positions) != len(items):
             raise ValueError("place: one item per position")
         # positions ascend: the head's, the middle's and the tail's are three slices

@@ -80,3 +80,42 @@ def test_a_64_rank_log_reads_alike_in_any_batches_and_workers(
         assert _facts(path, chunk_bytes=chunk, jobs=2) == one, f"blocks of {chunk} bytes"
         if b"it]" not in data:
             assert one == one_pass
+
+
+def test_batches_in_flight_are_bounded_whatever_the_jobs(
+    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # memory grows with the batches scanned ahead: many workers must not hold more of them
+    from concurrent.futures import Future
+
+    path = tmp_path / "dense.log"
+    path.write_text(mixed_log(3, ranks=16, steps=120))
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    in_flight: list[int] = []
+    outstanding = [0]
+
+    class CountingPool:
+        def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+            outstanding[0] += 1
+            in_flight.append(outstanding[0])
+            future: Future[object] = Future()
+            future.set_result(fn(*args))
+            return _Resolving(future)
+
+    class _Resolving:
+        def __init__(self, future: Future[object]) -> None:
+            self.future = future
+
+        def result(self) -> object:
+            outstanding[0] -= 1
+            return self.future.result()
+
+    def read_with_counting_pool(reader, jobs):  # type: ignore[no-untyped-def]
+        return batches._read_ahead(reader, CountingPool(), jobs, 1)
+
+    with monkeypatch.context() as m:
+        m.setattr(batches, "read", read_with_counting_pool)
+        facts = _facts(path, chunk_bytes=4096, jobs=16)
+    assert len(in_flight) > 3 * batches.MAX_AHEAD
+    assert max(in_flight) == batches.MAX_AHEAD + 1  # the ones ahead and the one just submitted
+    assert facts == _facts(path, chunk_bytes=4096)
