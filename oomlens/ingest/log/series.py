@@ -200,10 +200,17 @@ def grouped_sums(
         g = groups[begin : begin + _CHUNK]
         v = values[begin : begin + _CHUNK]
         k = index[begin : begin + _CHUNK]
-        mantissa, exponent = np.frexp(v)
-        m = (mantissa * float(1 << 53)).astype(np.int64)
-        exponent = exponent.astype(np.int64)
-        order = np.lexsort((exponent, g))
+        if _integral(v):
+            # whole numbers (byte counts): each is itself times 2**0, one exponent for all,
+            # so one sum per group (the same integers the general way adds up)
+            m = v.astype(np.int64)
+            exponent = np.full(len(v), 53, dtype=np.int64)
+            order = np.argsort(g, kind="stable")
+        else:
+            mantissa, exponent = np.frexp(v)
+            m = (mantissa * float(1 << 53)).astype(np.int64)
+            exponent = exponent.astype(np.int64)
+            order = np.lexsort((exponent, g))
         g, m, k, exponent = g[order], m[order], k[order], exponent[order]
         change = np.flatnonzero((g[1:] != g[:-1]) | (exponent[1:] != exponent[:-1])) + 1
         starts = np.concatenate(([0], change))
@@ -223,6 +230,12 @@ def grouped_sums(
             before = result.get(group, (0, 0))
             result[group] = (before[0] + total, before[1] + weighted)
     return result
+
+
+def _integral(values: np.ndarray) -> bool:
+    """All of ``values`` are whole numbers of magnitude below 2**53."""
+    magnitude = np.abs(values)
+    return bool((magnitude < 2.0**53).all() and (values == np.trunc(values)).all())
 
 
 GroupStats = tuple[int, float, float, float, float, int, int]

@@ -423,3 +423,38 @@ def test_a_tail_item_keeps_only_its_own_ranks_rows_alive(
         assert len(own) <= 1
         assert len(columns.numbers) <= 32  # type: ignore[attr-defined]
     assert _same(facts, _per_line(path, monkeypatch, chunk_bytes=16384))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.one_of(
+                st.integers(-(2**53) + 1, 2**53 - 1).map(float),
+                st.floats(-1e15, 1e15, allow_nan=False),
+            ),
+        ),
+        min_size=1,
+        max_size=50,
+    )
+)
+def test_grouped_sums_are_the_exact_sums(rows: list[tuple[int, float]]) -> None:
+    # whole numbers take a shortcut (one exponent for all): the sums must not change
+    from fractions import Fraction
+
+    from oomlens.ingest.log.series import _SCALE, grouped_sums
+
+    groups = np.asarray([g for g, _ in rows], dtype=np.int64)
+    values = np.asarray([v for _, v in rows], dtype=np.float64)
+    index = np.arange(len(rows), dtype=np.int64)
+    for chosen in (np.ones(len(rows), dtype=bool), values == np.trunc(values)):
+        got = grouped_sums(groups[chosen], values[chosen], index[chosen])
+        for group in set(groups[chosen].tolist()):
+            mine = chosen & (groups == group)
+            total = sum(Fraction(v) for v in values[mine].tolist()) * 2**_SCALE
+            weighted = sum(
+                i * Fraction(v)
+                for i, v in zip(index[mine].tolist(), values[mine].tolist(), strict=True)
+            )
+            assert got[group] == (total, weighted * 2**_SCALE)
