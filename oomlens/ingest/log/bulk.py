@@ -612,6 +612,43 @@ def scan_batch(
     return scan
 
 
+_CARRIED = ("hit_bits", "kind", "key", "prefix_id", "prefix_len", "ts", "a", "b", "c", "d", "f")
+"""The ``BatchScan`` arrays that carry over as they are when scans are put end to end."""
+
+
+def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
+    """The scans of consecutive batches (of ``sizes`` bytes) as the scan of one batch holding
+    them all: line numbers and offsets moved on by the batches before, label ids renumbered
+    into one table of distinct texts (one text under two ids would be two labels)."""
+    line_offset, byte_offset = 0, 0
+    labels: list[str] = []
+    ids: dict[str, int] = {}
+    hit_line, hit_start, label = [], [], []
+    for scan, size in zip(scans, sizes, strict=True):
+        hit_line.append(scan.hit_line + line_offset)
+        hit_start.append(scan.hit_start + byte_offset)
+        for text in scan.labels:
+            if text not in ids:
+                ids[text] = len(labels)
+                labels.append(text)
+        renumber = np.asarray([ids[text] for text in scan.labels] + [0], dtype=np.int32)
+        own = scan.label >= 0
+        label.append(np.where(own, renumber[np.where(own, scan.label, 0)], scan.label))
+        line_offset += sum(scan.line_counts)
+        byte_offset += size
+    carried = {name: np.concatenate([getattr(scan, name) for scan in scans]) for name in _CARRIED}
+    return BatchScan(
+        line_counts=[count for scan in scans for count in scan.line_counts],
+        hit_line=np.concatenate(hit_line),
+        hit_start=np.concatenate(hit_start),
+        label=np.concatenate(label).astype(np.int32),
+        consumed=np.concatenate([scan.consumed for scan in scans]),
+        labels=labels,
+        progress_bars=[bar for scan in scans for bar in scan.progress_bars],
+        **carried,
+    )
+
+
 def arrow_indices(indices: np.ndarray) -> pa.Array:
     """``indices`` as an Arrow int64 array over the same memory.  Not ``pa.array``: handed a
     numpy array it imports pandas to ask whether the array is a pandas object, which cost the
@@ -683,7 +720,8 @@ class _Lines:
         if len(glued):
             # a "[rank"/"[default" past a line's start (a prefix after the first one, or one
             # glued on by interleaved writes): the per-line path splits or re-reads those
-            at_start = np.isin(glued, self.starts)
+            # at a line's start: the batch's first byte, or one after a newline
+            at_start = (glued == 0) | (self.arr[np.maximum(glued - 1, 0)] == 10)
             self.dirty[np.searchsorted(self.ends, glued[~at_start])] = True
         offsets = np.concatenate((self.starts, [len(self.data)])).astype(np.int32)
         self.array = pa.Array.from_buffers(

@@ -82,40 +82,88 @@ def test_a_64_rank_log_reads_alike_in_any_batches_and_workers(
             assert one == one_pass
 
 
+class _SyncPool:
+    """A pool whose scans are done when submitted (so the reader finds every batch after the
+    next one scanned, and applies them together), counting the batches not yet taken."""
+
+    def __init__(self) -> None:
+        self.outstanding = 0
+        self.in_flight: list[int] = []
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+
+        self.outstanding += 1
+        self.in_flight.append(self.outstanding)
+        future: Future[object] = Future()
+        future.set_result(fn(*args))
+        return _Taken(self, future)
+
+
+class _Taken:
+    def __init__(self, pool: _SyncPool, future: object) -> None:
+        self.pool, self.future = pool, future
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> object:
+        self.pool.outstanding -= 1
+        return self.future.result()  # type: ignore[attr-defined]
+
+
+def _read_with(
+    pool: _SyncPool, monkeypatch: pytest.MonkeyPatch, path: Path, **kwargs: object
+) -> str:
+    def read_with_pool(reader, jobs):  # type: ignore[no-untyped-def]
+        return batches._read_ahead(reader, pool, jobs, 1)
+
+    with monkeypatch.context() as m:
+        m.setattr(batches, "read", read_with_pool)
+        return _facts(path, **kwargs)
+
+
 def test_batches_in_flight_are_bounded_whatever_the_jobs(
     tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # memory grows with the batches scanned ahead: many workers must not hold more of them
-    from concurrent.futures import Future
-
     path = tmp_path / "dense.log"
     path.write_text(mixed_log(3, ranks=16, steps=120))
     monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
-    in_flight: list[int] = []
-    outstanding = [0]
-
-    class CountingPool:
-        def submit(self, fn, *args):  # type: ignore[no-untyped-def]
-            outstanding[0] += 1
-            in_flight.append(outstanding[0])
-            future: Future[object] = Future()
-            future.set_result(fn(*args))
-            return _Resolving(future)
-
-    class _Resolving:
-        def __init__(self, future: Future[object]) -> None:
-            self.future = future
-
-        def result(self) -> object:
-            outstanding[0] -= 1
-            return self.future.result()
-
-    def read_with_counting_pool(reader, jobs):  # type: ignore[no-untyped-def]
-        return batches._read_ahead(reader, CountingPool(), jobs, 1)
-
-    with monkeypatch.context() as m:
-        m.setattr(batches, "read", read_with_counting_pool)
-        facts = _facts(path, chunk_bytes=4096, jobs=16)
-    assert len(in_flight) > 3 * batches.MAX_AHEAD
-    assert max(in_flight) == batches.MAX_AHEAD + 1  # the ones ahead and the one just submitted
+    pool = _SyncPool()
+    facts = _read_with(pool, monkeypatch, path, chunk_bytes=4096, jobs=16)
+    assert len(pool.in_flight) > 3 * batches.MAX_AHEAD
+    assert max(pool.in_flight) == batches.MAX_AHEAD + 1  # those ahead and the one just submitted
     assert facts == _facts(path, chunk_bytes=4096)
+
+
+@pytest.mark.parametrize("seed", [5, 21])
+def test_batches_applied_together_give_the_facts_of_one_pass(
+    tmp_path: Path, seed: int, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every group of batches the reader finds scanned is merged: runs, labels and deferred
+    # label lookups cross what were batch ends
+    merged: list[int] = []
+    original = batches.bulk.merge_scans
+
+    def counting(scans, sizes):  # type: ignore[no-untyped-def]
+        merged.append(len(scans))
+        return original(scans, sizes)
+
+    monkeypatch.setattr(batches.bulk, "merge_scans", counting)
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    path = tmp_path / "ranks.log"
+    path.write_text(mixed_log(seed, ranks=64, steps=12, odd=0.05))
+    for chunk in (4096, 9000, 65536):
+        one = _facts(path, chunk_bytes=chunk)
+        assert _read_with(_SyncPool(), monkeypatch, path, chunk_bytes=chunk, jobs=2) == one
+    assert merged and max(merged) == batches.MERGE_MAX
+
+
+@pytest.mark.parametrize("log", LOGS[::3], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_corpus_log_reads_alike_with_batches_applied_together(
+    log: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    one = _facts(log, chunk_bytes=MIN_CHUNK)
+    assert _read_with(_SyncPool(), monkeypatch, log, chunk_bytes=MIN_CHUNK, jobs=2) == one
