@@ -47,29 +47,28 @@ PARALLEL_MIN_BYTES = 32 << 20
 more than they save there."""
 
 
-MAX_AHEAD = 6
+MAX_AHEAD = 5
 """Batches in flight at most, whatever ``jobs`` is: each holds about 10 MiB in the reading
 process (its bytes and its scan), and past a few workers the reader's own in-order pass is what
-limits the speed, not the scans (1 GiB dense 64-rank log, 16 cores: 8.3 s with 4 workers and 8
-in flight, 8.0 s with 8 and 16, 9.2 s with 15 and 30, at 216, 268 and 370 MiB of peak RSS)."""
+limits the speed, not the scans.  Before batches were applied together (``MERGE``), 1 GiB dense
+64-rank log, 16 cores: 8.3 s with 4 workers and 8 batches in flight, 8.0 s with 8 and 16,
+9.2 s with 15 and 30, at 216, 268 and 370 MiB of peak RSS."""
 
 
 def ahead(jobs: int) -> int:
-    """How many batches are scanned ahead of the reader with ``jobs`` worker processes."""
-    return min(2 * jobs, MAX_AHEAD)
+    """How many batches are scanned ahead of the reader with ``jobs`` worker processes: enough
+    that the workers have work while the reader applies the ``MERGE`` it waited for."""
+    return min(2 * jobs + MERGE - 1, MAX_AHEAD)
 
 
-MERGE_MAX = 4
-"""Batches already scanned when the reader comes to them are applied together, up to this
-many: applying a run costs a fixed part per rank whatever its length, and past a few workers
-the reader's in-order pass is what limits the speed (1 GiB dense 64-rank log, 300 MiB of it in
-one process: apply 2.3 s in batches of 4 blocks, 1.3 s in batches of 16; sparse 1.8 s, 0.8 s).
+MERGE = 3
+"""Scanned batches applied together (``bulk.merge_scans``), in the reading process as with
+workers, where the reader waits for that many: applying a run costs a fixed part per rank
+whatever its length, which a group pays once.  1 GiB 64-rank logs: in one process, apply CPU
+and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7, 4.5 s at 162, 171, 185 MiB; sparse
+7.1-8.9, 4.3, 2.9-3.7 s at 135, 138, 142 MiB.  With two workers on two cores (wall): dense
+17.5 s one at a time, 15.2-16.1 s three; sparse 13.5 s, 9.6-10.4 s, peak RSS 177 and 143 MiB.
 The facts are the same however batches are grouped (tested)."""
-MERGE_SERIAL = 3
-"""Batches scanned one after another in the reading process (``jobs`` 1: the epilog, triage)
-and then applied together: fewer than ``MERGE_MAX``, as all their scans are held at once
-(1 GiB 64-rank logs, apply CPU and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7,
-4.5 s at 162, 171, 185 MiB; sparse 7.1-8.9, 4.3, 2.9-3.7 s at 135, 138, 142 MiB)."""
 
 
 def default_jobs() -> int:
@@ -183,7 +182,7 @@ def read(reader: LogReader, jobs: int = 1) -> int:
         group: list[tuple[_Batch, bulk.BatchScan]] = []
         for batch in _batches(reader):
             group.append((batch, _scan(batch)))
-            if len(group) == MERGE_SERIAL:
+            if len(group) == MERGE:
                 number = _process_group(reader, group, number)
                 group = []
         return _process_group(reader, group, number) if group else number
@@ -218,11 +217,12 @@ def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> in
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
 
     def next_group() -> int:
-        # the next batch, and those after it already scanned: applied as one (see MERGE_MAX)
-        group = [pending.popleft()]
-        while pending and len(group) < MERGE_MAX and pending[0][1].done():
-            group.append(pending.popleft())
-        return _process_group(reader, [(batch, future.result()) for batch, future in group], number)
+        group: list[tuple[_Batch, bulk.BatchScan]] = []
+        while pending and len(group) < MERGE:
+            batch, future = pending.popleft()
+            group.append((batch, future.result()))
+            del future  # the group holds the scan now, and lets go of it once merged
+        return _process_group(reader, group, number)
 
     for batch in _batches(reader):
         future = pool.submit(_scan_remote, batch.data, batch.starts, batch.prev_tail)
@@ -237,11 +237,15 @@ def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> in
 def _process_group(
     reader: LogReader, group: list[tuple[_Batch, bulk.BatchScan]], number: int
 ) -> int:
-    """Read consecutive scanned batches as one; returns the next line number."""
+    """Read consecutive scanned batches as one; returns the next line number.  Empties
+    ``group``: the batches' own scans are let go of once merged."""
     if len(group) == 1:
-        return _process(reader, group[0][0], group[0][1], number)
+        batch, scan = group.pop()
+        return _process(reader, batch, scan, number)
     merged = bulk.merge_scans([scan for _, scan in group], [len(batch.data) for batch, _ in group])
-    return _process(reader, _Merged([batch for batch, _ in group]), merged, number)
+    batches = _Merged([batch for batch, _ in group])
+    group.clear()
+    return _process(reader, batches, merged, number)
 
 
 def _process(reader: LogReader, batch: _Batch | _Merged, scan: bulk.BatchScan, number: int) -> int:

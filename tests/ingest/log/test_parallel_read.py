@@ -83,8 +83,7 @@ def test_a_64_rank_log_reads_alike_in_any_batches_and_workers(
 
 
 class _SyncPool:
-    """A pool whose scans are done when submitted (so the reader finds every batch after the
-    next one scanned, and applies them together), counting the batches not yet taken."""
+    """A pool whose scans are done when submitted, counting the batches not yet taken."""
 
     def __init__(self) -> None:
         self.outstanding = 0
@@ -103,9 +102,6 @@ class _SyncPool:
 class _Taken:
     def __init__(self, pool: _SyncPool, future: object) -> None:
         self.pool, self.future = pool, future
-
-    def done(self) -> bool:
-        return True
 
     def result(self) -> object:
         self.pool.outstanding -= 1
@@ -157,7 +153,7 @@ def test_batches_applied_together_give_the_facts_of_one_pass(
     for chunk in (4096, 9000, 65536):
         one = _facts(path, chunk_bytes=chunk)
         assert _read_with(_SyncPool(), monkeypatch, path, chunk_bytes=chunk, jobs=2) == one
-    assert merged and max(merged) == batches.MERGE_MAX
+    assert merged and max(merged) == batches.MERGE
 
 
 @pytest.mark.parametrize("log", LOGS[::3], ids=lambda p: f"{p.parent.name}/{p.name}")
