@@ -595,11 +595,7 @@ def scan_batch(
     block_first = np.searchsorted(starts, bounds[:-1])
     line_counts = np.diff(np.append(block_first, len(starts))).tolist()
     scan = _empty_scan(line_counts)
-    ends_of_blocks = bounds[1:].tolist()
-    scan.progress_bars = [
-        any(data.find(anchor, begin, end) >= 0 for anchor in steps.TQDM_ANCHORS)
-        for begin, end in zip(bounds[:-1].tolist(), ends_of_blocks, strict=True)
-    ]
+    scan.progress_bars = _progress_bars(arr, bounds)
     if not len(starts):
         return scan
     _find_hits(scan, data, ends, paste)
@@ -647,6 +643,31 @@ def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
         progress_bars=[bar for scan in scans for bar in scan.progress_bars],
         **carried,
     )
+
+
+def _progress_bars(arr: np.ndarray, bounds: np.ndarray) -> list[bool]:
+    """Per block (``bounds``: block starts, then the end), whether a tqdm anchor lies wholly in
+    it (``data.find(anchor, begin, end) >= 0``).  Found from the positions of the anchor's
+    rarest byte, ``/``: ``bytes.find`` took 3 ms per anchor and 4 MiB batch, a sixth of the
+    scan of a sparse log."""
+    found = np.zeros(len(bounds) - 1, dtype=bool)
+    where: dict[int, np.ndarray] = {}
+    for anchor in steps.TQDM_ANCHORS:
+        key = max(anchor.find(b"/"), 0)
+        if anchor[key] not in where:
+            where[anchor[key]] = np.flatnonzero(arr == anchor[key])
+        start = where[anchor[key]] - key
+        for j, byte in enumerate(anchor):
+            if not len(start):
+                break
+            at = start + j
+            inside = (at >= 0) & (at < len(arr))
+            start = start[inside & (arr[np.where(inside, at, 0)] == byte)]
+        block = np.searchsorted(bounds, start, side="right") - 1
+        whole = start + len(anchor) <= bounds[block + 1]
+        found[block[whole]] = True
+    result: list[bool] = found.tolist()
+    return result
 
 
 def arrow_indices(indices: np.ndarray) -> pa.Array:

@@ -458,3 +458,21 @@ def test_grouped_sums_are_the_exact_sums(rows: list[tuple[int, float]]) -> None:
                 for i, v in zip(index[mine].tolist(), values[mine].tolist(), strict=True)
             )
             assert got[group] == (total, weighted * 2**_SCALE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"it/s]", b"s/it]", b"/", b"it/s", b"s/it", b"x", b"]", b"\n"])),
+    st.lists(st.integers(1, 30), max_size=5),
+)
+def test_progress_bar_blocks_are_those_find_finds(pieces: list[bytes], cuts: list[int]) -> None:
+    from oomlens.ingest.log import steps
+
+    data = b"".join(pieces)
+    starts = sorted({0, *(c for c in np.cumsum(cuts).tolist() if c < len(data))})
+    bounds = np.asarray(starts + [len(data)], dtype=np.int64)
+    expected = [
+        any(data.find(anchor, begin, end) >= 0 for anchor in steps.TQDM_ANCHORS)
+        for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+    ]
+    assert bulk._progress_bars(np.frombuffer(data, dtype=np.uint8), bounds) == expected
