@@ -737,13 +737,11 @@ class _Lines:
             self.dirty[np.searchsorted(self.ends, controls)] = True
         if not self.data.isascii():
             self.dirty[np.searchsorted(self.ends, np.flatnonzero(self.arr >= 128))] = True
-        glued = _glued(self.data, self.arr)
+        glued = _glued(self.arr)
         if len(glued):
             # a "[rank"/"[default" past a line's start (a prefix after the first one, or one
             # glued on by interleaved writes): the per-line path splits or re-reads those
-            # at a line's start: the batch's first byte, or one after a newline
-            at_start = (glued == 0) | (self.arr[np.maximum(glued - 1, 0)] == 10)
-            self.dirty[np.searchsorted(self.ends, glued[~at_start])] = True
+            self.dirty[np.searchsorted(self.ends, glued)] = True
         offsets = np.concatenate((self.starts, [len(self.data)])).astype(np.int32)
         self.array = pa.Array.from_buffers(
             pa.binary(), len(self.starts), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
@@ -753,20 +751,22 @@ class _Lines:
         return np.searchsorted(self.block_first, line, side="right") - 1
 
 
-def _glued(data: bytes, arr: np.ndarray) -> np.ndarray:
-    """Offsets of ``[rank`` and ``[default`` in ``data``."""
+def _glued(arr: np.ndarray) -> np.ndarray:
+    """Offsets of ``[rank`` and ``[default`` in the batch past a line's start (not its first
+    byte, not right after a newline), ascending.  The candidates narrow byte by byte, line
+    starts out after the second (4 MiB batches, comparing every byte at every ``[``: 7 ms;
+    this way 3 ms dense, 4 ms sparse)."""
+    opens = np.flatnonzero(arr == 91)
+    last = len(arr) - 1
+    second = arr[np.minimum(opens + 1, last)]
     found = []
-    opens: np.ndarray | None = None
     for word in (b"[rank", b"[default"):
-        if word not in data:
-            continue
-        if opens is None:
-            opens = np.flatnonzero(arr == 91)
-        ok = np.ones(len(opens), dtype=bool)
-        for j, byte in enumerate(word[1:], start=1):
-            ok &= arr[np.minimum(opens + j, len(arr) - 1)] == byte
-        found.append(opens[ok])
-    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+        candidates = opens[second == word[1]]
+        candidates = candidates[(candidates > 0) & (arr[np.maximum(candidates - 1, 0)] != 10)]
+        for j, byte in enumerate(word[2:], start=2):
+            candidates = candidates[arr[np.minimum(candidates + j, last)] == byte]
+        found.append(candidates)
+    return np.sort(np.concatenate(found))
 
 
 def _controls(data: bytes) -> np.ndarray:

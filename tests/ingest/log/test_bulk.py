@@ -476,3 +476,17 @@ def test_progress_bar_blocks_are_those_find_finds(pieces: list[bytes], cuts: lis
         for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
     ]
     assert bulk._progress_bars(np.frombuffer(data, dtype=np.uint8), bounds) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([b"[rank", b"[default", b"[", b"\n", b"rank", b"x", b"[r", b"]:"])))
+def test_glued_prefixes_are_those_past_a_line_start(pieces: list[bytes]) -> None:
+    import re
+
+    data = b"".join(pieces)
+    expected = [
+        m.start()
+        for m in re.finditer(rb"(?=\[(?:rank|default))", data)
+        if m.start() > 0 and data[m.start() - 1] != 10
+    ]
+    assert bulk._glued(np.frombuffer(data, dtype=np.uint8)).tolist() == expected
