@@ -143,16 +143,24 @@ def derive_batch(
     )
 
 
+def repeated_by_multiplying(value: Any) -> bool:
+    """Whether ``value * n`` repeats ``value`` (a text or a JSON list): DeepSpeed's batch
+    arithmetic would build ``n`` copies before failing."""
+    return isinstance(value, str | bytes | list | tuple)
+
+
 def _product(*factors: Any) -> Any:
-    """``a * b * ...`` as DeepSpeed computes it, except that a text value is not repeated.
+    """``a * b * ...`` as DeepSpeed computes it, except that a text or a list is not repeated.
 
     DeepSpeed multiplies whatever the config holds: ``"A" * 2_000_000_000`` builds a 2 GB string
-    (and ``"A" * 2**63`` raises OverflowError) before its ``train_batch > 0`` assertion fails
-    with a TypeError.  That TypeError is raised here at once.
+    (``[1] * 2_000_000_000`` 16 GB of list; ``"A" * 2**63`` raises OverflowError) before its
+    ``train_batch > 0`` assertion fails with a TypeError.  That TypeError is raised here at once.
     """
-    texts = [factor for factor in factors if isinstance(factor, str)]
-    if len(texts) == 1 and all(isinstance(f, int) for f in factors if not isinstance(f, str)):
-        raise TypeError("'>' not supported between instances of 'str' and 'int'")
+    texts = [factor for factor in factors if repeated_by_multiplying(factor)]
+    others = [factor for factor in factors if not repeated_by_multiplying(factor)]
+    if len(texts) == 1 and all(isinstance(f, int) for f in others):
+        kind = type(texts[0]).__name__
+        raise TypeError(f"'>' not supported between instances of '{kind}' and 'int'")
     result = factors[0]
     for factor in factors[1:]:
         result = result * factor
@@ -205,10 +213,14 @@ def check_batch(effective: EffectiveDsConfig, world_size: WorldSizeFact) -> Batc
         else:
             code = "batch_nonpositive"
             key = TRAIN if text.startswith("Train") else MICRO if text.startswith("Micro") else GAS
-    except TypeError as exc:
-        error, code = f"TypeError: {exc}", "batch_type_error"
+    except (TypeError, OverflowError) as exc:  # a value that is not a number, or one too big
+        error, code = f"{type(exc).__name__}: {exc}", "batch_type_error"
         key = next(
-            (k for k, v in ((TRAIN, train), (MICRO, micro), (GAS, gas)) if isinstance(v, str)),
+            (
+                k
+                for k, v in ((TRAIN, train), (MICRO, micro), (GAS, gas))
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int | float))
+            ),
             TRAIN,
         )
     except ZeroDivisionError as exc:

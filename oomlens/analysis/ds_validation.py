@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch
+from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch, repeated_by_multiplying
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.facts.config import (
     ConfigDocument,
@@ -545,9 +545,9 @@ def validate_with_deepspeed(
                 )
 
         def run(train: Any, micro: Any, gas: Any, ws: Any) -> None:
-            if any(isinstance(value, str) for value in (train, micro, gas)):
-                # DeepSpeed multiplies text too ("A" * 2e9 is a 2 GB string) before it fails;
-                # oomlens' restatement fails with the same TypeError without building it.
+            if any(repeated_by_multiplying(value) for value in (train, micro, gas)):
+                # DeepSpeed multiplies text and lists too ("A" * 2e9 is a 2 GB string) before it
+                # fails; oomlens' restatement fails with the same TypeError without building it.
                 assert_batch(derive_batch(train, micro, gas, ws)[0], ws)
                 return
             state = SimpleNamespace(

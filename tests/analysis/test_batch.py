@@ -67,7 +67,7 @@ def _oomlens_outcome(train: Any, micro: Any, gas: Any, ws: int) -> tuple[str, An
     )
 
 
-batch_value = st.none() | st.integers(-2, 70) | st.sampled_from(["auto", 8.0, 7.5, True])
+batch_value = st.none() | st.integers(-2, 70) | st.sampled_from(["auto", 8.0, 7.5, True, [1], []])
 
 
 @pytest.mark.deepspeed
@@ -103,6 +103,28 @@ def test_auto_fails_like_deepspeed_alone() -> None:
     assert check.error_code == "batch_type_error" and check.error_key == "train_batch_size"
     assert check.error.startswith("TypeError: ")
     assert check.corrections == ()
+
+
+@pytest.mark.parametrize(
+    ("micro", "gas", "key"),
+    [
+        ([1], 2_000_000_000, "train_micro_batch_size_per_gpu"),  # DeepSpeed: a 16 GB list first
+        ([1], 10**400, "train_micro_batch_size_per_gpu"),  # DeepSpeed: OverflowError
+        ("A", 10**400, "train_micro_batch_size_per_gpu"),
+        (8.0, 10**400, "train_batch_size"),  # a float times an int too big for a float
+    ],
+)
+def test_a_value_deepspeed_cannot_multiply_is_a_type_error_not_a_crash(
+    micro: Any, gas: int, key: str
+) -> None:
+    check = check_batch(_effective(micro=micro, gas=gas), WorldSizeFact(8, "--gpus"))
+    assert check.error_code == "batch_type_error" and check.error_key == key
+    assert check.error is not None and check.error.split(":")[0] in ("TypeError", "OverflowError")
+    doc = document_from_mapping(
+        {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas}
+    )
+    problems = validate_with_oomlens(doc, world_size=8)
+    assert [p.code for p in problems if p.code.startswith("batch")] == ["batch_type_error"]
 
 
 def test_derived_micro_batch_is_reported_with_its_division() -> None:
