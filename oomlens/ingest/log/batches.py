@@ -47,6 +47,16 @@ PARALLEL_MIN_BYTES = 32 << 20
 more than they save there."""
 
 
+MERGE = 3
+"""Scanned batches applied together (``bulk.merge_scans``), in the reading process as with
+workers, where the reader waits for that many: applying a run costs a fixed part per rank
+whatever its length, which a group pays once.  1 GiB 64-rank logs: in one process, apply CPU
+and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7, 4.5 s at 162, 171, 185 MiB; sparse
+7.1-8.9, 4.3, 2.9-3.7 s at 135, 138, 142 MiB.  With two workers on two cores (wall): dense
+17.5 s one at a time, 15.2-16.1 s three; sparse 13.5 s, 9.6-10.4 s, peak RSS 177 and 143 MiB.
+The facts are the same however batches are grouped (tested)."""
+
+
 MAX_AHEAD = 5
 """Batches in flight at most, whatever ``jobs`` is: each holds about 10 MiB in the reading
 process (its bytes and its scan), and past a few workers the reader's own in-order pass is what
@@ -59,16 +69,6 @@ def ahead(jobs: int) -> int:
     """How many batches are scanned ahead of the reader with ``jobs`` worker processes: enough
     that the workers have work while the reader applies the ``MERGE`` it waited for."""
     return min(2 * jobs + MERGE - 1, MAX_AHEAD)
-
-
-MERGE = 3
-"""Scanned batches applied together (``bulk.merge_scans``), in the reading process as with
-workers, where the reader waits for that many: applying a run costs a fixed part per rank
-whatever its length, which a group pays once.  1 GiB 64-rank logs: in one process, apply CPU
-and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7, 4.5 s at 162, 171, 185 MiB; sparse
-7.1-8.9, 4.3, 2.9-3.7 s at 135, 138, 142 MiB.  With two workers on two cores (wall): dense
-17.5 s one at a time, 15.2-16.1 s three; sparse 13.5 s, 9.6-10.4 s, peak RSS 177 and 143 MiB.
-The facts are the same however batches are grouped (tested)."""
 
 
 def default_jobs() -> int:
