@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from oomlens.untrusted import one_line
+
 
 class ExitCode(IntEnum):
     """Documented process exit codes (see README, "Exit codes")."""
@@ -38,7 +40,10 @@ class OomlensError(Exception):
 
     @property
     def message(self) -> str:
-        return str(self.args[0]) if self.args else self.__class__.__name__
+        """The one line to show: without the control characters, tabs and line feeds that a
+        file's name or an input's text put in it (an exception's text about a hostile pickle
+        quotes its bytes)."""
+        return one_line(str(self.args[0])) if self.args else self.__class__.__name__
 
 
 class UsageError(OomlensError):

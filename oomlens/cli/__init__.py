@@ -14,6 +14,7 @@ from oomlens.cli.epilog import epilog
 from oomlens.cli.triage import triage_command
 from oomlens.cli.whatif import whatif_command
 from oomlens.errors import ExitCode, OomlensError
+from oomlens.untrusted import one_line
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.OK)
     except Exception as exc:  # noqa: BLE001 - never a traceback: one line and a documented code
         click.echo(
-            f"oomlens: internal error: {type(exc).__name__}: {exc} "
+            f"oomlens: internal error: {type(exc).__name__}: {one_line(str(exc))} "
             "(a bug in oomlens; please report it with the command line)",
             err=True,
         )

@@ -214,3 +214,22 @@ def test_redact_says_so_in_every_format_that_carries_the_notice(capsys, fmt: str
         "html": "Redacted: user names, home paths, host names and IP addresses were replaced",
     }[fmt]
     assert notice in out
+
+
+def test_an_error_quoting_a_hostile_file_prints_no_control_character(tmp_path: Path) -> None:
+    # the unpickler's own message quotes the file's bytes: ESC, BEL and a line feed among them
+    # would reach the terminal (fuzz campaign M, snapshot-450)
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(b"\x80\x02F(h\x1b[31m\x07\x05\nforged line\n.")
+    result = run("analyze", path)
+    assert result.returncode == 3
+    assert "corrupt pickle" in result.stderr
+    assert not any(c in result.stderr for c in "\x1b\x07\x05")
+    assert result.stderr.count("\n") == 1  # one line, whatever the file says
+
+
+def test_error_messages_are_one_line_without_control_characters() -> None:
+    from oomlens.errors import InputError
+
+    error = InputError("log\x1b]0;title\x07.txt", "bad\nline\x9b31m", "do\tthis")
+    assert error.message == "log]0;title.txt: bad line31m; do this"

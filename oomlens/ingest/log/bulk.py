@@ -232,8 +232,10 @@ class _Anchors:
             return offsets, bits
         newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
         extra = []
-        for start in starts:
-            line = text.count("\n", 0, start)  # the bytes' line: decoding keeps every newline
+        line = previous = 0
+        for start in starts:  # ascending: the newlines before each, counted on from the last
+            line += text.count("\n", previous, start)  # decoding keeps every newline
+            previous = start
             extra.append(int(newlines[line - 1]) + 1 if line else 0)
         offsets = np.concatenate((offsets, np.asarray(extra, dtype=np.int64)))
         bits = np.concatenate((bits, np.full(len(extra), OOM | OOM_START, dtype=np.int64)))
