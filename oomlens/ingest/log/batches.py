@@ -162,10 +162,11 @@ def _batches(reader: LogReader) -> Iterator[_Batch]:
 
 
 def _scan(batch: _Batch) -> bulk.BatchScan:
-    return _scan_remote(batch.data, batch.starts, batch.prev_tail)
+    return _scan_bytes(batch.data, batch.starts, batch.prev_tail)
 
 
-def _scan_remote(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchScan:
+def _scan_bytes(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchScan:
+    """``bulk.scan_batch`` in this process or a worker (what a worker is sent: the bytes)."""
     # The scan builds a few million small acyclic objects (Aho-Corasick's match tuples, the
     # label slices): collections in the middle found nothing and cost a quarter of the scan's
     # time (dense 1 GiB log in one process: scan 36 s of CPU with the collector, 27 s without).
@@ -183,8 +184,7 @@ def read(reader: LogReader, jobs: int = 1) -> int:
         for batch in _batches(reader):
             group.append((batch, _scan(batch)))
             if len(group) == MERGE:
-                number = _process_group(reader, group, number)
-                group = []
+                number = _process_group(reader, group, number)  # empties the group
         return _process_group(reader, group, number) if group else number
     import multiprocessing
 
@@ -216,7 +216,7 @@ def _read_line_by_line(reader: LogReader) -> int:
 def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> int:
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
 
-    def next_group() -> int:
+    def next_group(number: int) -> int:
         group: list[tuple[_Batch, bulk.BatchScan]] = []
         while pending and len(group) < MERGE:
             batch, future = pending.popleft()
@@ -225,12 +225,12 @@ def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> in
         return _process_group(reader, group, number)
 
     for batch in _batches(reader):
-        future = pool.submit(_scan_remote, batch.data, batch.starts, batch.prev_tail)
+        future = pool.submit(_scan_bytes, batch.data, batch.starts, batch.prev_tail)
         pending.append((batch, future))
         while len(pending) > ahead(jobs):
-            number = next_group()
+            number = next_group(number)
     while pending:
-        number = next_group()
+        number = next_group(number)
     return number
 
 

@@ -490,8 +490,8 @@ def _gib(values: np.ndarray) -> np.ndarray:
 
 _DEDUPE_MAX = 256
 _DEDUPE_MIN = 8
-"""Texts longer than ``_DEDUPE_MAX`` are looked up one by one (told apart by numpy, each would
-take its length in bytes a row), and so are those of a length fewer than ``_DEDUPE_MIN`` have."""
+"""Texts are looked up one by one when longer than ``_DEDUPE_MAX`` bytes (numpy would compare
+them a byte column at a time) or when fewer than ``_DEDUPE_MIN`` texts have their length."""
 
 
 class _Labels:

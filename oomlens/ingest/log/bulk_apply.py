@@ -269,10 +269,11 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     rows = len(order)
     line = closed.line[order]
     cpu = closed.cpu[order]
+    # None: no sample was open before the run (no row with line < 0)
     pending = (
         [closed.pending[i] for i in order.tolist()]
         if any(p is not None for p in closed.pending)
-        else closed.pending  # all None: the order does not matter
+        else None
     )
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
@@ -297,7 +298,7 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     for r in np.flatnonzero(labels == bulk.LABEL_DEFERRED).tolist():
         labels[r] = text_id(run.deferred(int(j[r])))
     for r in np.flatnonzero(line < 0).tolist():
-        p = pending[r]
+        p = None if pending is None else pending[r]
         if p is not None:
             values[r] = (p[2].allocated, p[2].max_allocated, p[2].reserved)
             ranks[r] = -1 if p[0].rank is None else p[0].rank
@@ -384,7 +385,7 @@ class _SampleRows:
         run: Run,
         line: np.ndarray,
         cpu: np.ndarray,
-        pending: list[Pending | None],
+        pending: list[Pending | None] | None,
         labels: np.ndarray,
         texts: list[str],
     ) -> None:
@@ -409,7 +410,7 @@ class _SampleRows:
             reader.layout_host,
             reader.last_step,
             reader.last_time,
-            [self.pending[r] for r in rows.tolist()] if any(self.pending) else None,
+            None if self.pending is None else [self.pending[r] for r in rows.tolist()],
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
             [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
