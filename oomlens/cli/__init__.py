@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -47,11 +49,36 @@ def main(argv: list[str] | None = None) -> None:
         # The reader went away (``oomlens analyze ... | head``): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(ExitCode.OK)
-    except Exception as exc:  # noqa: BLE001 - never a traceback: one line and a documented code
+    except OSError as exc:
+        if not _output_failed(exc):
+            _internal_error(exc)
+        # Standard output could not take the report (a full disk, a read-only file): the
+        # output's fault, not a bug; the report is lost, so the line says so.
         click.echo(
-            f"oomlens: internal error: {type(exc).__name__}: {one_line(str(exc))} "
-            "(a bug in oomlens; please report it with the command line)",
+            f"oomlens: standard output: cannot write the report ({exc.strerror or exc}); "
+            "write it to a file with -o",
             err=True,
         )
-        sys.exit(ExitCode.INTERNAL)
+        sys.exit(ExitCode.USAGE)
+    except Exception as exc:  # noqa: BLE001 - never a traceback: one line and a documented code
+        _internal_error(exc)
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+"""What a write to a full, read-only or failing output gives; the commands read their inputs
+through readers that report such errors per input, so one that reaches ``main`` is the
+output's."""
+
+
+def _output_failed(exc: OSError) -> bool:
+    return exc.errno in _WRITE_ERRORS
+
+
+def _internal_error(exc: BaseException) -> NoReturn:
+    click.echo(
+        f"oomlens: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+        "(a bug in oomlens; please report it with the command line)",
+        err=True,
+    )
+    sys.exit(ExitCode.INTERNAL)

@@ -3,6 +3,7 @@ the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ def write_output(path: str, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even this
+            tmp.unlink(missing_ok=True)
         raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
 
 

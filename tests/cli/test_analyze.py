@@ -233,3 +233,38 @@ def test_error_messages_are_one_line_without_control_characters() -> None:
 
     error = InputError("log\x1b]0;title\x07.txt", "bad\nline\x9b31m", "do\tthis")
     assert error.message == "log]0;title.txt: bad line31m; do this"
+
+
+def test_a_full_standard_output_is_one_usage_error_not_a_bug() -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "oomlens", "analyze", CASE, "--format", "json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "standard output: cannot write the report (No space left on device)" in result.stderr
+    assert "internal error" not in result.stderr
+
+
+def test_a_read_only_file_system_is_one_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from oomlens.cli import main
+
+    def read_only(self: Path, *args: object, **kwargs: object) -> None:
+        # a read-only mount refuses the temporary file and then even its (missing) removal
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(SystemExit) as stopped:
+        main(["analyze", str(CASE), "-o", str(tmp_path / "r.json")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "r.json: cannot write the report (Read-only file system)" in err
