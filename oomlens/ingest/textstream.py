@@ -386,9 +386,11 @@ def read_head(
     source = open_text(path, display=display)
     out = bytearray()
     with source.open_binary() as stream:
+        # read1, as in ``_chunks``: a decompressor's read() loses its pieces at a cut.
+        read = getattr(stream, "read1", None) or stream.read
         while len(out) < limit:
             try:
-                chunk = stream.read(min(limit - len(out), 65536))
+                chunk = read(min(limit - len(out), 65536))
             except (EOFError, OSError, lzma.LZMAError, zlib.error, ValueError):
                 break
             if not chunk:

@@ -125,3 +125,15 @@ def test_read_head_is_bounded_and_decompressed(tmp_path: Path) -> None:
     target.write_bytes(gzip.compress(LAB.read_bytes()))
     head = read_head(target, 1000)
     assert len(head) == 1000 and head == LAB.read_bytes()[:1000]
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, lzma.compress], ids=["gzip", "xz"])
+def test_read_head_keeps_what_a_cut_stream_decompressed(tmp_path: Path, compress) -> None:
+    # A small compressed log cut short: the head's one big read() used to raise at the cut
+    # and drop everything, so the file was "data that decompresses to nothing".
+    text = b"".join(b"[rank0]: step %d loss %d\n" % (s, (s * 7919) % 100003) for s in range(3000))
+    data = compress(text)
+    target = tmp_path / "train.log.cut"
+    target.write_bytes(data[: len(data) // 2])
+    head = read_head(target)
+    assert len(head) > 8192 and text.startswith(head)
