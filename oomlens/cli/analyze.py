@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from oomlens.cli.params import COUNT, JOBS, SIZE, Progress
-from oomlens.errors import UsageError
+from oomlens.errors import OomlensError, UsageError
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
+from oomlens.untrusted import one_line
 
 
 def write_output(path: str, text: str) -> None:
@@ -27,6 +28,40 @@ def write_output(path: str, text: str) -> None:
         with contextlib.suppress(OSError):  # a read-only file system refuses even this
             tmp.unlink(missing_ok=True)
         raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
+
+
+def refuse_several_runs(path: str) -> None:
+    """Raise ``UsageError`` when ``path`` is a directory that holds more than one run, as
+    ``oomlens triage`` tells runs apart: read as one, their logs, snapshots and configs would
+    be mixed into one confident answer that is neither run's."""
+    if not os.path.isdir(path):
+        return
+    from oomlens.triage.adapter import is_training_log
+    from oomlens.triage.walk import FileEntry, find_runs, log_by_name
+
+    def is_log(entry: FileEntry) -> bool:
+        by_name = log_by_name(os.path.basename(entry.path))
+        if by_name is not None:
+            return by_name
+        try:
+            return is_training_log(entry.path)
+        except (OomlensError, OSError):
+            return False
+
+    try:
+        runs = find_runs([path], is_log=is_log).runs
+    except OomlensError:
+        return  # the analysis reports what is wrong with the directory
+    if len(runs) < 2:
+        return
+    names = [one_line(run.name) for run in runs]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    first = os.path.join(path, os.path.relpath(runs[0].root, os.path.abspath(path)))
+    raise UsageError(
+        f"{one_line(path)}: holds {len(runs)} runs ({shown}); analyze one of them "
+        f"(oomlens analyze {one_line(first)}), all of them with oomlens triage "
+        f"{one_line(path)}, or, if they are parts of one job, pass --one-run"
+    )
 
 
 @click.command("analyze")
@@ -98,6 +133,13 @@ def write_output(path: str, text: str) -> None:
     "is the same whatever the number.",
 )
 @click.option(
+    "--one-run",
+    is_flag=True,
+    default=False,
+    help="Read a directory as one run even when it holds several (one log per node in "
+    "sub-directories, say); without it such a directory is refused.",
+)
+@click.option(
     "--color/--no-color",
     "colour",
     default=None,
@@ -116,6 +158,7 @@ def analyze_command(
     host_memory: int | None,
     thresholds_file: str | None,
     jobs: int,
+    one_run: bool,
     colour: bool | None,
 ) -> None:
     """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
@@ -127,6 +170,9 @@ def analyze_command(
     from oomlens.session import AnalysisOptions, analyze
 
     chosen = Format.choose(fmt, output)
+    if not one_run:
+        for path in inputs:
+            refuse_several_runs(path)
     options = AnalysisOptions(
         thresholds=load_thresholds(thresholds_file),
         params=params,

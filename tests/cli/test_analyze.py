@@ -268,3 +268,27 @@ def test_a_read_only_file_system_is_one_usage_error(
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "r.json: cannot write the report (Read-only file system)" in err
+
+
+def test_a_directory_of_several_runs_is_refused_not_mixed_into_one_answer(tmp_path: Path) -> None:
+    import shutil
+
+    for name, case in (("run1", "fragmentation"), ("run2", "other_process")):
+        shutil.copytree(case_dir(case), tmp_path / "archive" / name)
+    result = run("analyze", tmp_path / "archive", "--format", "json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert "holds 2 runs (run1, run2)" in result.stderr
+    assert f"oomlens analyze {tmp_path / 'archive' / 'run1'}" in result.stderr
+    # one of them, as the line says, is that run's answer alone
+    alone = run("analyze", tmp_path / "archive" / "run2", "--format", "json")
+    assert json.loads(alone.stdout)["diagnoses"][0]["id"] == "other_process"
+    # --one-run reads the directory as one job's parts, as asked
+    together = run("analyze", tmp_path / "archive", "--one-run", "--format", "json")
+    assert together.returncode == 0, together.stderr
+    assert len({i["path"] for i in json.loads(together.stdout)["inputs"]}) >= 4
+
+
+def test_a_run_directory_with_its_capture_inside_is_one_run() -> None:
+    result = run("analyze", case_dir("fragmentation_captured"), "--format", "json")
+    assert result.returncode == 0, result.stderr
