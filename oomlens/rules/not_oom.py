@@ -15,6 +15,7 @@ from oomlens.analysis.lookalikes import (
 from oomlens.analysis.rejections import config_rejections
 from oomlens.analysis.signals import signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
+from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ExceptionEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
@@ -51,7 +52,7 @@ _KNOWN_LOOKALIKES = re.compile(
     re.IGNORECASE,
 )
 _SPEAKS_OF_MEMORY = re.compile(
-    r"out of memory|\bmemory\b|No space left on device|Cannot allocate|alloc(?:ation|ator)? "
+    r"out of mem|OutOfMem|\bmemory\b|No space left on device|Cannot allocate|alloc(?:ation|ator)? "
     r"fail|shared memory|pin memory",
     re.IGNORECASE,
 )
@@ -104,6 +105,13 @@ class NotOomRule(Rule):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return
+        if any(
+            line.kind is FatalSignalKind.SHM_EXHAUSTED
+            for log in facts.logs
+            for line in log.fatal_signals
+        ):
+            return  # shared memory ran out, in so many words: a host memory failure
+
         if config_rejections(facts.logs):
             return  # a refused configuration: the config rules name it
         said = non_memory_failure_lines(facts.logs)

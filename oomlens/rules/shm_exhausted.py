@@ -55,6 +55,7 @@ class SharedMemoryRule(Rule):
         elif lines:
             confidence = 0.6
         if deaths:
+            quoted = {(line.source, line.text) for line in lines[:3]}
             evidence += [
                 Evidence(
                     EvidenceKind.LOG,
@@ -63,6 +64,7 @@ class SharedMemoryRule(Rule):
                     "SIGBUS: a shared-memory page that could not be backed",
                 )
                 for death in deaths[:2]
+                if (death.source, death.text) not in quoted
             ]
             confidence = max(confidence + 0.1, 0.6)
         if full and not confidence:

@@ -63,6 +63,12 @@ its process stopped writing (killed) and other streams go on."""
 _EXCEPTION_LINE = regex.compile(
     r"(?P<cls>[A-Za-z_][\w]{0,100}(?:\.[A-Za-z_][\w]{0,100}){0,12})(?::(?: (?P<msg>.*))?)?\Z"
 )
+_EXCEPTION_NAME = regex.compile(
+    r"(?:Error|Exception|Interrupt|Exit|Warning|Iteration|Failure|Fault|Timeout|Abort(?:ed)?|"
+    r"Killed|Cancell?ed|Exhausted)\s*\Z"
+)
+"""How the classes of exceptions end (Python's own and the libraries'), for an exception line
+printed without a message."""
 _LOG_RECORD = regex.compile(r"\[\d{4}-\d\d-\d\d[ T]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} ")
 
 
@@ -309,6 +315,10 @@ class TracebackAssembler:
             self._current = _current_line(text, self._style, self._current)
             return None  # source line, carets, a box's inside, or a blank inside the traceback
         match = _EXCEPTION_LINE.match(text)
+        if match is not None and ":" not in text and not _EXCEPTION_NAME.search(text):
+            # A bare word that no exception class ends with (``Runt``, ``OutOfMe``): the paste
+            # cut the exception line, and what was cut says nothing of what it was.
+            match = None
         if match is None or _LOG_RECORD.match(text):
             if self._style == "ipython" and match is None:
                 return None  # a frame line wrapped by the paste: only the exception ends it

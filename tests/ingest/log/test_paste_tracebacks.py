@@ -166,3 +166,39 @@ def test_the_words_wrapping_a_message_are_kept() -> None:
     # a message after its own exception class has none
     [plain] = read_log(paste_path("deepspeed-3869")).oom_events
     assert plain.preamble is None
+
+
+_FRAMES = (
+    "Traceback (most recent call last):\n"
+    '  File "train.py", line 251, in backward\n'
+    "    loss.backward()\n"
+    '  File "/usr/lib/python3.8/site-packages/torch/autograd/__init__.py", line 147, in backward\n'
+    "    allow_unreachable=True)\n"
+)
+
+
+@pytest.mark.parametrize("cut", ["Runt", "ray.exceptions.OutOfMe", "torch.cuda.OutOfMem"])
+def test_an_exception_line_cut_mid_word_is_a_cut_traceback(tmp_path: Path, cut: str) -> None:
+    # transformers-12783 ends at "Runt", vllm-1765 at "ray.exceptions.OutOfMe": a word cut by
+    # the paste is no exception, and was read as one: "not for lack of memory", 85%.
+    path = tmp_path / "paste.txt"
+    path.write_text(_FRAMES + cut)
+    report = analyze([path])
+    assert report.verdict.value == "unknown"
+    assert [d.id for d in report.diagnoses][:1] == ["insufficient_evidence"]
+    assert all(d.id != "not_oom" for d in report.diagnoses)
+
+
+@pytest.mark.parametrize("line", ["KeyboardInterrupt", "MemoryError", "SystemExit"])
+def test_an_exception_printed_without_a_message_is_still_one(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "paste.txt"
+    path.write_text(_FRAMES + line + "\n")
+    [exception] = read_log(path).exceptions
+    assert exception.exception_class == line
+
+
+def test_a_message_cut_inside_out_of_memory_is_never_a_confident_not_oom(tmp_path: Path) -> None:
+    path = tmp_path / "paste.txt"
+    path.write_text(_FRAMES + "RuntimeError: CUDA out of mem")
+    report = analyze([path])
+    assert all(d.confidence < 0.5 for d in report.diagnoses if d.id == "not_oom")
