@@ -18,6 +18,7 @@ several.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 
@@ -56,6 +57,23 @@ class Detection:
         return self.kind.id if self.kind is not None else "unknown"
 
 
+_ZERO_RUN = re.compile(rb"\x00{16,}")
+"""A run of zero bytes: what a crash leaves in a log file (a hole the writer never filled, a
+preallocated tail), not binary content; the reader drops them too."""
+_HOLEY_SCAN_BYTES = 64 * HEAD_BYTES
+"""How far the sniffing reads through zero runs for a head's worth of text."""
+
+
+def _text_of_holey(path: str | os.PathLike[str], head: bytes, shown: str) -> bytes:
+    """The head without its zero runs; when they left little of it, the text after them,
+    read on through at most ``_HOLEY_SCAN_BYTES``."""
+    text = _ZERO_RUN.sub(b"", head)
+    if len(text) >= HEAD_BYTES // 2 or len(head) < HEAD_BYTES:
+        return text
+    more = read_head(path, _HOLEY_SCAN_BYTES, display=shown)
+    return _ZERO_RUN.sub(b"", more)[:HEAD_BYTES]
+
+
 def _text_ratio(head: bytes) -> float:
     if not head:
         return 1.0
@@ -86,6 +104,11 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         reason = candidate.recognise(sample)
         if reason is not None:
             return Detection(shown, candidate, compression, reason)
+    if _ZERO_RUN.search(head):
+        head = _text_of_holey(path, head, shown)
+        if not head:
+            return Detection(shown, None, compression, "nothing but zero bytes")
+        sample = Sample(shown, size, head, compression)
     if _text_ratio(head) < _TEXT_RATIO:
         return Detection(shown, None, compression, "binary data, not text")
     if sample.json_problem is not None:

@@ -162,3 +162,25 @@ def test_deeply_nested_json_beside_a_log_is_skipped_with_its_reason(tmp_path: Pa
     assert [Path(f.path).name for f in run.files] == ["train.log"]
     reasons = {Path(p).name: why for p, why in run.skipped}
     assert "nested" in reasons["ds_config.json"] and "nested" in reasons["error.json"]
+
+
+@pytest.mark.parametrize(
+    "where", ["tail", "head", "middle"], ids=["zero-tail", "zero-head-over-64k", "zero-hole"]
+)
+def test_a_log_with_a_run_of_zero_bytes_is_still_a_log(tmp_path: Path, where: str) -> None:
+    # What a crash leaves in a log file (a preallocated tail, a hole the writer never filled):
+    # the zeros made the head "binary data" and the whole log, its OOM included, was refused.
+    text = LAB.read_bytes()[:30000]
+    zeros = b"\0" * 100_000
+    data = {"tail": text + zeros, "head": zeros + text, "middle": text[:5000] + zeros + text}
+    path = tmp_path / "train.log"
+    path.write_bytes(data[where])
+    detection = detect_kind(path)
+    assert detection.kind is not None and detection.kind.id == "training_log", detection.reason
+
+
+def test_zero_bytes_alone_are_no_log(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(b"\0" * 100_000)
+    detection = detect_kind(path)
+    assert detection.kind is None and detection.reason == "nothing but zero bytes"
