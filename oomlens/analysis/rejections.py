@@ -28,7 +28,9 @@ BATCH_KEYS = frozenset(
 )
 
 _SCHEMA = re.compile(r"\d{1,4} validation errors? for (?P<model>[A-Za-z_][\w.]{0,80})")
-_HF_MISMATCH = re.compile(r"^\s*-\s*ds (?P<key>\w{1,80})=(?P<ds>\S{1,40}) vs hf (?P<hf>.{1,120})$")
+_HF_MISMATCH = re.compile(
+    r"^\s*-\s*ds (?P<key>[\w.]{1,80})=(?P<ds>\S{1,40}) vs hf (?P<hf>.{1,120})$"
+)
 _BATCH = re.compile(
     r"(?i)batch[ _]size[^\n]{0,160}?(?:must be (?:evenly )?divisible|is not divisible|"
     r"not equal to|must be a multiple)|Check batch related parameters|"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
@@ -87,17 +87,42 @@ class ConfigInvalidRule(Rule):
                     "type (often a key from a newer version, or a removed one)",
                 ),
             ),
-            fixes=(
-                Fix(
-                    "Fix the listed keys (remove unknown ones, give the type the model "
-                    "expects), or use the DeepSpeed/framework version the config was written "
-                    "for; `oomlens check CONFIG` re-validates before launch.",
-                    command="oomlens check ds_config.json",
-                    cost="none",
-                ),
-            ),
+            fixes=(_to_auto(r.keys) if r.keys else _fix_the_keys(),),
             rank=r.source.rank,
         )
+
+
+def _fix_the_keys() -> Fix:
+    return Fix(
+        "Fix the listed keys (remove unknown ones, give the type the model expects), or use "
+        "the DeepSpeed/framework version the config was written for; `oomlens check CONFIG` "
+        "re-validates before launch.",
+        command="oomlens check ds_config.json",
+        cost="none",
+    )
+
+
+def _to_auto(keys: tuple[str, ...]) -> Fix:
+    """transformers' listing of DeepSpeed keys that disagree with TrainingArguments: "auto"
+    lets the Trainer fill each from its own arguments (the error's own advice); the listing
+    names only keys that are not "auto" already."""
+    patch: dict[str, Any] = {}
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = patch
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                break  # a key listed with one of its own parents: the parent's "auto" holds
+            node = child
+        else:
+            node.setdefault(leaf, "auto")
+    return Fix(
+        'Set the listed keys to "auto": the HF Trainer then fills them from '
+        "TrainingArguments, so the two cannot disagree.",
+        config_patch=patch,
+        cost="none",
+    )
 
 
 RULE = ConfigInvalidRule()
