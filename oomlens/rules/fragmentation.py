@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
 from oomlens.facts import SourceRef
-from oomlens.facts.log import OomKind
+from oomlens.facts.log import OomKind, OomMessage
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.facts.whatif import COVERS_UP_TO_OOM, ReplayVerdict
@@ -91,14 +91,54 @@ def replay_evidence(verdict: ReplayVerdict | None, source: SourceRef | None) -> 
     ]
 
 
+_BEFORE_EXPANDABLE = frozenset({"cached", "reserved", "thc"})
+"""OOM message formats of torch builds before 2.1, which have no expandable segments (an
+unknown option there stops the job at startup)."""
+
+
+def torch_before_expandable(message: OomMessage) -> str | None:
+    """What the message's format says of a torch build without expandable segments: None
+    when it has them (or the format does not tell), else the alternative that build has."""
+    if message.message_format not in _BEFORE_EXPANDABLE:
+        return None
+    if "max_split_size_mb" in message.text:
+        return "max_split_size_mb"  # 1.10 to 2.0 print it as their own hint
+    return "upgrade"
+
+
 def fragmentation_fixes(
-    stuck: int, expandable_on: bool, replay: ReplayVerdict | None = None
+    stuck: int,
+    expandable_on: bool,
+    replay: ReplayVerdict | None = None,
+    old_torch: str | None = None,
 ) -> tuple[Fix, ...]:
     """The fixes for fragmentation, never proposing expandable segments when already on, nor
-    when a trustworthy replay shows they would not have helped."""
+    when a trustworthy replay shows they would not have helped, nor to a torch build before
+    2.1 (``old_torch``, from ``torch_before_expandable``)."""
     fixes = []
     useless = replay is not None and replay.trustworthy and replay.outcome == "oom"
-    if not expandable_on and not useless:
+    if old_torch is not None and not useless:
+        if old_torch == "max_split_size_mb":
+            fixes.append(
+                Fix(
+                    "Keep the allocator from splitting large cached blocks for small requests "
+                    "(this torch's own hint; from torch 2.1 on, expandable_segments:True does "
+                    "better).",
+                    environment={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"},
+                    cost="a few percent slower allocations",
+                )
+            )
+        else:
+            fixes.append(
+                Fix(
+                    "This torch predates the allocator's fragmentation settings "
+                    "(max_split_size_mb came in 1.10, expandable_segments in 2.1): upgrade "
+                    "torch, or call torch.cuda.empty_cache() between phases that allocate "
+                    "different sizes.",
+                    cost="an upgrade, or a code change",
+                )
+            )
+    elif not expandable_on and not useless:
         summary = (
             "Let the allocator map memory in pages inside growing segments, so free space "
             "need not be contiguous."
@@ -296,7 +336,7 @@ class FragmentationRule(Rule):
         if trimmed is not None:
             missing = (trimmed,)
         evidence.extend(replayed)
-        fixes = fragmentation_fixes(stuck, expandable_on, replay)
+        fixes = fragmentation_fixes(stuck, expandable_on, replay, torch_before_expandable(n))
         if located is None:
             missing = (CAPTURE_SNAPSHOT,)
         yield SPEC.diagnose(
