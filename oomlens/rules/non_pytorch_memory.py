@@ -81,7 +81,7 @@ class NonPytorchMemoryRule(Rule):
             itself = self_listed_evidence(event, b)
             if itself is not None:
                 evidence.append(itself)
-            yield self._diagnosis(event, b, outside, 0.35 + share, evidence)
+            yield self._diagnosis(event, b, outside, 0.35 + share, evidence, _distributed(facts))
             return
         context = self._context(b, thresholds)
         if context is not None:
@@ -98,7 +98,7 @@ class NonPytorchMemoryRule(Rule):
                     f"{size(b.request)} request would have fit",
                 ),
             ]
-            yield self._diagnosis(event, b, held, confidence, evidence)
+            yield self._diagnosis(event, b, held, confidence, evidence, _distributed(facts))
 
     @staticmethod
     def _non_allocating_call(event: OomEvent) -> Iterator[Diagnosis]:
@@ -178,6 +178,7 @@ class NonPytorchMemoryRule(Rule):
         outside: int,
         confidence: float,
         evidence: list[Evidence],
+        distributed: bool,
     ) -> Diagnosis:
         n = event.message
         return SPEC.diagnose(
@@ -190,25 +191,36 @@ class NonPytorchMemoryRule(Rule):
                 f"allocator (PyTorch reserved {size(b.reserved)}, {size(b.free)} free)"
             ),
             evidence=tuple(evidence),
-            fixes=(
-                Fix(
-                    "Shrink NCCL's buffers if they are the cause (set NCCL_DEBUG=INFO to see "
-                    "their sizes), and keep other GPU libraries from preallocating.",
-                    environment={
-                        "NCCL_BUFFSIZE": "2097152",
-                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                    },
-                    cost="NCCL: possibly slower collectives",
-                ),
-            ),
+            fixes=(_OUTSIDE_DISTRIBUTED if distributed else _OUTSIDE_ONE_PROCESS,),
             missing=(
-                "NCCL's own report of its buffers: NCCL_DEBUG=INFO",
+                *(("NCCL's own report of its buffers: NCCL_DEBUG=INFO",) if distributed else ()),
                 "what holds the card besides PyTorch: torch.cuda.list_gpu_processes() or "
                 "nvidia-smi after allocating a small tensor",
             ),
             rank=event.rank,
             figures={**oom_figures(n), "non_pytorch_bytes": in_bytes(outside)},
         )
+
+
+def _distributed(facts: RunFacts) -> bool:
+    """More than one process in the run: NCCL's buffers are among what sits outside."""
+    world = facts.world_size.value if facts.world_size is not None else 1
+    return world > 1 or len(facts.ranks.ranks) > 1
+
+
+_OUTSIDE_DISTRIBUTED = Fix(
+    "Shrink NCCL's buffers if they are the cause (set NCCL_DEBUG=INFO to see their sizes), "
+    "and keep other GPU libraries from preallocating.",
+    environment={"NCCL_BUFFSIZE": "2097152", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    cost="NCCL: possibly slower collectives",
+)
+_OUTSIDE_ONE_PROCESS = Fix(
+    "Leave room for what every CUDA process holds outside PyTorch (the CUDA context, "
+    "cuDNN/cuBLAS workspaces: often 0.5-1.5 GiB, more under WSL or with a display on the "
+    "card): a smaller batch, or close the other programs that use the GPU (nvidia-smi lists "
+    "them).",
+    cost="smaller batches: slightly lower throughput",
+)
 
 
 RULE = NonPytorchMemoryRule()
