@@ -20,10 +20,11 @@ torchrun's closing signals, with no exception, OOM or config error anywhere);
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomlens.facts import SourceRef
-from oomlens.facts.log import MemorySample
+from oomlens.facts.log import ClosingSignal, MemorySample
 from oomlens.facts.run import RunFacts
 
 _BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
@@ -113,10 +114,23 @@ def silent_death(facts: RunFacts) -> SilentDeath | None:
             return SilentDeath(kill.source, f"Killing subprocess {kill.pid}")
         if log.closing_signals:
             closing = log.closing_signals[0]
-            return SilentDeath(
-                closing.source, f"Sending process {closing.pid} closing signal {closing.signal}"
-            )
+            return SilentDeath(closing.source, _stopped_survivors(log.closing_signals))
     return None
+
+
+def _stopped_survivors(closing: Sequence[ClosingSignal]) -> str:
+    """torchrun's closing signals in words: they go to the workers still alive, so the one
+    that died is not among them, and a single pid missing from a run of consecutive ones
+    (workers started one after the other) is most likely it."""
+    first = closing[0]
+    text = f"Sending process {first.pid} closing signal {first.signal}"
+    pids = sorted({c.pid for c in closing})
+    if len(pids) > 1:
+        text += f" and {len(pids) - 1} more: the launcher stopping the workers still alive"
+        if pids[-1] - pids[0] == len(pids):  # one gap in the run
+            gap = next(a + 1 for a, b in zip(pids, pids[1:], strict=False) if b - a == 2)
+            text += f"; pid {gap}, missing from them, is most likely the one that died"
+    return text
 
 
 def host_memory_pressure(facts: RunFacts) -> MemorySample | None:
