@@ -49,6 +49,15 @@ def _restore_defaults(raised: list[tuple[ConfigValue[int], int]], saving: int | 
     )
 
 
+def _live_after_fix(effective: EffectiveDsConfig) -> int:
+    """The elements that may stay gathered once the defaults are back: the live-parameter
+    bound (``stage3_max_live_parameters``, at most its default), not the prefetch bucket
+    alone: with the defaults a 1e9-element working set is still allowed."""
+    live = effective.zero.max_live_parameters.value
+    default = WORKING_SET_DEFAULTS["max_live_parameters"]
+    return min(int(live), default) if isinstance(live, int | float) else default
+
+
 def _raised_working_set(
     effective: EffectiveDsConfig, factor: float
 ) -> list[tuple[ConfigValue[int], int]]:
@@ -128,7 +137,7 @@ class PrefetchOvershootRule(Rule):
             figures["gathered_param_bytes"] = in_bytes(gathered)
             if share >= thresholds.gathered_params_min_fraction:
                 confidence += 0.15
-                saving = max(0, gathered - WORKING_SET_DEFAULTS["prefetch_bucket_size"] * element)
+                saving = max(0, gathered - _live_after_fix(effective) * element)
                 evidence.append(
                     snapshot_evidence(
                         snapshot,
