@@ -73,7 +73,7 @@ def corrected_triples(a: BatchAssertion) -> list[tuple[str, dict[str, int]]]:
 
 SPEC = RuleSpec(
     id="accumulation_mismatch",
-    title="Batch size and gradient accumulation do not match the GPU count",
+    title="Batch settings disagree with each other or with the GPU count",
     severity=Severity.HIGH,
     explanation=(
         "DeepSpeed requires train_batch_size = micro batch per GPU x gradient accumulation "
@@ -112,7 +112,9 @@ class AccumulationMismatchRule(Rule):
         return SPEC.diagnose(
             confidence=0.85 if r.keys or "divisible" in r.text else 0.7,
             summary=(
-                f"the batch settings were refused before training: {listed} disagree"
+                f"the batch settings were refused before training: the DeepSpeed config's "
+                f"{listed} {'does' if len(r.keys) == 1 else 'do'} not match the trainer's "
+                "arguments"
                 if r.keys
                 else "the batch settings were refused before training: the batch sizes, "
                 "accumulation steps and number of processes do not agree"

@@ -36,3 +36,15 @@ def test_a_scheduler_mismatch_is_a_refused_key_set_to_auto_not_a_batch_mismatch(
 def test_batch_keys_in_the_listing_stay_a_batch_mismatch() -> None:
     report = analyze([case_dir("hf_trainer_config_mismatch")])
     assert report.diagnoses[0].id == "accumulation_mismatch"
+
+
+def test_one_batch_key_that_mismatches_is_said_in_one_grammatical_sentence(
+    tmp_path: Path,
+) -> None:
+    listed = ["[rank0]: - ds train_micro_batch_size_per_gpu=1 vs hf per_device_train_batch_size=8"]
+    [top, *_] = analyze([_mismatch_log(tmp_path, listed)]).diagnoses
+    assert top.id == "accumulation_mismatch"
+    assert top.summary.endswith(
+        "the DeepSpeed config's train_micro_batch_size_per_gpu does not match the trainer's "
+        "arguments"
+    )
