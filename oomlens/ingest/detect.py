@@ -18,6 +18,8 @@ several.
 from __future__ import annotations
 
 import os
+import pickle
+import pickletools
 import re
 import stat
 from dataclasses import dataclass
@@ -74,6 +76,25 @@ def _text_of_holey(path: str | os.PathLike[str], head: bytes, shown: str) -> byt
     return _ZERO_RUN.sub(b"", more)[:HEAD_BYTES]
 
 
+def _old_protocol_pickle(data: bytes) -> bool:
+    """``data`` is one whole pickle of protocol 0 (text-like opcodes a log never makes up to
+    the end): its opcodes, read by ``pickletools.genops`` (which parses, never builds or
+    imports anything), run from the first byte to a STOP that ends the data."""
+    if b"\n" not in data or data[:1] == pickle.PROTO:
+        return False  # protocol 0 writes every argument on a line of its own
+    end = -1
+    try:
+        for opcode, _, position in pickletools.genops(data):
+            if opcode.proto > 0:
+                return False  # protocol 1 is binary: the text test refuses it
+            if opcode.name == "STOP" and position is not None:
+                end = position + 1
+                break
+    except Exception:  # noqa: BLE001 - anything genops cannot parse is no pickle
+        return False
+    return end > 1 and not data[end:].strip()
+
+
 def _text_ratio(head: bytes) -> float:
     if not head:
         return 1.0
@@ -126,6 +147,14 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         reason = candidate.recognise(sample)
         if reason is not None:
             return Detection(shown, candidate, compression, reason)
+    if sample.whole and _old_protocol_pickle(head):
+        # text no kind recognised: what a user names is read as a quiet log, but not this
+        return Detection(
+            shown,
+            None,
+            compression,
+            "a pickle of protocol 0 (torch writes snapshots with protocol 2 or later)",
+        )
     return Detection(
         shown,
         None,

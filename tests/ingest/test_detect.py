@@ -184,3 +184,21 @@ def test_zero_bytes_alone_are_no_log(tmp_path: Path) -> None:
     path.write_bytes(b"\0" * 100_000)
     detection = detect_kind(path)
     assert detection.kind is None and detection.reason == "nothing but zero bytes"
+
+
+def test_a_protocol_0_pickle_is_no_log_and_is_never_run(tmp_path: Path) -> None:
+    # A text-like pickle that would run a command if unpickled: it was read as a quiet
+    # training log ("the log ends mid-crash", exit 0).
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(f"cos\nsystem\n(S'touch {marker}'\ntR.".encode())
+    detection = detect_kind(path)
+    assert detection.kind is None and "pickle of protocol 0" in detection.reason
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("text", [b"Killed.", b"N.", b"step 1 loss 2.5\nI1\n."])
+def test_text_that_ends_in_a_period_is_not_taken_for_a_pickle(tmp_path: Path, text: bytes) -> None:
+    path = tmp_path / "train.log"
+    path.write_bytes(text)
+    assert "pickle" not in detect_kind(path).reason
