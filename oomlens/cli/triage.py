@@ -189,7 +189,8 @@ def run_command(
     """
     from oomlens.triage.engine import TriageOptions, triage
     from oomlens.triage.outputs import check_outputs, write_table
-    from oomlens.triage.summary import printable, render_summary
+    from oomlens.triage.summary import render_summary
+    from oomlens.untrusted import shown
 
     check_outputs(outputs)
     if store is not None and no_store:
@@ -213,7 +214,7 @@ def run_command(
     )
     result = triage(directories, options, progress=_Bar(not quiet))
     for warning in result.warnings:
-        click.echo(f"oomlens: warning: {printable(warning)}", err=True)
+        click.echo(f"oomlens: warning: {shown(warning)}", err=True)
     if result.found == 0:
         raise NoUsableInputError(
             f"no runs found under {', '.join(directories)}: no directory there holds a training"
@@ -251,13 +252,23 @@ def merge_command(
 ) -> None:
     """Merge the tables written by the shards of a job array (oomlens triage --shard K/N -o
     TABLE) into one, as a single run over the whole tree would have made it."""
-    from oomlens.triage.merge import merge_tables
+    from oomlens.triage.merge import merge_runs
     from oomlens.triage.outputs import check_outputs, write_table
     from oomlens.triage.summary import render_summary
+    from oomlens.untrusted import shown
 
     check_outputs(outputs)
-    merged = merge_tables(tables)
+    merged = merge_runs(tables)
+    if not merged.repeated.empty:
+        first = merged.repeated.iloc[0]
+        count = len(merged.repeated)
+        click.echo(
+            f"oomlens: warning: {count} row{'s' if count != 1 else ''} left out: the same run"
+            f" (run and path) as a newer row, first {shown(str(first['run']))}"
+            f" at {shown(str(first['path']))}",
+            err=True,
+        )
     for output in outputs:
-        write_table(merged, output, title=title)
+        write_table(merged.table, output, title=title)
     if not quiet:
-        click.echo(render_summary(merged), nl=False)
+        click.echo(render_summary(merged.table), nl=False)

@@ -4,8 +4,9 @@
 worker processes (one per core by default, each run with a time limit), keeps every result
 in a SQLite store so that the next call analyzes only what is new or changed, and returns one
 row per run (``table.COLUMNS``).  ``Shard`` splits a tree among the tasks of a job array,
-``merge_tables`` joins their tables, ``write_table`` writes CSV, JSON lines, Parquet, SQLite or
-an HTML index.  The analysis API is reached only through ``oomlens.triage.adapter``.
+``merge_runs`` joins their tables (``merge_tables``: the table alone), ``write_table`` writes
+CSV, JSON lines, Parquet, SQLite or an HTML index.  The analysis API is reached only through
+``oomlens.triage.adapter``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _EXPORTS = {
     "TriageOptions": "oomlens.triage.engine",
     "TriageResult": "oomlens.triage.engine",
     "group_table": "oomlens.triage.summary",
+    "merge_runs": "oomlens.triage.merge",
     "merge_tables": "oomlens.triage.merge",
     "read_table": "oomlens.triage.outputs",
     "render_summary": "oomlens.triage.summary",

@@ -23,6 +23,7 @@ import importlib.resources
 import importlib.util
 import json
 import os
+import re
 import sqlite3
 import tempfile
 import urllib.parse
@@ -37,10 +38,16 @@ from oomlens import __version__
 from oomlens.errors import InputError, UsageError
 from oomlens.ingest.files import refuse_special
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
-from oomlens.triage.table import COLUMNS, normalize
+from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, normalize
 from oomlens.triage.worker import current_umask, write_atomically
 from oomlens.units import format_size
-from oomlens.untrusted import neutralize_formula, restore_formula
+from oomlens.untrusted import (
+    escape_controls,
+    neutralize_formula,
+    restore_formula,
+    shown,
+    unescape_controls,
+)
 
 TABLE_FORMATS = {
     ".csv": "csv",
@@ -116,7 +123,7 @@ def read_table(path: str) -> pandas.DataFrame:
             frame = pandas.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
             for name in frame.columns:
                 frame[name] = frame[name].map(
-                    lambda cell: restore_formula(cell) if isinstance(cell, str) else cell
+                    _unescape_exact if name in EXACT_COLUMNS else _restore_cell
                 )
         elif kind == "jsonl":
             frame = pandas.DataFrame.from_records(_read_jsonl(path), columns=list(COLUMNS))
@@ -141,17 +148,33 @@ def read_table(path: str) -> pandas.DataFrame:
 
 
 def _write_csv(table: pandas.DataFrame, path: str) -> None:
-    """CSV is opened in spreadsheets: a text cell that would start a formula (a run directory
-    named ``=HYPERLINK(...)``, a frame ``@SUM(1+1)``) gets a leading apostrophe, which
-    :func:`read_table` takes off again.  (The other formats are typed data for programs and keep
-    the text as it is; every format's text is already free of control characters.)"""
+    r"""CSV is opened in spreadsheets: a text cell that would start a formula (a run directory
+    named ``=HYPERLINK(...)``, a frame ``@SUM(1+1)``) gets a leading apostrophe, and in the
+    exact names (``EXACT_COLUMNS``) control characters and backslashes are written as backslash
+    escapes (``a\tb``, ``\x1b``, ``\\``); :func:`read_table` undoes both.  (The other formats
+    are typed data for programs and keep the text as it is; their other text cells are already
+    free of control characters.)"""
     guarded = table.copy()
     for name, dtype in COLUMNS.items():
         if dtype == "string":
-            guarded[name] = guarded[name].map(
-                lambda cell: cell if _missing(cell) else neutralize_formula(str(cell))
-            )
+            exact = name in EXACT_COLUMNS
+            guarded[name] = [_csv_cell(cell, exact=exact) for cell in guarded[name]]
     write_atomically(path, guarded.to_csv(index=False, lineterminator="\n").encode("utf-8"))
+
+
+def _csv_cell(cell: object, *, exact: bool) -> object:
+    if _missing(cell):
+        return cell
+    text = escape_controls(str(cell)) if exact else str(cell)
+    return neutralize_formula(text)
+
+
+def _restore_cell(cell: object) -> object:
+    return restore_formula(cell) if isinstance(cell, str) else cell
+
+
+def _unescape_exact(cell: object) -> object:
+    return unescape_controls(restore_formula(cell)) if isinstance(cell, str) else cell
 
 
 def _missing(value: object) -> bool:
@@ -172,9 +195,20 @@ def _json_records(table: pandas.DataFrame) -> list[dict[str, Any]]:
     return records
 
 
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""What ``json.dumps(ensure_ascii=False)`` leaves raw and a terminal (``cat runs.jsonl``) or an
+encoder must not get: DEL, C1 controls, bidi controls, undecodable bytes' lone surrogates.  It
+escapes C0 controls itself."""
+
+
 def _write_jsonl(table: pandas.DataFrame, path: str) -> None:
+    # Outside strings json.dumps writes ASCII only, so every match is inside a string, where
+    # \uXXXX is the same character to any JSON reader.
     lines = [
-        json.dumps(record, ensure_ascii=False, sort_keys=False, default=_json_default)
+        _JSON_UNSAFE.sub(
+            lambda match: f"\\u{ord(match.group()):04x}",
+            json.dumps(record, ensure_ascii=False, sort_keys=False, default=_json_default),
+        )
         for record in _json_records(table)
     ]
     write_atomically(path, ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"))
@@ -280,6 +314,7 @@ def _environment() -> jinja2.Environment:
     )
     environment.filters["size"] = lambda v: "" if v is None else format_size(int(v))
     environment.filters["percent"] = lambda v: "" if v is None else f"{float(v) * 100:.0f}%"
+    environment.filters["shown"] = lambda v: "" if v is None else shown(str(v))
     return environment
 
 
@@ -288,7 +323,7 @@ def _link(report: str | None, index_dir: str) -> str | None:
     if not report:
         return None
     relative = os.path.relpath(report, index_dir).replace(os.sep, "/")
-    return urllib.parse.quote(relative, safe="/")
+    return urllib.parse.quote(relative, safe="/", errors="surrogateescape")
 
 
 def render_index(table: pandas.DataFrame, *, index_path: str, title: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas
 
 from oomlens.triage.table import VERDICT_ORDER
+from oomlens.untrusted import shown
 
 GROUP_COLUMNS = ("group", "verdict", "diagnosis", "knob", "call_site", "runs", "newest", "example")
 
@@ -80,7 +81,8 @@ def render_summary(table: pandas.DataFrame, *, max_groups: int = 15) -> str:
         width = len(str(int(groups["runs"].max())))
         for _, group in groups.head(max_groups).iterrows():
             lines.append(
-                f"  {int(group['runs']):>{width}}  {group['group']}  (newest: {group['example']})"
+                f"  {int(group['runs']):>{width}}  {group['group']}"
+                f"  (newest: {shown(str(group['example']))})"
             )
         if len(groups) > max_groups:
             lines.append(f"  ... and {len(groups) - max_groups} more groups")
@@ -88,6 +90,7 @@ def render_summary(table: pandas.DataFrame, *, max_groups: int = 15) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters (from file names, say) shown escaped, so that they
-    cannot drive the terminal; newlines are kept."""
+    """``text`` with control characters shown escaped, so that they cannot drive the terminal;
+    newlines are kept.  A name inside a line is escaped on its own first (``untrusted.shown``):
+    a line feed in a directory's name must not start a line of the summary."""
     return "".join(ch if ch.isprintable() or ch == "\n" else ascii(ch)[1:-1] for ch in text)

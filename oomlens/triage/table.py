@@ -54,11 +54,18 @@ COLUMNS: dict[str, str] = {
 """Column name -> pandas dtype.  ``time`` is when the run failed, as its own log says (the first
 failed rank's first failure, else its first OOM message: ISO 8601 in the log's clock, with the
 offset when the log printed one), else the newest modification time among the run's files (ISO
-8601 UTC, ``2026-11-30T06:59:01Z``); ``time_source`` says which (``log`` or ``file``).  Every text
-cell is one line without control or bidi characters.  Byte counts are bytes.  ``capacity`` is what
-the process was allowed (the ``allowed`` clause when torch printed one, else the card's total).
-``figures`` is the top diagnosis' named numbers as a JSON object.  ``report`` is the path of the
-run's HTML report, ``error`` why the run could not be analyzed."""
+8601 UTC, ``2026-11-30T06:59:01Z``); ``time_source`` says which (``log`` or ``file``).  ``run``,
+``path`` and ``report`` are exactly as the file system spells them (``EXACT_COLUMNS``); every
+other text cell is one line without control or bidi characters.  Byte counts are bytes.
+``capacity`` is what the process was allowed (the ``allowed`` clause when torch printed one, else
+the card's total).  ``figures`` is the top diagnosis' named numbers as a JSON object.  ``report``
+is the path of the run's HTML report, ``error`` why the run could not be analyzed."""
+
+EXACT_COLUMNS = ("run", "path", "report")
+"""The columns that name a file or directory and so are kept exactly, control characters and
+undecodable bytes (``os.fsdecode``'s lone surrogates) included: they say which run a row is, and
+two directories whose names differ only by a tab are two runs.  Each output writes them in a way
+it can read back (CSV escapes them); whatever displays them escapes them (``untrusted.shown``)."""
 
 VERDICT_ORDER = ("gpu_oom", "host_oom", "config_error", "other_failure", "unknown", "no_failure")
 """Worst first, for summaries."""
@@ -139,7 +146,8 @@ def _record(row: RunRow) -> dict[str, Any]:
             record["verdict"], record["diagnosis"], record["knob"], record["call_site"]
         )
     return {
-        name: one_line(value) if isinstance(value, str) else value for name, value in record.items()
+        name: one_line(value) if isinstance(value, str) and name not in EXACT_COLUMNS else value
+        for name, value in record.items()
     }
 
 

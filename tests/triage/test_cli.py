@@ -122,3 +122,28 @@ def test_a_leak_is_grouped_by_where_memory_piled_up(
     assert row["diagnosis"] == "memory_leak"
     assert row["call_site"] == "model.py:104 in forward"
     assert row["group"] == "gpu_oom/memory_leak @ model.py:104 in forward"
+
+
+def test_names_with_control_characters_stay_apart_and_reach_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    copy_case("fragmentation", tmp_path / "t" / "a b", moment=BASE_TIME)
+    copy_case("fragmentation", tmp_path / "t" / "a\tb", moment=BASE_TIME)
+    copy_case("other_process", tmp_path / "t" / "a\nb\x1b[2J", moment=BASE_TIME)
+    code, out, err = _run(["triage", "t", "--no-store", "-o", "x.csv", "-o", "x.jsonl"], capsys)
+    assert code == 0, err
+    assert out.startswith("3 runs: 3 gpu_oom\n")
+    assert "(newest: a\\nb\\x1b[2J)" in out
+    assert not {"\t", "\x1b"} & set(out + err)
+    assert all(
+        line.startswith(("  ", "Top", "Groups", "3 runs")) for line in out.splitlines() if line
+    )
+    code, out, err = _run(["triage", "merge", "x.csv", "-o", "m.jsonl"], capsys)
+    assert code == 0 and err == ""
+    assert out.startswith("3 runs: 3 gpu_oom\n")
+    assert sorted(read_table("m.jsonl")["run"]) == ["a\tb", "a\nb\x1b[2J", "a b"]
+    # the same runs in two tables: kept once, and said so in one line
+    code, out, err = _run(["triage", "merge", "x.csv", "x.jsonl", "-q"], capsys)
+    assert code == 0
+    assert err.count("\n") == 1 and "warning: 3 rows left out: the same run" in err

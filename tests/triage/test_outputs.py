@@ -177,22 +177,84 @@ def test_csv_cells_cannot_start_a_formula_and_merge_reads_them_back(
     pandas.testing.assert_frame_equal(read_table(str(path)), hostile_table)
 
 
-@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.parquet", "t.sqlite", "t.html"])
-def test_no_output_carries_control_or_bidi_characters(
-    hostile_table: pandas.DataFrame, tmp_path: Path, name: str
+CONTROL_NAMES = (
+    "a b",
+    "a\tb",
+    "a\nb",
+    "a\\tb",
+    "c\rd",
+    "run\x1b[31mred\x07",
+    "bidi\u202etxt.gol",
+    "c1\x9bcsi",
+    "'=not a formula",
+    "'quoted",
+)
+"""Directory names that differ only by control characters, backslash escapes look-alikes, and
+names a CSV's escapes and formula guard could confuse."""
+
+
+@pytest.fixture(scope="module")
+def control_table(tmp_path_factory: pytest.TempPathFactory) -> pandas.DataFrame:
+    root = tmp_path_factory.mktemp("control")
+    for n, name in enumerate(CONTROL_NAMES):
+        case = "other_process" if name == "a\nb" else "fragmentation"
+        copy_case(case, root / name, moment=BASE_TIME + n)
+    return triage([str(root)], TriageOptions(jobs=2, store=None)).table
+
+
+def test_run_names_and_paths_are_kept_exactly(control_table: pandas.DataFrame) -> None:
+    assert sorted(control_table["run"]) == sorted(CONTROL_NAMES)
+    for path in control_table["path"]:
+        assert os.path.isdir(path), repr(path)
+    assert control_table.set_index("run").loc["a\nb", "diagnosis"] == "other_process"
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.parquet", "t.sqlite"])
+def test_exact_names_read_back_from_every_table_format(
+    control_table: pandas.DataFrame, tmp_path: Path, name: str
 ) -> None:
     if name.endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
         pytest.skip("pyarrow is not installed")
     path = tmp_path / name
-    write_table(hostile_table, str(path))
-    if name.endswith((".parquet", ".sqlite")):
-        table = read_table(str(path))
-        text = "".join(str(value) for value in table.astype(str).to_numpy().ravel())
-    else:
-        text = path.read_text(encoding="utf-8")
-    assert "run[31mred" in text  # the escape character is gone: the sequence is inert
-    for character in ("\x1b", "\x07", "\x9b", "\u202e"):
+    write_table(control_table, str(path))
+    pandas.testing.assert_frame_equal(read_table(str(path)), control_table)
+
+
+def test_csv_writes_control_characters_as_backslash_escapes(
+    control_table: pandas.DataFrame, tmp_path: Path
+) -> None:
+    import csv
+
+    path = tmp_path / "runs.csv"
+    write_table(control_table, str(path))
+    raw = path.read_bytes()
+    assert raw.count(b"\n") == len(control_table) + 1  # a line per row, one for the header
+    with open(path, newline="", encoding="utf-8") as stream:
+        names = {row["run"] for row in csv.DictReader(stream)}
+    assert {"a\\tb", "a\\nb", "a\\\\tb", "c\\rd", "run\\x1b[31mred\\x07"} <= names
+    assert {"bidi\\u202etxt.gol", "c1\\x9bcsi", "''=not a formula", "''quoted"} <= names
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.html"])
+def test_no_text_output_carries_control_or_bidi_characters(
+    control_table: pandas.DataFrame, tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name
+    write_table(control_table, str(path))
+    text = path.read_text(encoding="utf-8")
+    for character in ("\x1b", "\x07", "\x9b", "\u202e", "\r", "\t"):
         assert character not in text, (name, repr(character))
+
+
+def test_the_html_index_shows_names_escaped(
+    control_table: pandas.DataFrame, tmp_path: Path
+) -> None:
+    path = tmp_path / "index.html"
+    write_table(control_table, str(path))
+    text = path.read_text(encoding="utf-8")
+    for character in ("\x1b", "\x07", "\x9b", "\u202e", "\r", "\t"):
+        assert character not in text, repr(character)
+    assert ">a\\tb<" in text and ">a\\nb<" in text and ">a\\\\tb<" in text
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
