@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import time
 import zlib
@@ -97,6 +98,8 @@ class ResultStore:
         special = None if path is None else not_regular_problem(path, "a triage store")
         if special is not None:
             raise UsageError(f"{path}: {special}; pass another --store")
+        if path is not None:
+            _create_if_missing(path)
         try:
             self._db = sqlite3.connect(target, timeout=busy_timeout, isolation_level=None)
             self._prepare()
@@ -222,6 +225,23 @@ class ResultStore:
     def count_results(self) -> int:
         row = self._db.execute("SELECT count(*) FROM results").fetchone()
         return int(row[0])
+
+
+def _create_if_missing(path: str) -> None:
+    """Create the store's file when there is none, or raise ``UsageError`` saying why it cannot
+    be.  SQLite would report a read-only or missing directory as "unable to open database
+    file", which reads like a damaged store; an empty file is a new store to SQLite."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        directory = os.path.dirname(os.path.abspath(path))
+        raise UsageError(
+            f"{path}: the triage store cannot be created in {directory} ({exc.strerror or exc});"
+            " pass --store with a file in a directory you can write, or --no-store"
+        ) from exc
+    os.close(descriptor)
 
 
 def _pack(report: dict[str, Any] | None) -> bytes | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.errors import UsageError
+from oomlens.triage import store
 from oomlens.triage.store import FileRecord, ResultStore, StoredResult, run_key
 
 
@@ -90,3 +91,28 @@ def test_run_keys_follow_content_paths_analyzer_and_config() -> None:
     assert run_key("oomlens 2", None, "/runs/x", files) != base
     assert run_key("oomlens 1", "/c.json\0" + "d" * 64, "/runs/x", files) != base
     assert run_key("oomlens 1", None, "/runs/y", files) != base
+
+
+@pytest.mark.parametrize("where", ["missing/s.sqlite", "a-file/s.sqlite"])
+def test_a_store_that_cannot_be_created_says_so_and_names_no_file_to_delete(
+    tmp_path: Path, where: str
+) -> None:
+    # A read-only directory is the usual case; root may write anywhere, so the tests use the
+    # other reasons SQLite reports the same way ("unable to open database file").
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / where
+    with pytest.raises(UsageError, match="the triage store cannot be created in") as raised:
+        ResultStore(str(path))
+    assert "delete it" not in raised.value.message
+    assert not path.exists()
+
+
+def test_a_read_only_directory_is_named_as_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def read_only(*_args: object) -> int:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(store.os, "open", read_only)
+    with pytest.raises(UsageError, match=r"cannot be created in .*\(Read-only file system\)"):
+        ResultStore(str(tmp_path / "s.sqlite"))
