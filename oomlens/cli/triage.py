@@ -216,9 +216,12 @@ def run_command(
     for warning in result.warnings:
         click.echo(f"oomlens: warning: {shown(warning)}", err=True)
     if result.found == 0:
+        skipped = (
+            f"; {len(result.warnings)} skipped, see the warnings above" if result.warnings else ""
+        )
         raise NoUsableInputError(
             f"no runs found under {', '.join(directories)}: no directory there holds a training"
-            " log (a .log, .out or .err file, or text with a training-log marker)"
+            f" log (a .log, .out or .err file, or text with a training-log marker){skipped}"
         )
     for output in outputs:
         write_table(result.table, output, title=title)

@@ -17,7 +17,8 @@ run per job.
 
 The walk lists directories with ``os.scandir`` and looks inside files only to tell a training
 log from other text (``is_log``, which the caller may cache); it never follows symbolic links
-and skips hidden, tool and virtual-environment directories.
+(it reports those to directories where a run could be) and skips hidden, tool and
+virtual-environment directories.
 """
 
 from __future__ import annotations
@@ -97,13 +98,16 @@ class _Dir:
     path: str
     files: list[FileEntry] = field(default_factory=list)
     subdirs: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    """Symbolic links to directories, which the walk does not follow."""
 
 
 @dataclass(frozen=True, slots=True)
 class WalkResult:
     runs: tuple[RunSpec, ...]
     skipped: tuple[tuple[str, str], ...]
-    """``(path, why)`` for directories that could not be listed or were too deep."""
+    """``(path, why)`` for directories that could not be listed or were too deep, and for
+    symbolic links to directories outside every run directory (where a run could have been)."""
 
 
 def find_runs(
@@ -135,8 +139,10 @@ def find_runs(
         if not os.path.isdir(top):
             raise UsageError(f"{os.fspath(given)}: no such directory")
         tree = _list_tree(top, skipped)
-        for run in _runs_in_tree(top, tree, is_log):
+        found = list(_runs_in_tree(top, tree, is_log))
+        for run in found:
             runs.setdefault((run.root, run.inputs), run)
+        skipped.extend(_unfollowed_links(top, tree, {run.root for run in found}))
     ordered = sorted(runs.values(), key=lambda run: (run.name, run.root))
     return WalkResult(tuple(ordered), tuple(skipped))
 
@@ -180,6 +186,8 @@ def _list_tree(top: str, skipped: list[tuple[str, str]]) -> dict[str, _Dir]:
                     continue
                 listing.subdirs.append(entry.path)
                 stack.append((entry.path, depth + 1))
+            elif stat.S_ISLNK(info.st_mode) and not skipped_dir(name) and _to_directory(entry):
+                listing.links.append(entry.path)
             elif stat.S_ISREG(info.st_mode) and _may_be_input(name):
                 listing.files.append(
                     FileEntry(entry.path, info.st_size, info.st_mtime_ns, info.st_ino)
@@ -188,6 +196,30 @@ def _list_tree(top: str, skipped: list[tuple[str, str]]) -> dict[str, _Dir]:
         listing.subdirs.sort()
         tree[current] = listing
     return tree
+
+
+def _to_directory(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _unfollowed_links(
+    top: str, tree: dict[str, _Dir], roots: set[str]
+) -> Iterable[tuple[str, str]]:
+    """``(link, why)`` for the links to directories that could have been runs: those outside
+    every run directory (a link inside one is the run's business, like its other folders)."""
+    for path, listing in sorted(tree.items()):
+        if not listing.links or any(a in roots for a in _ancestors(path, top, self=True)):
+            continue
+        for link in sorted(listing.links):
+            target = os.path.realpath(link)
+            yield (
+                link,
+                f"a symbolic link (to {target}), which triage does not follow; to triage what"
+                f" it points to, pass {target} itself",
+            )
 
 
 def _may_be_input(name: str) -> bool:

@@ -147,3 +147,15 @@ def test_names_with_control_characters_stay_apart_and_reach_the_terminal_escaped
     code, out, err = _run(["triage", "merge", "x.csv", "x.jsonl", "-q"], capsys)
     assert code == 0
     assert err.count("\n") == 1 and "warning: 3 rows left out: the same run" in err
+
+
+def test_a_tree_of_only_links_says_the_links_were_not_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = copy_case("fragmentation", tmp_path / "real", moment=BASE_TIME)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "run").symlink_to(target)
+    code, _, err = _run(["triage", str(tmp_path / "tree"), "--no-store"], capsys)
+    assert code == 3
+    assert "symbolic link (to " in err and "which triage does not follow" in err
+    assert "no runs found under" in err and "1 skipped, see the warnings above" in err

@@ -202,3 +202,20 @@ def test_a_capture_directory_alone_is_a_run_and_one_beside_a_log_belongs_to_it(
     assert sorted(runs) == ["alone/oomlens-capture/slurm-41", "with_log"]
     files = {name for name, _ in runs["with_log"].files}
     assert "oomlens-capture/slurm-41/rank0.events.jsonl" in files
+
+
+def test_a_linked_run_directory_is_reported_as_a_link_not_followed(tmp_path: Path) -> None:
+    # GIVEN a run reached through a symbolic link, and a run holding a link of its own
+    target = _copy_case("fragmentation", tmp_path / "elsewhere" / "run")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "linked").symlink_to(target)
+    inside = _copy_case("nccl_timeout", tmp_path / "tree" / "real")
+    (inside / "latest").symlink_to(target)
+    # WHEN walked
+    result = find_runs([str(tmp_path / "tree")], is_log=_is_log)
+    # THEN the link is not followed, and is named as the reason, with the target to pass
+    assert [run.name for run in result.runs] == ["real"]
+    assert len(result.skipped) == 1
+    path, why = result.skipped[0]
+    assert path == str(tmp_path / "tree" / "linked")
+    assert why.startswith("a symbolic link (to ") and f"pass {target} itself" in why
