@@ -52,9 +52,11 @@ COLUMNS: dict[str, str] = {
     "error": "string",
 }
 """Column name -> pandas dtype.  ``time`` is when the run failed, as its own log says (the first
-failed rank's first failure, else its first OOM message: ISO 8601 in the log's clock, with the
-offset when the log printed one), else the newest modification time among the run's files (ISO
-8601 UTC, ``2026-11-30T06:59:01Z``); ``time_source`` says which (``log`` or ``file``).  ``run``,
+failed rank's first failure, else its first OOM message, in the log's clock), else the newest
+modification time among the run's files (UTC); ``time_source`` says which (``log`` or ``file``).
+Either is ISO 8601 to the millisecond with the zone when one is known (``format_time``):
+``2026-11-30T06:59:01.123Z`` (UTC), ``2026-11-30T06:59:01.123+01:00`` (a log that printed its
+offset), ``2026-11-30T06:59:01.123`` (a log that printed none: no zone is made up).  ``run``,
 ``path`` and ``report`` are exactly as the file system spells them (``EXACT_COLUMNS``); every
 other text cell is one line without control or bidi characters.  Byte counts are bytes.
 ``capacity`` is what the process was allowed (the ``allowed`` clause when torch printed one, else
@@ -129,7 +131,9 @@ def _record(row: RunRow) -> dict[str, Any]:
     record: dict[str, Any] = dict.fromkeys(COLUMNS)
     record["run"] = run.name
     record["path"] = run.path
-    record["time"] = _iso(run.mtime_ns)
+    record["time"] = format_time(
+        datetime.datetime.fromtimestamp(run.mtime_ns / 1e9, tz=datetime.UTC)
+    )
     record["time_source"] = "file"
     record["report"] = result.report_file
     record["error"] = result.error
@@ -152,22 +156,41 @@ def _record(row: RunRow) -> dict[str, Any]:
 
 
 def _failure_time(report: Mapping[str, Any]) -> str | None:
-    """When the run failed by its own log: the first failed rank's first failure, else the
-    earliest OOM message with a time stamp."""
+    """When the run failed by its own log (``format_time``): the first failed rank's first
+    failure, else the earliest OOM message with a time stamp."""
     ranks = report.get("ranks")
     ranks = ranks if isinstance(ranks, Mapping) else {}
     first = _integer(ranks.get("first_failed"))
     for status in _list(ranks.get("ranks")):
         if isinstance(status, Mapping) and first is not None and status.get("rank") == first:
-            moment = _text(status.get("first_time"))
+            moment = _log_time(status.get("first_time"))
             if moment:
                 return moment
     stamps = [
-        str(event["timestamp"])
+        stamp
         for event in _list(report.get("oom_events"))
-        if isinstance(event, Mapping) and isinstance(event.get("timestamp"), str)
+        if isinstance(event, Mapping) and (stamp := _log_time(event.get("timestamp")))
     ]
     return min(stamps) if stamps else None
+
+
+def format_time(moment: datetime.datetime) -> str:
+    """``moment`` as the table's ``time``: ISO 8601 to the millisecond, ``Z`` for UTC, the
+    offset for another zone, nothing for a time without a zone.  One width per kind of zone, so
+    that the text sorts as the times do."""
+    text = moment.isoformat(timespec="milliseconds")
+    return text[: -len("+00:00")] + "Z" if text.endswith("+00:00") else text
+
+
+def _log_time(value: object) -> str | None:
+    """A report's time stamp (``datetime.isoformat``: seconds or microseconds, with an offset
+    when the log printed one) in the table's form; None when it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return format_time(datetime.datetime.fromisoformat(value))
+    except ValueError:
+        return None
 
 
 def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -277,11 +300,6 @@ def _call_site(frame: str | None) -> str | None:
     if frame is None:
         return None
     return str(_INSTALLED.sub("", frame, count=1, timeout=1.0))
-
-
-def _iso(mtime_ns: int) -> str:
-    moment = datetime.datetime.fromtimestamp(mtime_ns / 1e9, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _list(value: object) -> list[Any]:
