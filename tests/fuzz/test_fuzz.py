@@ -81,7 +81,8 @@ def _kinds(result: dict[str, object], tmp_path: Path, **files: str) -> set[str]:
         (_result(), {"report_html": "<script>a</script><script>b</script>"}, "injection"),
         (_result(), {"runs_csv": 'run,path\n"=HYPERLINK(""x"")",/a\n'}, "injection"),
         (_result(), {"runs_csv": "run,path\n@SUM(1+1),/a\n"}, "injection"),
-        (_result(), {"runs_jsonl": '{"run": "a\\u001b[2J"}\n'}, "injection"),
+        (_result(), {"runs_jsonl": '{"summary": "a\\u001b[2J"}\n'}, "injection"),
+        (_result(), {"runs_jsonl": '{"run": "a\x9b2J"}\n'}, "injection"),
         (_result(), {"PWNED": ""}, "code_execution"),
     ],
 )
@@ -96,6 +97,12 @@ def test_a_clean_result_has_no_finding(tmp_path: Path) -> None:
         _kinds(_result(), tmp_path, runs_csv="run,n\n'=a,-1\n", report_html="<p>&lt;b&gt;</p>")
         == set()
     )
+
+
+def test_a_triage_row_may_name_a_directory_with_control_characters(tmp_path: Path) -> None:
+    # run, path and report are kept exactly (JSON escapes the characters in the file)
+    row = '{"run": "a\\u001b[2J", "path": "/x/a\\tb", "report": null}\n'
+    assert _kinds(_result(), tmp_path, runs_jsonl=row) == set()
 
 
 def test_on_the_cpu_clock_a_case_slowed_by_other_work_is_no_hang(tmp_path: Path) -> None:
