@@ -13,7 +13,7 @@ from oomlens.analysis.lookalikes import (
     non_memory_failure_lines,
 )
 from oomlens.analysis.rejections import config_rejections
-from oomlens.analysis.signals import signal_deaths
+from oomlens.analysis.signals import shm_permission_denied, signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ExceptionEvent
@@ -105,7 +105,7 @@ class NotOomRule(Rule):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return
-        if any(
+        if shm_permission_denied(facts) is None and any(
             line.kind is FatalSignalKind.SHM_EXHAUSTED
             for log in facts.logs
             for line in log.fatal_signals
