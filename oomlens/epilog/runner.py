@@ -12,7 +12,9 @@ What it does for a job (``action`` in the log line and ``status`` in ``epilog.js
   spool directory exists already (another Epilog, e.g. ``EpilogSlurmctld``, took the job);
 * ``analyzed``, ``no_input``, ``refused``, ``analysis_failed``, ``crashed``, ``timed_out``: the
   analysis process' end (:class:`~oomlens.epilog.worker.WorkerStatus`);
-* ``error``: the spool cannot be used, or oomlens itself failed.
+* ``error``: the spool cannot be used (when it did not take the report or ``epilog.json``, a
+  full disk, ``reason`` says how the analysis ended and the sweeper redoes the job), or oomlens
+  itself failed.
 """
 
 from __future__ import annotations
@@ -284,6 +286,8 @@ class _Recorder:
         self.budget = budget
         self.settings_path = settings_path
         self.spool_fd: int | None = None
+        self.unwritten: list[str] = []
+        """Spool files of the job that could not be written (they make its status error)."""
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
     def finish(self, action: str, *, reason: str = "", log: bool = True) -> EpilogOutcome:
@@ -312,6 +316,8 @@ class _Recorder:
         if result.status == WorkerStatus.ANALYZED and isinstance(report, dict):
             if self._write(job_fd, "verdict.json", json.dumps(report, indent=2).encode()):
                 files["verdict"] = str(job_dir / "verdict.json")
+            else:
+                self.unwritten.append("verdict.json")
             html = payload.get("html")
             if isinstance(html, str) and self._write(
                 job_fd, "report.html", html.encode("utf-8", "replace")
@@ -367,8 +373,18 @@ class _Recorder:
         full.setdefault("timing", {})["elapsed_s"] = round(elapsed, 3)
         if self.problems:
             full["problems"] = list(self.problems)
-        if job_fd is not None:
-            self._write(job_fd, "epilog.json", json.dumps(full, indent=2, default=str).encode())
+        outcome, reason = full["status"], full.get("reason")
+        if self.unwritten:
+            # The sweeper redoes a job whose record says error (pending.py).
+            action = _unrecorded(full, self.unwritten, outcome, reason)
+        if job_fd is not None and not self._write(
+            job_fd, "epilog.json", json.dumps(full, indent=2, default=str).encode()
+        ):
+            # Then the log line (or syslog) is the job's only record, and says so.
+            self.unwritten.append("epilog.json")
+            action = _unrecorded(full, self.unwritten, outcome, reason)
+            full["files"].pop("record", None)
+            full["problems"] = list(self.problems)
         logged = False
         if log:
             logged = self._log(action, full)
@@ -395,6 +411,17 @@ class _Recorder:
             _syslog(self.settings.syslog_facility, action, log_line(action, full))
             return False
         return write_log_line(self.settings, self.spool_fd, log_line(action, full), self.problems)
+
+
+def _unrecorded(record: dict[str, Any], names: list[str], status: str, reason: object) -> str:
+    """Make ``record`` an ``error``, because the spool did not take the files ``names`` (the
+    problems say why); its reason keeps the analysis' own ``status`` and ``reason``.  Returns
+    the action."""
+    record["reason"] = (
+        f"the analysis ended {status}, but the spool did not take " + " and ".join(names)
+    ) + (f" ({reason})" if reason else "")
+    record["status"] = Action.ERROR
+    return Action.ERROR
 
 
 def write_log_line(

@@ -13,7 +13,9 @@ Layout (``spool_dir`` from the settings or ``--spool``)::
 The spool is written by root (or SlurmUser) while users control the jobs, so every write goes
 through directory file descriptors with ``O_NOFOLLOW`` and ``O_EXCL``: a planted symbolic link
 or an existing name is never followed or overwritten (the sweeper replaces a report only by
-renaming a new file over it, which never follows a link either).  The spool directory itself
+renaming a new file over it, which never follows a link either).  Every file appears whole or
+not at all: it is written under a temporary name first, so that a full disk leaves no part of
+one, and a log line that does not fit is taken back.  The spool directory itself
 must belong to this user (or root) and must not be writable by group or others.  Creating
 ``<job id>/`` is the claim on a job, and its ``claim.json`` says which job claimed it (the job's
 identity, :meth:`~oomlens.epilog.environment.JobEnvironment.identity`, and the time).  When the
@@ -230,20 +232,34 @@ def _link_original(dir_fd: int, name: str, keep_as: str) -> bool:
 def write_new_file(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to a new file ``name`` in ``dir_fd``; never follows or replaces a name.
 
-    Raises OSError (``EEXIST`` when the name is taken, ``ENOSPC`` when the disk is full...).
+    Atomic: ``data`` goes to a new temporary name (:func:`temporary_prefix`), which is then
+    hard-linked to ``name`` (a link, unlike a rename, fails on a taken name) and removed, so
+    that ``name`` is either absent or whole.  Raises OSError (``EEXIST`` when the name is
+    taken, ``ENOSPC`` when the disk is full...); nothing is left behind then.
     """
-    fd = os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+    temporary = f"{temporary_prefix(name)}{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(temporary, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
     try:
-        write_all(fd, data)
+        try:
+            # No fsync: the Epilog must not wait on a busy disk past its budget.
+            write_all(fd, data)
+        finally:
+            os.close(fd)  # NFS reports a failed write-back here
+        os.link(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     finally:
-        os.close(fd)
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except OSError:
+            pass
 
 
 def append_line(log_path: Path, line: str, *, spool_dir: Path, spool_fd: int | None) -> None:
     """Append one line to the log file in one ``write`` (so that lines never interleave).
 
     A log inside the spool is opened relative to the spool's fd.  Refuses (OSError) a log that
-    is not a regular file, has other hard links, or belongs to another user.
+    is not a regular file, has other hard links, or belongs to another user.  A line the disk
+    takes only part of is cut off the file again (unless another line followed it meanwhile)
+    and raises OSError ``ENOSPC``.
     """
     data = line.rstrip("\n").encode("utf-8", "replace") + b"\n"
     if spool_fd is not None and log_path.parent == spool_dir:
@@ -256,9 +272,23 @@ def append_line(log_path: Path, line: str, *, spool_dir: Path, spool_fd: int | N
             raise OSError(errno.EPERM, f"{log_path}: not a plain file with one link; not writing")
         if info.st_uid not in (os.geteuid(), 0):
             raise OSError(errno.EPERM, f"{log_path}: belongs to uid {info.st_uid}; not writing")
-        os.write(fd, data)
+        written = os.write(fd, data)
+        if written < len(data):
+            _take_back(fd, written)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     finally:
         os.close(fd)
+
+
+def _take_back(fd: int, written: int) -> None:
+    """Cut the ``written`` bytes of a partial line off the end of the log, if they still are
+    its end: a later line appended to the part would be lost with it."""
+    try:
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+        if written and os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - written)
+    except OSError:
+        pass
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -17,7 +17,9 @@ them oldest first and, for each one:
    removes the lock, and appends one ``swept`` line to ``epilog.log``.
 
 A job's problem (an unknown user, an unreadable or hostile file, a hang, a crash, a full disk,
-a bug) becomes that job's recorded status; the sweep goes on with the next job.
+a bug) becomes that job's recorded status; the sweep goes on with the next job.  A job
+directory without a readable ``epilog.json`` cannot be swept; each sweep reports it (one
+``error`` line) until someone removes it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from typing import Any
 import oomlens
 from oomlens.epilog.analysis import analyze_for_epilog, prepare_analysis
 from oomlens.epilog.inputs import why_unreadable
-from oomlens.epilog.pending import SWEEP_MARKER, PendingJob, pending_jobs
+from oomlens.epilog.pending import (
+    SWEEP_MARKER,
+    PendingJob,
+    UnrecordedJob,
+    pending_jobs,
+    unrecorded_jobs,
+)
 from oomlens.epilog.runner import log_line, write_log_line
 from oomlens.epilog.settings import EpilogSettings
 from oomlens.epilog.spool import (
@@ -126,6 +134,9 @@ class SweepRun:
     """Pending jobs another sweeper holds (or finished meanwhile)."""
     left: int = 0
     """Pending jobs not taken because of ``max_jobs``."""
+    unrecorded: tuple[SweepOutcome, ...] = ()
+    """An ``error`` outcome per job directory without a readable ``epilog.json``
+    (:func:`~oomlens.epilog.pending.unrecorded_jobs`), reported before the pending jobs."""
 
 
 def sweep_spool(
@@ -140,9 +151,9 @@ def sweep_spool(
     """Sweep ``settings.spool_dir``: each pending job, oldest first, up to ``max_jobs``.
 
     ``max_memory_bytes`` caps each analysis (None: the settings' ``max_memory_bytes``; 0: no
-    cap).  ``report`` is called with each outcome as soon as the job is done.  Raises
-    ``UsageError`` when the spool does not exist or cannot be used safely; nothing about a job
-    is raised.
+    cap).  ``report`` is called with each outcome as soon as the job is done, and with each
+    unrecorded job's.  Raises ``UsageError`` when the spool does not exist or cannot be used
+    safely; nothing about a job is raised.
     """
     if budget_per_job <= 0:
         raise UsageError(f"budget per job {budget_per_job!r}: must be a positive number of seconds")
@@ -150,13 +161,21 @@ def sweep_spool(
     spool_fd = open_existing_spool(settings)
     outcomes: list[SweepOutcome] = []
     busy: list[str] = []
+    unrecorded: list[SweepOutcome] = []
     try:
+        # An Epilog is done within its budget; one whose directory is older left what it could.
+        settled = settings.budget_seconds + STALE_LOCK_GRACE_SECONDS
+        for lost in unrecorded_jobs(settings.spool_dir, settled_seconds=settled):
+            unrecorded.append(_report_unrecorded(spool_fd, lost, settings))
+            if report is not None:
+                report(unrecorded[-1])
         pending = pending_jobs(settings.spool_dir)
         if pending:
             prepare_analysis()  # once here, inherited by every analysis process
         for index, job in enumerate(pending):
             if max_jobs is not None and len(outcomes) >= max_jobs:
-                return SweepRun(tuple(outcomes), tuple(busy), left=len(pending) - index)
+                left = len(pending) - index
+                return SweepRun(tuple(outcomes), tuple(busy), left, tuple(unrecorded))
             outcome = _sweep_job_safely(spool_fd, job, settings, budget_per_job, memory, analyzer)
             if outcome is None:
                 busy.append(job.job_dir.name)
@@ -166,7 +185,7 @@ def sweep_spool(
                 report(outcome)
     finally:
         os.close(spool_fd)
-    return SweepRun(tuple(outcomes), tuple(busy))
+    return SweepRun(tuple(outcomes), tuple(busy), unrecorded=tuple(unrecorded))
 
 
 def open_existing_spool(settings: EpilogSettings) -> int:
@@ -615,6 +634,27 @@ def _error_outcome(
     recorder.problems.append(reason)
     record = recorder._record(WorkerResult(SweepStatus.ERROR, detail=reason))
     record.pop("limits", None)
+    record["files"] = {}
+    return recorder._close(spool_fd, SweepStatus.ERROR, record)
+
+
+def _report_unrecorded(
+    spool_fd: int, lost: UnrecordedJob, settings: EpilogSettings
+) -> SweepOutcome:
+    """The ``error`` outcome (logged) of a job directory that has no usable ``epilog.json``."""
+    key = lost.job_dir.name
+    job = PendingJob(lost.job_dir, key, None, None, None, "", (), ())
+    reason = (
+        f"{lost.problem}: the Epilog left no record of this job (the spool was full, or it was "
+        f"killed), so there is nothing to sweep; its line in {settings.log_path.name} or syslog "
+        "says more; remove the directory once dealt with"
+    )
+    recorder = _Recorder(
+        job, key, settings, {}, 0.0, settings.max_memory_bytes, time.monotonic(), _now()
+    )
+    record = recorder._record(WorkerResult(SweepStatus.ERROR, detail=reason))
+    record.pop("limits", None)
+    record["epilog_status"] = None
     record["files"] = {}
     return recorder._close(spool_fd, SweepStatus.ERROR, record)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlens.epilog.analysis import EpilogAnalysis
-from oomlens.epilog.pending import SWEEP_MARKER, pending_jobs
+from oomlens.epilog.pending import SWEEP_MARKER, pending_jobs, unrecorded_jobs
 from oomlens.epilog.runner import run_epilog
 
 
@@ -76,3 +76,25 @@ def test_unreadable_records_are_skipped(tmp_path: Path) -> None:
     (spool / "epilog.log").write_text("")
     assert pending_jobs(spool) == []
     assert pending_jobs(tmp_path / "absent") == []
+
+
+def test_job_directories_without_a_usable_record_are_unrecorded(tmp_path: Path) -> None:
+    # GIVEN job directories an Epilog left without a readable epilog.json long ago, one it
+    # may still be writing, one that was swept, and one in order
+    spool = tmp_path / "spool"
+    for name, record in [("3", None), ("4", "{not json"), ("5", None), ("6", None), ("7", "{}")]:
+        (spool / name).mkdir(parents=True)
+        if record is not None:
+            (spool / name / "epilog.json").write_text(record)
+    (spool / "6" / SWEEP_MARKER).write_text("{}")
+    (spool / "epilog.log").write_text("")
+    for name in ("3", "4", "6", "7"):
+        os.utime(spool / name, (time.time() - 3600, time.time() - 3600))
+    # WHEN
+    unrecorded = unrecorded_jobs(spool, settled_seconds=60)
+    # THEN the first two are listed, with what is wrong
+    assert [(job.job_dir.name, job.problem) for job in unrecorded] == [
+        ("3", "epilog.json: missing"),
+        ("4", "epilog.json: not valid JSON"),
+    ]
+    assert unrecorded_jobs(tmp_path / "absent", settled_seconds=60) == []

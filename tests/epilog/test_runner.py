@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 from oomlens.epilog import runner
+from oomlens.epilog import spool as spool_module
 from oomlens.epilog.analysis import EpilogAnalysis
 from oomlens.epilog.environment import parse_job_environment
+from oomlens.epilog.pending import pending_jobs
 from oomlens.epilog.runner import effective_budget, run_epilog
 from oomlens.epilog.worker import copy_to_workdir
 from oomlens.errors import NoUsableInputError
@@ -428,8 +430,61 @@ def test_full_disk_is_recorded_not_raised(
     monkeypatch.setattr(runner, "write_new_file", disk_full)
     monkeypatch.setattr(runner, "append_line", disk_full)
     outcome = _run(tmp_path, _env(job_dir))
-    assert outcome.action == "analyzed" and not outcome.logged
+    assert outcome.action == "error" and not outcome.logged
     assert any("No space left on device" in problem for problem in outcome.problems)
+
+
+def test_a_disk_that_fills_up_leaves_no_part_of_a_file_and_an_error_line(
+    tmp_path: Path, job_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a spool whose disk fills up halfway through each file the Epilog writes there
+    (job_dir / "train.41.log").write_text("x\n")
+    real_write = os.write
+
+    def disk_fills(fd: int, data: bytes) -> None:
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(spool_module, "write_all", disk_fills)
+    # WHEN
+    outcome = _run(tmp_path, _env(job_dir))
+    # THEN no truncated report or record is left in the job's directory
+    assert os.listdir(tmp_path / "spool" / "41") == []
+    # AND the job's log line is an error that says how the analysis ended and what was lost
+    assert outcome.action == "error"
+    (line,) = _log_lines(tmp_path / "spool")
+    assert line["action"] == "error" and line["verdict"] == "gpu_oom"
+    assert line["reason"] == (
+        "the analysis ended analyzed, but the spool did not take verdict.json and epilog.json"
+    )
+    assert line["problems"][0] == "spool: verdict.json: No space left on device"
+    assert "report" not in line
+
+
+def test_a_report_the_spool_did_not_take_is_left_to_the_sweeper(
+    tmp_path: Path, job_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a spool with room for the Epilog's record, not for its reports
+    (job_dir / "train.41.log").write_text("x\n")
+    real_write_new_file = runner.write_new_file
+
+    def reports_do_not_fit(dir_fd: int, name: str, data: bytes) -> None:
+        if name in ("verdict.json", "report.html"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write_new_file(dir_fd, name, data)
+
+    monkeypatch.setattr(runner, "write_new_file", reports_do_not_fit)
+    # WHEN
+    outcome = _run(tmp_path, _env(job_dir))
+    # THEN the record says error, and the job is on the sweeper's list
+    assert outcome.action == "error"
+    record = json.loads((tmp_path / "spool" / "41" / "epilog.json").read_text())
+    assert record["status"] == "error" and record["verdict"] == "gpu_oom"
+    assert (
+        record["reason"] == "the analysis ended analyzed, but the spool did not take verdict.json"
+    )
+    assert record["inputs"] and "verdict" not in record["files"]
+    assert [job.job_id for job in pending_jobs(tmp_path / "spool")] == ["41"]
 
 
 def test_a_bug_in_oomlens_is_an_error_outcome(

@@ -478,6 +478,28 @@ def test_a_full_disk_leaves_the_job_pending(spool: Path, monkeypatch: pytest.Mon
     assert line["status"] == "error" and "No space left on device" in line["problems"][0]
 
 
+def test_a_job_the_epilog_could_not_record_is_reported(tmp_path: Path) -> None:
+    # GIVEN a job directory whose Epilog ended long ago without an epilog.json (a full disk)
+    spool = tmp_path / "spool"
+    (spool / "12").mkdir(parents=True, mode=0o700)
+    spool.chmod(0o700)
+    (spool / "12" / "claim.json").write_text("{}")
+    os.utime(spool / "12", (time.time() - 3600, time.time() - 3600))
+    reported: list[str] = []
+    # WHEN a sweep runs
+    run = sweep_spool(
+        _settings(spool), report=lambda outcome: reported.append(outcome.summary_line())
+    )
+    # THEN it reports the job in one line and logs it, and writes nothing into its directory
+    assert run.outcomes == () and [o.status for o in run.unrecorded] == ["error"]
+    (line,) = reported
+    assert line.startswith("oomlens sweep: job 12: error, ") and "\n" not in line
+    assert "epilog.json: missing: the Epilog left no record of this job" in line
+    (logged,) = _log(spool)
+    assert logged["action"] == "swept" and logged["status"] == "error" and logged["job"] == "12"
+    assert sorted(os.listdir(spool / "12")) == ["claim.json"]
+
+
 def test_what_a_killed_sweeper_left_is_cleaned_up(spool: Path) -> None:
     # GIVEN the temporary report of a sweeper killed while writing it, and its stale lock
     leftover = spool / DEFERRED_JOB / ".verdict.json.4242.0bad.tmp"
