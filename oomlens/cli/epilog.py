@@ -108,17 +108,11 @@ def epilog(
     try:
         from oomlens.epilog.runner import run_epilog
 
-        limit: float | None = None
-        if hard_limit is not None:
-            try:
-                limit = float(hard_limit)
-            except ValueError:
-                limit = None
         outcome = run_epilog(
             os.environ,
             settings_path=settings_path,
             spool_override=spool,
-            hard_limit=limit,
+            hard_limit=hard_limit,
             started=_STARTED,
         )
         click.echo(outcome.summary_line(), err=True)

@@ -20,6 +20,7 @@ What it does for a job (``action`` in the log line and ``status`` in ``epilog.js
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -102,6 +103,26 @@ def effective_budget(budget_seconds: float, hard_limit: float | None) -> float:
     return max(1.0, min(budget_seconds, hard_limit - HARD_LIMIT_MARGIN_SECONDS))
 
 
+def _checked_hard_limit(
+    hard_limit: float | str | None, settings: EpilogSettings, problems: list[str]
+) -> float | None:
+    """``hard_limit`` as seconds; None, with a problem, for anything but a positive number (the
+    Epilog exits 0 whatever its options are, so a bad one is logged, not refused)."""
+    if hard_limit is None:
+        return None
+    try:
+        seconds = float(hard_limit)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return seconds
+    problems.append(
+        f"--hard-limit {str(hard_limit)!r} is not a positive number of seconds; ignored: the "
+        f"budget is budget_seconds ({settings.budget_seconds:g} s)"
+    )
+    return None
+
+
 def runs_here(job: JobEnvironment) -> bool:
     """Whether this Epilog is the one that handles the job: always in slurmctld's Epilog; in
     slurmd's, only on the job's first node (the one that ran the batch script)."""
@@ -118,14 +139,16 @@ def run_epilog(
     *,
     settings_path: str | Path,
     spool_override: str | Path | None = None,
-    hard_limit: float | None = None,
+    hard_limit: float | str | None = None,
     started: float | None = None,
     analyzer: Analyzer = analyze_for_epilog,
 ) -> EpilogOutcome:
     """Handle one finished job as described by ``environ``; never raises.
 
     ``started`` is the ``time.monotonic()`` at which the process started (the budget counts
-    from there); ``hard_limit`` the seconds after which the wrapper kills the process.
+    from there); ``hard_limit`` the seconds after which the wrapper kills the process (a number,
+    or ``--hard-limit`` as given): one that is not a positive number is ignored, and the
+    record's problems say so.
     """
     started = time.monotonic() if started is None else started
     try:
@@ -141,7 +164,7 @@ def _run(
     environ: Mapping[str, str],
     settings_path: str | Path,
     spool_override: str | Path | None,
-    hard_limit: float | None,
+    hard_limit: float | str | None,
     started: float,
     analyzer: Analyzer,
 ) -> EpilogOutcome:
@@ -156,7 +179,8 @@ def _run(
         settings = replace(EpilogSettings(), copy_to_workdir=False)
     if spool_override is not None:
         settings = replace(settings, spool_dir=Path(spool_override))
-    budget = effective_budget(settings.budget_seconds, hard_limit)
+    limit = _checked_hard_limit(hard_limit, settings, problems)
+    budget = effective_budget(settings.budget_seconds, limit)
     recorder = _Recorder(job, settings, problems, started, budget, str(settings_path))
     try:
         return _act(job, settings, recorder, started + budget, analyzer)

@@ -74,6 +74,14 @@ def test_bad_arguments_still_exit_0(tmp_path: Path, args: tuple[str, ...]) -> No
     assert "job 8:" in done.stderr
 
 
+def test_a_bad_hard_limit_is_logged(tmp_path: Path) -> None:
+    env = _slurmd_env(tmp_path)
+    done = _epilog(tmp_path, env, "--settings", str(tmp_path / "none.toml"), "--hard-limit", "abc")
+    assert done.returncode == 0, done.stderr
+    (line,) = (tmp_path / "spool" / "epilog.log").read_text().splitlines()
+    assert json.loads(line)["problems"][0].startswith("--hard-limit 'abc' is not a positive number")
+
+
 @pytest.mark.parametrize("exception", [KeyboardInterrupt, SystemExit(3), MemoryError, OSError])
 def test_anything_raised_inside_still_exits_0(
     monkeypatch: pytest.MonkeyPatch, exception: BaseException

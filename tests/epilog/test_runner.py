@@ -326,6 +326,24 @@ def test_hard_limit_applies_to_a_run(tmp_path: Path, job_dir: Path) -> None:
     assert time.monotonic() - started < 1.9
 
 
+@pytest.mark.parametrize("hard_limit", ["abc", "nan", "inf", "0", 0.0, -5.0])
+def test_a_hard_limit_that_is_not_a_positive_number_is_logged_and_ignored(
+    tmp_path: Path, job_dir: Path, hard_limit: float | str
+) -> None:
+    # GIVEN --hard-limit that is not a number of seconds, or one the job could never meet
+    (job_dir / "train.41.log").write_text("x\n")
+    # WHEN
+    outcome = _run(tmp_path, _env(job_dir), hard_limit=hard_limit)
+    # THEN the job gets the settings' budget, and its log line says why
+    assert outcome.action == "analyzed"
+    assert outcome.record["timing"]["budget_s"] == 20.0
+    (line,) = _log_lines(tmp_path / "spool")
+    assert line["problems"] == [
+        f"--hard-limit {str(hard_limit)!r} is not a positive number of seconds; ignored: the "
+        "budget is budget_seconds (20 s)"
+    ]
+
+
 def raising_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     raise RuntimeError("a bug in a rule")
 
