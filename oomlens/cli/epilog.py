@@ -130,10 +130,8 @@ def _sweep(
     max_memory: str | None,
 ) -> None:
     """Run the sweeper; raises UsageError (exit 2) for bad options, settings or spool."""
-    from dataclasses import replace
-    from pathlib import Path
 
-    from oomlens.epilog.settings import load_settings
+    from oomlens.epilog.settings import load_settings, with_spool
     from oomlens.epilog.sweep import DEFAULT_BUDGET_PER_JOB, SweepOutcome, sweep_spool
     from oomlens.errors import UsageError
     from oomlens.units import parse_size
@@ -165,7 +163,7 @@ def _sweep(
             raise UsageError(f"--max-memory {max_memory!r}: give a size such as '32 GiB', or 0")
     settings = load_settings(settings_path)
     if spool is not None:
-        settings = replace(settings, spool_dir=Path(spool))
+        settings = with_spool(settings, spool)
 
     def report(outcome: SweepOutcome) -> None:
         click.echo(outcome.summary_line(), err=True)
@@ -181,20 +179,19 @@ def _sweep(
 
 
 def _check(settings_path: str, spool: str | None, as_user: str | None) -> None:
-    from dataclasses import replace
     from pathlib import Path
 
     from oomlens.epilog.preflight import check_runs_as_user, check_spool
-    from oomlens.epilog.settings import load_settings
+    from oomlens.epilog.settings import load_settings, with_spool
     from oomlens.errors import UsageError
 
     try:
         settings = load_settings(settings_path)
+        if spool is not None:
+            settings = with_spool(settings, spool)
     except UsageError as exc:
         click.echo(f"oomlens: {exc.message}", err=True)
         sys.exit(exc.exit_code)
-    if spool is not None:
-        settings = replace(settings, spool_dir=Path(spool))
     if not Path(settings_path).exists():
         click.echo(f"# {settings_path} does not exist: these are the defaults", err=True)
     for key, value in settings.describe().items():

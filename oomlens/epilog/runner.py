@@ -41,7 +41,7 @@ from oomlens.epilog.environment import (
     first_host,
     parse_job_environment,
 )
-from oomlens.epilog.settings import EpilogSettings, load_settings
+from oomlens.epilog.settings import EpilogSettings, load_settings, with_spool
 from oomlens.epilog.spool import (
     SpoolError,
     append_line,
@@ -145,7 +145,9 @@ def run_epilog(
 ) -> EpilogOutcome:
     """Handle one finished job as described by ``environ``; never raises.
 
-    ``started`` is the ``time.monotonic()`` at which the process started (the budget counts
+    ``spool_override`` (``--spool``) replaces the settings' ``spool_dir``; one that is not an
+    absolute path is ignored, and the record's problems say so.  ``started`` is the
+    ``time.monotonic()`` at which the process started (the budget counts
     from there); ``hard_limit`` the seconds after which the wrapper kills the process (a number,
     or ``--hard-limit`` as given): one that is not a positive number is ignored, and the
     record's problems say so.
@@ -178,7 +180,10 @@ def _run(
         )
         settings = replace(EpilogSettings(), copy_to_workdir=False)
     if spool_override is not None:
-        settings = replace(settings, spool_dir=Path(spool_override))
+        try:
+            settings = with_spool(settings, spool_override)
+        except UsageError as exc:
+            problems.append(f"{exc.message}; used {settings.spool_dir}")
     limit = _checked_hard_limit(hard_limit, settings, problems)
     budget = effective_budget(settings.budget_seconds, limit)
     recorder = _Recorder(job, settings, problems, started, budget, str(settings_path))

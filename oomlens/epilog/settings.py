@@ -134,6 +134,15 @@ def load_settings(path: str | Path) -> EpilogSettings:
     return settings_from_table(table, origin=str(path))
 
 
+def with_spool(settings: EpilogSettings, spool: str | Path) -> EpilogSettings:
+    """``settings`` with ``spool_dir`` from ``--spool``, which must be an absolute path as the
+    file's ``spool_dir`` must; raises ``UsageError`` naming the option."""
+    text = str(spool)
+    if not text or "\x00" in text or not Path(text).is_absolute():
+        raise UsageError(f"--spool {text!r}: give an absolute path, as for spool_dir")
+    return replace(settings, spool_dir=Path(text))
+
+
 def settings_from_table(table: Mapping[str, Any], *, origin: str) -> EpilogSettings:
     """Build settings from a parsed TOML table; raises ``UsageError`` naming ``origin``."""
     unknown = sorted(set(table) - set(KNOWN_KEYS))

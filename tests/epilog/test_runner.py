@@ -344,6 +344,30 @@ def test_a_hard_limit_that_is_not_a_positive_number_is_logged_and_ignored(
     ]
 
 
+def test_a_relative_spool_option_is_logged_and_ignored(
+    tmp_path: Path, job_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN --spool as a relative path, which the settings file would refuse for spool_dir
+    (job_dir / "train.41.log").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    configured = tmp_path / "configured"
+    # WHEN
+    outcome = run_epilog(
+        _env(job_dir),
+        settings_path=_settings(tmp_path, f'spool_dir = "{configured}"\n'),
+        spool_override="relspool",
+        analyzer=recording_analyzer,
+    )
+    # THEN the job goes to the settings' spool, whose log line says why
+    assert outcome.action == "analyzed"
+    assert not (tmp_path / "relspool").exists()
+    assert (configured / "41" / "verdict.json").exists()
+    (line,) = _log_lines(configured)
+    assert line["problems"] == [
+        f"--spool 'relspool': give an absolute path, as for spool_dir; used {configured}"
+    ]
+
+
 def raising_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     raise RuntimeError("a bug in a rule")
 

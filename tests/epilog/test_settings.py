@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlens.epilog.settings import KNOWN_KEYS, EpilogSettings, load_settings
+from oomlens.epilog.settings import KNOWN_KEYS, EpilogSettings, load_settings, with_spool
 from oomlens.errors import UsageError
 
 
@@ -106,6 +106,14 @@ def test_bad_values_are_refused_with_what_to_write(tmp_path: Path, text: str, wo
     with pytest.raises(UsageError) as caught:
         load_settings(_write(tmp_path, text + "\n"))
     assert words in caught.value.message
+
+
+@pytest.mark.parametrize("spool", ["relspool", "", "./spool"])
+def test_spool_option_must_be_absolute_as_spool_dir_must(spool: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        with_spool(EpilogSettings(), spool)
+    assert caught.value.message == f"--spool {spool!r}: give an absolute path, as for spool_dir"
+    assert with_spool(EpilogSettings(), "/srv/s").spool_dir == Path("/srv/s")
 
 
 def test_not_toml(tmp_path: Path) -> None:

@@ -663,6 +663,7 @@ def test_the_command_sweeps_and_exits_0(spool: Path, built_spool: BuiltSpool) ->
     ("args", "words"),
     [
         (("--spool", "/nonexistent/spool"), "the spool does not exist"),
+        (("--spool", "relspool"), "--spool 'relspool': give an absolute path"),
         (("--settings", "/etc/passwd"), "not valid TOML"),
         (("--budget-per-job", "soon"), "--budget-per-job 'soon'"),
         (("--budget-per-job", "0"), "--budget-per-job '0'"),
