@@ -111,6 +111,9 @@ class JobEnvironment:
     restart_count: int
     problems: tuple[str, ...] = ()
     """What could not be read, one line each (``SLURM_JOB_UID='x': not a number``)."""
+    invalid_job_id: str | None = None
+    """The job id the environment gave when it is not one (``../x``; at most 40 characters):
+    then :attr:`job_id` is None although Slurm did set it."""
     spool_suffix: str = ""
     """Added to the spool key when an earlier job with the same id holds ``<id>/`` already
     (``.t20261201T093000``: job ids repeat after MaxJobId wraps or the controller lost its
@@ -194,10 +197,14 @@ def parse_job_environment(environ: Mapping[str, str]) -> JobEnvironment:
         value = number(name)
         return None if value is None else WaitStatus(value)
 
+    given_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     job_id = text("SLURM_JOB_ID") or text("SLURM_JOBID")
     if job_id is not None and not _DIGITS.fullmatch(job_id):
         problems.append(f"SLURM_JOB_ID={job_id[:40]!r}: not a job id; ignored")
         job_id = None
+    invalid_job_id = None
+    if job_id is None and given_id not in (None, "", "(null)"):
+        invalid_job_id = given_id[:40]
 
     exit_pair = None
     pair_text = text("SLURM_JOB_EXIT_CODE2")
@@ -237,6 +244,7 @@ def parse_job_environment(environ: Mapping[str, str]) -> JobEnvironment:
         array_task_id=_digits_or_none(text("SLURM_ARRAY_TASK_ID")),
         restart_count=number("SLURM_JOB_RESTART_COUNT") or 0,
         problems=tuple(problems),
+        invalid_job_id=invalid_job_id,
     )
 
 

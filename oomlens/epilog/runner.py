@@ -7,7 +7,8 @@ after it (writing a few files, one log line) is bounded.
 
 What it does for a job (``action`` in the log line and ``status`` in ``epilog.json``):
 
-* ``skipped``: no job id, or the job did not fail (logged when ``log_successful_jobs``);
+* ``skipped``: no job id or an invalid one, or the job did not fail (logged when
+  ``log_successful_jobs``);
 * nothing at all (no log line) on a node other than the job's first node, and when the job's
   spool directory exists already (another Epilog, e.g. ``EpilogSlurmctld``, took the job);
 * ``analyzed``, ``no_input``, ``refused``, ``analysis_failed``, ``crashed``, ``timed_out``: the
@@ -204,6 +205,9 @@ def _act(
     finish_by: float,
     analyzer: Analyzer,
 ) -> EpilogOutcome:
+    if job.invalid_job_id is not None:
+        reason = f"invalid SLURM_JOB_ID {job.invalid_job_id!r}: not a job id; nothing done"
+        return recorder.finish(Action.SKIPPED, reason=reason)
     if job.job_id is None:
         return recorder.finish(Action.SKIPPED, reason="no SLURM_JOB_ID: not run by Slurm")
     if not runs_here(job):

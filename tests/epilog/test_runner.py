@@ -284,6 +284,15 @@ def test_no_job_id_is_logged_and_skipped(tmp_path: Path, job_dir: Path) -> None:
     assert "no SLURM_JOB_ID" in _log_lines(tmp_path / "spool")[0]["reason"]
 
 
+@pytest.mark.parametrize("job_id", ["../../x", "12a", "1" * 300, "1" * 5000])
+def test_an_invalid_job_id_is_logged_as_invalid(tmp_path: Path, job_dir: Path, job_id: str) -> None:
+    outcome = _run(tmp_path, _env(job_dir, SLURM_JOB_ID=job_id))
+    assert outcome.action == "skipped"
+    (line,) = _log_lines(tmp_path / "spool")
+    assert line["reason"] == f"invalid SLURM_JOB_ID {job_id[:40]!r}: not a job id; nothing done"
+    assert os.listdir(tmp_path / "spool") == ["epilog.log"]
+
+
 def hanging_analyzer(paths: Sequence[str], **_: Any) -> EpilogAnalysis:
     Path(paths[0] + ".pid").write_text(str(os.getpid()))
     time.sleep(3600)
