@@ -155,8 +155,10 @@ class ResultStore:
         """Everything known about files, by path."""
         rows = self._db.execute("SELECT path, size, mtime_ns, inode, sha256, is_log FROM files")
         return {
-            path: FileRecord(size, mtime_ns, inode, sha, None if is_log is None else bool(is_log))
-            for path, size, mtime_ns, inode, sha, is_log in rows
+            _path_of(key): FileRecord(
+                size, mtime_ns, inode, sha, None if is_log is None else bool(is_log)
+            )
+            for key, size, mtime_ns, inode, sha, is_log in rows
         }
 
     def put_files(self, records: Sequence[tuple[str, FileRecord]]) -> None:
@@ -169,7 +171,7 @@ class ResultStore:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 [
                     (
-                        path,
+                        _key_of(path),
                         r.size,
                         r.mtime_ns,
                         r.inode,
@@ -225,6 +227,27 @@ class ResultStore:
     def count_results(self) -> int:
         row = self._db.execute("SELECT count(*) FROM results").fetchone()
         return int(row[0])
+
+
+_UNDECODABLE = "\0fs:"
+"""Key prefix of a path whose name holds bytes that are not UTF-8 (``os.fsdecode``'s lone
+surrogates, which SQLite's text cannot hold): the rest is the name's bytes in hex.  No path
+holds a NUL, so no other key starts so."""
+
+
+def _key_of(path: str) -> str:
+    """``path`` as the ``files`` table's key: itself, or ``_UNDECODABLE`` and its bytes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return _UNDECODABLE + path.encode("utf-8", "surrogateescape").hex()
+    return path
+
+
+def _path_of(key: str) -> str:
+    if key.startswith(_UNDECODABLE):
+        return bytes.fromhex(key[len(_UNDECODABLE) :]).decode("utf-8", "surrogateescape")
+    return key
 
 
 def _create_if_missing(path: str) -> None:

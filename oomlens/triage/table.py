@@ -23,7 +23,7 @@ import regex
 
 from oomlens.triage.store import StoredResult
 from oomlens.triage.walk import RunSpec
-from oomlens.untrusted import one_line
+from oomlens.untrusted import escape_controls, one_line
 
 COLUMNS: dict[str, str] = {
     "run": "string",
@@ -150,9 +150,22 @@ def _record(row: RunRow) -> dict[str, Any]:
             record["verdict"], record["diagnosis"], record["knob"], record["call_site"]
         )
     return {
-        name: one_line(value) if isinstance(value, str) and name not in EXACT_COLUMNS else value
+        name: (_exact(value) if name in EXACT_COLUMNS else one_line(value))
+        if isinstance(value, str)
+        else value
         for name, value in record.items()
     }
+
+
+def _exact(name: str) -> str:
+    """A file's name as the table holds it: exactly, unless it has bytes that are not UTF-8
+    (``os.fsdecode``'s lone surrogates), which no table column can hold: then in
+    ``escape_controls``' form, ``\\udcff`` for the byte 0xff."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return escape_controls(name)
+    return name
 
 
 def _failure_time(report: Mapping[str, Any]) -> str | None:

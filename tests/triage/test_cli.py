@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas
@@ -159,3 +160,21 @@ def test_a_tree_of_only_links_says_the_links_were_not_followed(
     assert code == 3
     assert "symbolic link (to " in err and "which triage does not follow" in err
     assert "no runs found under" in err and "1 skipped, see the warnings above" in err
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl", "parquet", "sqlite", "html"])
+def test_a_name_that_is_not_utf8_is_triaged_and_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    # A directory named with a byte that is not UTF-8 (0xff): the store and the table's
+    # string columns could not hold its name, and triage ended in an internal error.
+    monkeypatch.chdir(tmp_path)
+    odd = os.fsdecode(b"run\xff")
+    copy_case("fragmentation", tmp_path / "t" / odd, moment=BASE_TIME)
+    code, out, err = _run(["triage", "t", "-o", f"x.{suffix}"], capsys)
+    assert code == 0, err
+    assert out.startswith("1 run: 1 gpu_oom\n")
+    if suffix != "html":
+        assert list(read_table(f"x.{suffix}")["run"]) == ["run\\udcff"]
+    # and again, from the store that the first run left
+    assert _run(["triage", "t", "-o", f"y.{suffix}"], capsys)[0] == 0
