@@ -93,6 +93,7 @@ def insert_garbage(data: bytes, rng: random.Random) -> bytes:
         [
             bytes(rng.randrange(256) for _ in range(rng.randint(1, 64))),
             b"\x00" * rng.randint(1, 4096),
+            b"\x00" * rng.randint(65_536, 300_000),  # a crash's hole, longer than the sniffed head
             b"\xff\xfe\xfd" * rng.randint(1, 100),
             b"x" * rng.randint(70_000, 300_000),  # one line longer than the reader's cap
             b"\r" * rng.randint(1, 1000),
