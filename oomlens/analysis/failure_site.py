@@ -6,7 +6,7 @@ the common ones (``Module.to``'s ``convert``, the HF Trainer's ``nested_concat``
 adds what only says where memory went once the outer frames are gone: a state-dict loader
 placing weights on the device (model loading), the HF Trainer padding predictions together
 (evaluation).  ``phase_of(event)`` is the reader's phase, or, when that is unknown, what those
-inner frames show.
+inner frames show; ``phase_site(event)`` is where the frame that shows it was read.
 
 ``cut_in(facts, phases)`` is a traceback cut before its exception (the reader placed it by its
 frames, or by the call on its innermost frame's current line) in one of ``phases``, when the
@@ -15,6 +15,9 @@ inputs hold no error at all: what failed is lost, where it failed is not.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from oomlens.facts import SourceRef
 from oomlens.facts.log import ExceptionEvent, Frame, OomEvent, Phase
 from oomlens.facts.run import RunFacts
 
@@ -48,15 +51,35 @@ def _inner_phase(frame: Frame) -> Phase | None:
     return None
 
 
-def phase_of(event: OomEvent) -> tuple[Phase, str | None]:
-    """The phase of ``event`` and the frame that shows it (``file:line in function``)."""
+def _inner(event: OomEvent) -> tuple[Phase, Frame] | None:
+    """The innermost frame that places ``event`` when the reader could not, with its phase."""
     if event.phase is not Phase.UNKNOWN or event.traceback is None:
-        return event.phase, event.phase_evidence
+        return None
     for frame in reversed(event.traceback.frames):
         phase = _inner_phase(frame)
         if phase is not None:
-            return phase, f"{frame.filename}:{frame.line} in {frame.function}"
-    return Phase.UNKNOWN, None
+            return phase, frame
+    return None
+
+
+def phase_of(event: OomEvent) -> tuple[Phase, str | None]:
+    """The phase of ``event`` and the frame that shows it (``file:line in function``)."""
+    inner = _inner(event)
+    if inner is None:
+        return event.phase, event.phase_evidence
+    phase, frame = inner
+    return phase, f"{frame.filename}:{frame.line} in {frame.function}"
+
+
+def phase_site(event: OomEvent) -> SourceRef:
+    """Where the frame that ``phase_of`` quotes was read (its ``File ...`` line); the
+    traceback's start, else the error, when that line is unknown (an error file, a capture)."""
+    inner = _inner(event)
+    if inner is not None and inner[1].at is not None and event.traceback is not None:
+        return replace(event.traceback.source, line=inner[1].at, rank=event.source.rank)
+    if inner is None and event.phase_source is not None:
+        return event.phase_source
+    return event.traceback.source if event.traceback is not None else event.source
 
 
 CUT_PLACE_CONFIDENCE = 0.3

@@ -227,6 +227,9 @@ def _add_capture(
                 replace(
                     logged,
                     source=replace(logged.source, rank=capture.rank),
+                    phase_source=None
+                    if logged.phase_source is None
+                    else replace(logged.phase_source, rank=capture.rank),
                     timestamp=logged.timestamp or event.timestamp,
                     timestamp_exact=logged.timestamp_exact
                     if logged.timestamp

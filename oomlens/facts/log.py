@@ -12,7 +12,7 @@ with running statistics over all samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -179,6 +179,10 @@ class Frame:
     filename: str
     line: int
     function: str
+    at: int | None = field(default=None, compare=False)
+    """The log line it was read on (its ``File ...`` line, the first of a wrapped one); None
+    when it was not read from a log's lines (an error file's call stack, a capture).  Not
+    compared: the same frame printed by two ranks is the same frame."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,9 @@ class OomEvent:
     warning or a log record that wraps the message (``UserWarning: Failed to clone() tensor
     with name lm_head.weight ... state_dict ... Error: ``, ``batch size 16 ran out of memory,
     retrying smaller: ``).  Bounded."""
+    phase_source: SourceRef | None = None
+    """Where that frame was read (its ``File ...`` line); None when it was not read from a
+    log's lines (an error file, a capture) or no frame decided."""
 
     @property
     def rank(self) -> int | None:
@@ -265,6 +272,9 @@ class ExceptionEvent:
     peer_failure: bool
     timestamp: datetime | None
     timestamp_exact: bool
+    phase_source: SourceRef | None = None
+    """Where that frame was read (its ``File ...`` line); None when it was not read from a
+    log's lines (an error file, a capture) or no frame decided."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from oomlens.analysis.failure_site import phase_of
+from oomlens.analysis.failure_site import phase_of, phase_site
 from oomlens.analysis.oom_arithmetic import ROUNDING_BYTES, MessageBalance, balance
 from oomlens.diagnosis import Evidence, EvidenceKind, Figure, Fix, in_bytes
 from oomlens.facts import SourceRef
@@ -102,7 +102,7 @@ def phase_evidence(event: OomEvent) -> Evidence | None:
     return Evidence(
         EvidenceKind.LOG,
         f"phase {where.value}: {frame}",
-        event.traceback.source if event.traceback is not None else event.source,
+        phase_site(event),
         "the traceback frame that places the failure",
     )
 

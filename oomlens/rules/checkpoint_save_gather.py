@@ -147,7 +147,7 @@ class CheckpointSaveRule(Rule):
                 Evidence(
                     EvidenceKind.LOG,
                     cut.phase_evidence,
-                    cut.source,
+                    cut.phase_source or cut.source,
                     "the failure happened while saving; if it was out of memory, the save's "
                     "gather or state dict is what did not fit",
                 ),

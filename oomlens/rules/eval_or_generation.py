@@ -128,7 +128,7 @@ class EvalOrGenerationRule(Rule):
                 Evidence(
                     EvidenceKind.LOG,
                     cut.phase_evidence,
-                    cut.source,
+                    cut.phase_source or cut.source,
                     f"the failure happened during {what}; if it was out of memory, the "
                     + (
                         "KV cache or the generation batch"

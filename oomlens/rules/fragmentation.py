@@ -305,7 +305,7 @@ class FragmentationRule(Rule):
                 Evidence(
                     EvidenceKind.LOG,
                     f"the failing allocation creates optimizer state ({event.phase_evidence})",
-                    event.source,
+                    event.phase_source or event.source,
                     "states that are being created for the first time must fit whole; a "
                     "defragmented "
                     "allocator would fail at the next state tensor",

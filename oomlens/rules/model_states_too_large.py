@@ -261,7 +261,7 @@ class ModelStatesRule(Rule):
                 Evidence(
                     EvidenceKind.LOG,
                     cut.phase_evidence,
-                    cut.source,
+                    cut.phase_source or cut.source,
                     "the failure happened before any training step; if it was out of "
                     "memory, the model's own states did not fit",
                 ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from oomlens.analysis.failure_site import phase_of
+from oomlens.analysis.failure_site import phase_of, phase_site
 from oomlens.facts.log import Frame, OomEvent, Phase
 from oomlens.session import gather_facts
 
@@ -50,3 +50,16 @@ def test_padding_predictions_together_is_evaluation() -> None:
 def test_frames_that_say_nothing_leave_it_unknown() -> None:
     event = _event_with((Frame("/home/user/train.py", 12, "main"),))
     assert phase_of(event) == (Phase.UNKNOWN, None)
+
+
+def test_the_inner_frame_is_cited_where_it_was_read() -> None:
+    # audit: the frame was cited at the traceback's start, not at its own line
+    site = "/usr/local/lib/python3.10/site-packages/accelerate/utils/modeling.py"
+    event = _event_with(
+        (
+            Frame("/home/user/load.py", 3, "main", at=40),
+            Frame(site, 329, "set_module_tensor_to_device", at=42),
+        )
+    )
+    assert event.traceback is not None
+    assert phase_site(event) == replace(event.traceback.source, line=42, rank=event.source.rank)

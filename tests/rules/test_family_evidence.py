@@ -109,3 +109,48 @@ def test_a_cut_evaluation_beside_an_error_of_its_own_is_not_named(tmp_path: Path
     both.write_text(paste_path("transformers-17089").read_text() + "\n\n" + assert_line + "\n")
     report = analyze([both])
     assert "eval_or_generation" not in [d.id for d in report.diagnoses]
+
+
+def test_where_a_cut_traceback_stops_is_cited_at_its_frame(tmp_path: Path) -> None:
+    # audit: the quoted frame was cited at the traceback's first line; GIVEN the generation
+    # run's rank-0 traceback cut after its "model.module.generate(" call (built by code from the
+    # real log), whose frame "generate_samples.py:54 in main" is the window's fourth line
+    lines = [
+        line
+        for line in (CRASH / "generation_oom" / "train.log").read_text().splitlines(True)
+        if "[rank0]:" in line
+    ]
+    start = next(i for i, line in enumerate(lines) if "Traceback (most recent" in line)
+    end = next(i for i in range(start, len(lines)) if "model.module.generate(" in lines[i])
+    window = tmp_path / "window.log"
+    window.write_text("".join(lines[start : end + 2]))
+    report = analyze([window])
+    [placed] = [
+        e
+        for d in report.diagnoses
+        if d.id == "eval_or_generation"
+        for e in d.evidence
+        if "generate_samples.py:54 in main" in e.text
+    ]
+    assert placed.source is not None and placed.source.line == 4
+    assert "line 54, in main" in window.read_text().splitlines()[3]
+
+
+def test_the_phase_of_an_oom_is_cited_at_its_frame() -> None:
+    # audit: "phase forward: ...parameter_offload.py:543 in pre_sub_module_forward_function"
+    # was cited at train.log:187 ("Traceback (most recent call last):"); that frame is on 234
+    log = CRASH / "prefetch_overshoot" / "train.log"
+    report = analyze([log])
+    placed = {
+        (e.text, e.source)
+        for d in report.diagnoses
+        for e in d.evidence
+        if e.text.startswith("phase forward: ")
+    }
+    assert placed
+    text = log.read_text().splitlines()
+    for quoted, source in placed:
+        assert source is not None and source.line is not None
+        frame = quoted.removeprefix("phase forward: ").rsplit(" in ", 1)
+        path, number = frame[0].rsplit(":", 1)
+        assert f'File "{path}", line {number}, in {frame[1]}' in text[source.line - 1]

@@ -197,12 +197,15 @@ def fold_summary_ooms(oom: BoundedList[OomEvent], summary_ooms: list[ProcessFail
             continue
         index = max(candidates, key=lambda i: events[i].source.line or 0)
         earlier = events[index]
-        source = earlier.source
+        source, placed = earlier.source, earlier.phase_source
         if source.rank is None and failure.rank is not None:
             source = replace(source, rank=failure.rank)
+            if placed is not None and placed.rank is None:
+                placed = replace(placed, rank=failure.rank)
         events[index] = replace(
             earlier,
             source=source,
+            phase_source=placed,
             reported_elsewhere=earlier.reported_elsewhere + 1,
             local_rank=earlier.local_rank if earlier.local_rank is not None else failure.local_rank,
         )

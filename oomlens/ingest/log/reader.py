@@ -520,15 +520,24 @@ class LogReader:
 
     def _finished(self, finished: FinishedException) -> None:
         traceback = finished.traceback
-        phase, evidence = (
-            classify_traceback(traceback) if traceback is not None else (Phase.UNKNOWN, None)
+        phase, evidence, placed = (
+            classify_traceback(traceback) if traceback is not None else (Phase.UNKNOWN, None, None)
         )
         if not finished.exception_class and not finished.text:
             self.cut_tracebacks += 1
             if traceback is not None and traceback.frames:
                 self.partial.append(
                     ExceptionEvent(
-                        finished.source, "", "", traceback, phase, evidence, False, None, False
+                        finished.source,
+                        "",
+                        "",
+                        traceback,
+                        phase,
+                        evidence,
+                        False,
+                        None,
+                        False,
+                        phase_source=placed,
                     )
                 )
             return
@@ -549,6 +558,7 @@ class LogReader:
                 timestamp=when,
                 timestamp_exact=False,
                 preamble=torch_oom.preamble(finished.text, oom.text, oom.exception_class),
+                phase_source=placed,
             )
             self._add_oom(event)
         if messages:
@@ -571,6 +581,7 @@ class LogReader:
                 peer_failure=peer,
                 timestamp=when,
                 timestamp_exact=False,
+                phase_source=placed,
             )
         )
 

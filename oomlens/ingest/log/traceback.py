@@ -18,7 +18,7 @@ the traceback was cut before the callee's frames.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import regex
@@ -110,6 +110,7 @@ class TracebackAssembler:
         "_header_class",
         "_headless",
         "_last_line",
+        "_path_line",
         "_path_start",
         "_state",
         "_style",
@@ -133,6 +134,7 @@ class TracebackAssembler:
         self._header_class = ""
         self._box_closed = False
         self._path_start = ""
+        self._path_line: int | None = None  # where the wrapped frame in _path_start began
         self._current: str | None = None
         self._clear_of: list[str] | None = None  # the message whose first lines were searched
         self._clear_lines = 0  # ... and how many of them hold no allocator message start
@@ -299,14 +301,15 @@ class TracebackAssembler:
             joined = box_content_shape(self._path_start + box_body(text))
             self._path_start = ""
             if joined.frame is not None:
-                self._add_frame(joined.frame)
+                self._add_frame(joined.frame, self._path_line)
                 return None
         if shape.shape is Shape.FRAME and shape.frame is not None:
             self._path_start = ""
-            self._add_frame(shape.frame)
+            self._add_frame(shape.frame, ref.line)
             return None
         if shape.shape is Shape.PATH_START:
             self._path_start = shape.text[:1000]
+            self._path_line = ref.line
             return None
         if shape.shape is Shape.BOX_END:
             self._box_closed = True
@@ -380,8 +383,9 @@ class TracebackAssembler:
         self._path_start = ""
         self._current = None
 
-    def _add_frame(self, frame: Frame) -> None:
+    def _add_frame(self, frame: Frame, at: int | None) -> None:
         self._current = None
+        frame = replace(frame, at=at)
         if len(self._frames_head) < MAX_HEAD_FRAMES:
             self._frames_head.append(frame)
             return
@@ -687,6 +691,12 @@ def _evidence(frame: Frame) -> str:
 
 
 def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str | None]:
+    """``deciding_frame``'s phase, and its frame as ``file:line in function``."""
+    phase, frame = deciding_frame(frames)
+    return phase, _evidence(frame) if frame is not None else None
+
+
+def deciding_frame(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, Frame | None]:
     """The training phase a traceback's frames (outermost first) show, and the deciding frame.
 
     Context phases (checkpoint save, generation, evaluation, data loading, model init) win
@@ -711,7 +721,7 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
             if any(_frame_phase(f) in _TRAINING for f in frames[:index]):
                 continue
         if phase in _CONTEXT:
-            return phase, _evidence(frame)
+            return phase, frame
         if phase is None:
             continue
         if training is None:
@@ -731,30 +741,42 @@ def classify_phase(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, str 
         return Phase.UNKNOWN, None
     phase, frame = training
     if phase is Phase.FORWARD and backward_outside is not None:
-        return Phase.BACKWARD, _evidence(backward_outside)
+        return Phase.BACKWARD, backward_outside
     if phase is Phase.FORWARD and no_grad:
-        return Phase.EVALUATION, _evidence(frame)
-    return phase, _evidence(frame)
+        return Phase.EVALUATION, frame
+    return phase, frame
 
 
 _CALL = regex.compile(r"(?P<name>[A-Za-z_]\w{0,100})\s{0,4}\(")
 
 
-def classify_traceback(traceback: Traceback) -> tuple[Phase, str | None]:
-    """``classify_phase`` of the traceback's frames; when the traceback was cut before its
+def classify_traceback(traceback: Traceback) -> tuple[Phase, str | None, SourceRef | None]:
+    """``classify_phase`` of the traceback's frames, and where the deciding frame was read
+    (None when its line is unknown); when the traceback was cut before its
     exception, the calls on its innermost frame's current source line stand for the frames the
     text lost (``model.save_pretrained(output_dir)`` highlighted in a cut rich traceback is a
-    checkpoint save), and the evidence quotes that line."""
-    phase, evidence = classify_phase(traceback.frames)
+    checkpoint save), and the evidence quotes that line (cited at that frame)."""
+    phase, frame = deciding_frame(traceback.frames)
+    evidence = _evidence(frame) if frame is not None else None
     current = traceback.current_line
     if not traceback.cut or not current or not traceback.frames:
-        return phase, evidence
+        return phase, evidence, _frame_source(traceback, frame)
     last = traceback.frames[-1]
     calls = tuple(Frame(last.filename, last.line, m.group("name")) for m in _CALL.finditer(current))
     called, said = classify_phase(traceback.frames + calls)
     if said is None or said == evidence or not any(said == _evidence(c) for c in calls):
-        return phase, evidence
-    return called, (
+        return phase, evidence, _frame_source(traceback, frame)
+    return (
+        called,
         f"{last.filename}:{last.line} in {last.function} calls {current[:160]} (the traceback "
-        "stops there)"
+        "stops there)",
+        _frame_source(traceback, last),
     )
+
+
+def _frame_source(traceback: Traceback, frame: Frame | None) -> SourceRef | None:
+    """Where ``frame`` of ``traceback`` was read: the traceback's file, rank and host, the
+    frame's own line."""
+    if frame is None or frame.at is None:
+        return None
+    return replace(traceback.source, line=frame.at)

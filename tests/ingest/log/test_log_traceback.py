@@ -222,3 +222,41 @@ def test_a_found_allocator_start_is_not_searched_for_again(
         assembler.feed("y" * 5000, SourceRef("log", n))
         assert assembler.may_hold_allocator_message()
     assert sum(squeezed) < 3 * len(first)
+
+
+def test_each_frame_keeps_the_log_line_it_was_read_on() -> None:
+    # audit: the phase's frame was cited at "Traceback (most recent call last):"; a frame
+    # now says where it was printed, and a rich frame wrapped over two box lines, its first
+    lines = [
+        "╭──────── Traceback (most recent call last) ────────╮",
+        "│ /home/user/train.py:12 in <module>                 │",
+        "│ ❱ 12 │   main()                                    │",
+        "│ /usr/lib/python3/site-packages/deepspeed/runtime/  │",
+        "│ engine.py:1855 in forward                          │",
+        "╰────────────────────────────────────────────────────╯",
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "",
+        "Traceback (most recent call last):",
+        '  File "/home/user/train.py", line 12, in <module>',
+        "    main()",
+        '  File "/home/user/train.py", line 8, in main',
+        "    loss.backward()",
+        "RuntimeError: boom",
+    ]
+    rich, python = _feed(TracebackAssembler(), lines)
+    assert rich.traceback is not None and python.traceback is not None
+    assert [(f.function, f.at) for f in rich.traceback.frames] == [("<module>", 2), ("forward", 4)]
+    assert [(f.function, f.at) for f in python.traceback.frames] == [("<module>", 10), ("main", 12)]
+
+
+def test_the_phase_is_cited_at_its_frame_not_at_the_traceback() -> None:
+    # prefetch_overshoot: rank 0's traceback starts on line 187; the frame that places the
+    # failure in the forward pass is printed on line 234
+    log = read_log(case_dir("prefetch_overshoot") / "train.log")
+    event = next(e for e in log.oom_events if e.rank == 0)
+    assert event.traceback is not None and event.traceback.source.line == 187
+    assert event.phase_evidence is not None
+    assert event.phase_evidence.endswith(
+        "parameter_offload.py:543 in pre_sub_module_forward_function"
+    )
+    assert event.phase_source == SourceRef(event.source.path, 234, 0)
