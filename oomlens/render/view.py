@@ -467,17 +467,20 @@ class Excerpt:
 
 
 def _traceback_excerpt(report: Report) -> Excerpt | None:
-    """The failing rank's traceback, frames and exception, as printed."""
+    """The failing rank's traceback as the reader kept it: its frames (each numbered with the
+    log line it was read on) and its exception.  The source lines under the frames are not
+    kept, so the title says frames, not the text as printed."""
     tb = None
-    title = "The failure as printed"
+    exception_line: int | None = None
+    title = "Frames of the failure"
     first = report.facts.first_gpu_oom()
     if first is not None and first.traceback is not None:
-        tb = first.traceback
+        tb, exception_line = first.traceback, first.source.line
     elif report.facts.ranks.first_failed is not None:
         status = report.facts.ranks.first_failed
         for exc in status.exceptions:
             if exc.traceback is not None:
-                tb = exc.traceback
+                tb, exception_line = exc.traceback, exc.source.line
                 break
     if tb is None:
         # the launcher's own ChildFailedError traceback says nothing about the rank's failure
@@ -488,10 +491,12 @@ def _traceback_excerpt(report: Report) -> Excerpt | None:
         ]
         candidates.sort(key=lambda exc: exc.peer_failure)
         if candidates:
-            tb = candidates[0].traceback
+            tb, exception_line = candidates[0].traceback, candidates[0].source.line
     if tb is None:
         return None
-    lines: list[Line] = [Line(str(tb.source.line or ""), "Traceback (most recent call last):")]
+    lines: list[Line] = []
+    if not tb.headless:  # a paste that starts inside the traceback printed no header
+        lines.append(Line(_number(tb.source.line), "Traceback (most recent call last):"))
     frames = tb.frames
     shown = frames if len(frames) <= MAX_FRAMES else frames[:8] + frames[-(MAX_FRAMES - 8) :]
     for index, frame in enumerate(shown):
@@ -499,7 +504,7 @@ def _traceback_excerpt(report: Report) -> Excerpt | None:
             lines.append(Line("", f"… {len(frames) - MAX_FRAMES:,} frames not shown …"))
         lines.append(
             Line(
-                "",
+                _number(frame.at),
                 f'  File "{text(frame.filename, 500)}", line {frame.line}, '
                 f"in {text(frame.function, 300)}",
             )
@@ -507,11 +512,16 @@ def _traceback_excerpt(report: Report) -> Excerpt | None:
     if tb.frames_omitted:
         lines.append(Line("", f"… {tb.frames_omitted:,} more frames were not kept by the reader …"))
     if tb.exception_text:
-        lines.append(Line("", text(tb.exception_text, 3000)))
+        lines.append(Line(_number(exception_line), text(tb.exception_text, 3000)))
     elif tb.cut:
         lines.append(Line("", "(the log ends here: the traceback was cut before its exception)"))
     note = "the first failing rank's traceback" if tb.chained is False else "a chained traceback"
+    note += ", its frames and exception as read (the source lines under the frames are not kept)"
     return Excerpt(title=title, where=where(tb.source), lines=tuple(lines), note=note)
+
+
+def _number(line: int | None) -> str:
+    return "" if line is None else str(line)
 
 
 def _tails(report: Report, cuts: list[str]) -> tuple[Excerpt, ...]:

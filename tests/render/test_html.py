@@ -300,3 +300,41 @@ def test_memory_budget_shows_the_zero_model_when_the_parameter_count_is_known() 
     assert "ZeRO memory model" in html and "GPU peak" in html
     without_config = build_view(analyze([case_dir("fragmentation")]))
     assert without_config.budget.zero is None and without_config.budget.zero_missing == ""
+
+
+def test_the_failures_frames_are_numbered_with_their_own_lines_and_titled_as_frames() -> None:
+    # audit: "The failure as printed" showed the File lines without the source lines under
+    # them, and numbered only the first line (the traceback's header)
+    log = case_dir("other_process") / "train.log"
+    printed = log.read_text().splitlines()
+    report = analyze([log])
+    excerpt = build_view(report).traceback
+    assert excerpt is not None and "as printed" not in excerpt.title.lower()
+    assert "frames" in excerpt.title.lower()
+    for line in excerpt.lines:
+        assert line.number, line.text  # every frame, the header and the exception
+        shown = line.text.splitlines()[0].strip()[:100]
+        assert printed[int(line.number) - 1].strip().startswith(shown)
+    assert sum(line.text.startswith("  File ") for line in excerpt.lines) == 6
+    page = unescape(render_html(report))
+    assert "The failure as printed" not in page and excerpt.title in page
+    assert excerpt.title in render_markdown(report)
+
+
+def test_a_paste_that_starts_inside_a_traceback_gets_no_header_it_did_not_print(
+    tmp_path: Path,
+) -> None:
+    paste = tmp_path / "paste.txt"
+    paste.write_text(
+        '  File "/home/u/model.py", line 20, in forward\n'
+        "    x = self.proj(x)\n"
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+        "23.69 GiB total capacity; 20.00 GiB already allocated; 1.00 GiB free; 21.00 GiB "
+        "reserved in total by PyTorch)\n"
+    )
+    excerpt = build_view(analyze([paste])).traceback
+    assert excerpt is not None
+    assert [(line.number, line.text[:20]) for line in excerpt.lines] == [
+        ("1", '  File "/home/u/mode'),
+        ("3", "torch.cuda.OutOfMemo"),
+    ]
