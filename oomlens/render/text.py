@@ -59,7 +59,7 @@ def _fix_lines(fix: Fix) -> list[str]:
 
 
 def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
-    head = f"{index}. {d.title} [{d.id}] confidence {d.confidence:.0%}, {d.severity.label}"
+    head = f"{index}. {d.title} [{d.id}] confidence {d.confidence:.0%}, severity {d.severity.label}"
     if d.rank is not None:
         head += f", rank {d.rank}"
     lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]

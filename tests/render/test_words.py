@@ -145,3 +145,12 @@ def test_the_patch_list_leads_with_the_diagnosis_own_fix(reports: dict[str, Repo
     assert report.top is not None and report.top.id == "prefetch_overshoot"
     patches = [x for x in _budget_lines(report) if x.startswith("- patch:")]
     assert patches and patches[0].startswith("- patch: gather fewer parameters ahead of use")
+
+
+def test_the_severity_is_labelled_not_read_as_the_confidence(reports: dict[str, Report]) -> None:
+    # audit: "confidence 25%, high" read as "high confidence"; the word is the severity
+    for fmt, shown in _shown(reports["prefetch_overshoot"]).items():
+        plain = re.sub(r"<[^>]+>", " ", shown)
+        assert not re.search(r"confidence \d+%, (critical|high|medium|low|info)\b", plain), fmt
+        assert re.search(r"\bseverity (critical|high|medium|low|info)\b", plain), fmt
+
