@@ -15,7 +15,7 @@ from oomlens.facts import SourceRef
 from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.kernel import KernelOomKill
-from oomlens.facts.log import LogFacts, OomEvent, OomKind, OomMessage, Phase
+from oomlens.facts.log import ExceptionEvent, LogFacts, OomEvent, OomKind, OomMessage, Phase
 from oomlens.facts.memory_model import CapacityVerdict
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
@@ -87,6 +87,18 @@ def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
     )
     prefix = f"{event.message.exception_class}: " if event.message.exception_class else ""
     return Evidence(kind, quote(prefix + event.message.text), event.source, note)
+
+
+def exception_line(exception: ExceptionEvent) -> str:
+    """The exception as printed, ``class: message``: its text, which starts with its class when
+    it was read from an exception line; the class put before a text that does not name it (a
+    C++ exception's ``what():``)."""
+    cls, text = exception.exception_class, exception.text
+    if not text:
+        return cls
+    if not cls or text == cls or text.startswith(cls + ":"):
+        return text
+    return f"{cls}: {text}"
 
 
 def phase(event: OomEvent) -> Phase:

@@ -19,6 +19,7 @@ from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ExceptionEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
+    exception_line,
     quote,
 )
 from oomlens.rules.base import Rule, RuleSpec
@@ -60,7 +61,7 @@ _SPEAKS_OF_MEMORY = re.compile(
 
 def _weigh(exception: ExceptionEvent) -> tuple[float, str]:
     """How much a rank's own exception says the failure was not about memory."""
-    text = f"{exception.exception_class}: {exception.text}"
+    text = exception_line(exception)
     if _KNOWN_LOOKALIKES.search(text):
         return 0.85, "a failure known to look like an out-of-memory without being one"
     if _SPEAKS_OF_MEMORY.search(text):
@@ -142,7 +143,7 @@ class NotOomRule(Rule):
             evidence.append(
                 Evidence(
                     EvidenceKind.LOG,
-                    quote(f"{first.exception_class}: {first.text}"),
+                    quote(exception_line(first)),
                     first.source,
                     why,
                 )

@@ -10,7 +10,7 @@ from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind, FatalSignalLine
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import quote
+from oomlens.rules._common import exception_line, quote
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
@@ -75,7 +75,7 @@ class SharedMemoryRule(Rule):
                 evidence.append(
                     Evidence(
                         EvidenceKind.LOG,
-                        quote(f"{full[0].exception_class}: {full[0].text}"),
+                        quote(exception_line(full[0])),
                         full[0].source,
                         "a filesystem is full; outside a checkpoint save it is most often "
                         "/dev/shm (DataLoader workers, NCCL) in a container, else the disk",

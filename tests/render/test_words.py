@@ -154,3 +154,10 @@ def test_the_severity_is_labelled_not_read_as_the_confidence(reports: dict[str, 
         assert not re.search(r"confidence \d+%, (critical|high|medium|low|info)\b", plain), fmt
         assert re.search(r"\bseverity (critical|high|medium|low|info)\b", plain), fmt
 
+
+@pytest.mark.parametrize("case", ["nccl_timeout", "device_side_assert"])
+def test_an_exception_is_quoted_with_its_class_once(reports: dict[str, Report], case: str) -> None:
+    # audit: "RuntimeError: RuntimeError: CUDA error...", "ChildFailedError: ...ChildFailedError:"
+    report = reports[case]
+    for fmt, shown in _shown(report).items():
+        assert not re.search(r"\b([\w.]+Error): \1\b", shown.replace("\\_", "_")), (case, fmt)

@@ -154,3 +154,13 @@ def test_the_phase_of_an_oom_is_cited_at_its_frame() -> None:
         frame = quoted.removeprefix("phase forward: ").rsplit(" in ", 1)
         path, number = frame[0].rsplit(":", 1)
         assert f'File "{path}", line {number}, in {frame[1]}' in text[source.line - 1]
+
+
+@pytest.mark.parametrize("case", ["deepspeed-7150", "vllm-5376"])
+def test_a_failure_that_is_not_memory_quotes_its_exception_line_once(case: str) -> None:
+    # audit: the evidence read "RuntimeError: RuntimeError: CUDA error: ..."
+    top = analyze([paste_path(case)]).top
+    assert top is not None and top.id == "not_oom"
+    quoted = top.evidence[0].text
+    assert quoted.startswith("RuntimeError: CUDA error: ")
+    assert "RuntimeError: RuntimeError" not in quoted
