@@ -543,7 +543,8 @@ def _segment_map(
                 free_width=round(segment.free_bytes * scale, 1),
                 detail=(
                     f"{format_size(segment.allocated_bytes)} live in {segment.live_blocks} of "
-                    f"{segment.blocks} blocks, {format_size(segment.free_bytes)} free (largest "
+                    f"{words.count(segment.blocks, 'block')}, {format_size(segment.free_bytes)} "
+                    "free (largest "
                     f"free block {format_size(segment.largest_free_block)}), {segment.pool.value} "
                     f"pool, stream {segment.stream}"
                 ),
@@ -569,8 +570,9 @@ def _segment_map(
         anchor=f"segments-{index}",
         title=f"Segment map: {_device_name(snapshot, device)}",
         caption=(
-            f"Reserved {format_size(state.reserved_bytes)} in {state.segments:,} segments "
-            f"({state.blocks:,} blocks, {state.live_blocks:,} live). Free space inside a segment "
+            f"Reserved {format_size(state.reserved_bytes)} in "
+            f"{words.count(state.segments, 'segment')} ({words.count(state.blocks, 'block')}, "
+            f"{state.live_blocks:,} live). Free space inside a segment "
             "that still holds a live block cannot be returned to the driver, nor used for a "
             "request larger than its largest free block."
         ),
@@ -635,7 +637,7 @@ def _site_bars(index: int, snapshot: SnapshotAnalysis, device: DeviceAnalysis) -
     for site in sites:
         label = "no recorded stack" if site.site is None else text(site.site.describe(), 400)
         detail = (
-            f"{site.blocks:,} blocks; {site.common_size_blocks:,} of "
+            f"{words.count(site.blocks, 'block')}; {site.common_size_blocks:,} of "
             f"{format_size(site.common_size)}; "
             f"{_CATEGORY_WORDS.get(site.category.value, site.category.value)}"
         )
@@ -662,7 +664,8 @@ def _category_bars(
     rows = [
         (
             _CATEGORY_WORDS.get(c.category.value, c.category.value),
-            f"{c.blocks:,} blocks; {c.confidence.value} confidence: {text(c.evidence, 400)}",
+            f"{words.count(c.blocks, 'block')}; {c.confidence.value} confidence: "
+            f"{text(c.evidence, 400)}",
             c.bytes,
             c.category.value,
         )

@@ -47,6 +47,11 @@ NO_RANK = "no rank printed"
 """The rank cell of output that names no rank."""
 
 
+def count(number: int, noun: str) -> str:
+    """``1 block``, ``2,048 blocks``: a count and its noun, singular for one."""
+    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
+
+
 def outcome(status: RankStatus) -> str:
     return OUTCOME_WORDS.get(status.outcome, status.outcome.replace("_", " "))
 

@@ -161,3 +161,10 @@ def test_an_exception_is_quoted_with_its_class_once(reports: dict[str, Report], 
     report = reports[case]
     for fmt, shown in _shown(report).items():
         assert not re.search(r"\b([\w.]+Error): \1\b", shown.replace("\\_", "_")), (case, fmt)
+
+
+def test_one_block_is_not_blocks(reports: dict[str, Report]) -> None:
+    # audit: the Markdown's call-site and category charts said "1 blocks"
+    for fmt, shown in _shown(reports["prefetch_overshoot"]).items():
+        assert not re.search(r"(?<![\d.,])1 (blocks|segments)\b", shown), fmt
+    assert "; 1 block;" in render(reports["prefetch_overshoot"], Format.MARKDOWN, RenderOptions())
