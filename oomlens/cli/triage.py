@@ -229,7 +229,8 @@ def run_command(
         click.echo(render_summary(result.table), nl=False)
         share = f" (shard {shard.index}/{shard.count} of {result.found})" if shard else ""
         click.echo(
-            f"oomlens: {len(result.table)} runs{share}: {result.analyzed} analyzed,"
+            f"oomlens: {len(result.table)} run{'' if len(result.table) == 1 else 's'}{share}: "
+            f"{result.analyzed} analyzed,"
             f" {result.reused} unchanged, in {result.seconds:.1f} s"
             + (f"; wrote {', '.join(outputs)}" if outputs else ""),
             err=True,

@@ -142,7 +142,17 @@ def find_runs(
         found = list(_runs_in_tree(top, tree, is_log))
         for run in found:
             runs.setdefault((run.root, run.inputs), run)
-        skipped.extend(_unfollowed_links(top, tree, {run.root for run in found}))
+        links = list(_unfollowed_links(top, tree, {run.root for run in found}))
+        skipped.extend(links)
+        if not found and not links and len(paths) > 1:
+            # named on the command line among others: its absence from the table is said
+            skipped.append(
+                (
+                    top,
+                    "no training log there (a .log, .out or .err file, or text with a "
+                    "training-log marker); oomlens analyze reads any text file named to it",
+                )
+            )
     ordered = sorted(runs.values(), key=lambda run: (run.name, run.root))
     return WalkResult(tuple(ordered), tuple(skipped))
 

@@ -219,3 +219,17 @@ def test_a_linked_run_directory_is_reported_as_a_link_not_followed(tmp_path: Pat
     path, why = result.skipped[0]
     assert path == str(tmp_path / "tree" / "linked")
     assert why.startswith("a symbolic link (to ") and f"pass {target} itself" in why
+
+
+def test_a_directory_named_among_others_that_holds_no_run_is_said(tmp_path: Path) -> None:
+    # A paste.txt without any training-log marker: triage gave no row and no word for it
+    # among 41 directories named on its command line.
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    (quiet / "paste.txt").write_text("loading weights\nstep 1\n")
+    shutil.copytree(case_dir("fragmentation"), tmp_path / "run")
+    result = find_runs([quiet, tmp_path / "run"], is_log=_is_log)
+    assert [run.name for run in result.runs] == ["run"]
+    assert [(path, why.split(" (")[0]) for path, why in result.skipped] == [
+        (str(quiet), "no training log there")
+    ]
