@@ -1,4 +1,4 @@
-"""Counts of a triage table: per verdict, per diagnosis, per group, worst first."""
+"""Counts of a triage table: per verdict, per diagnosis, per group, largest first."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def render_summary(table: pandas.DataFrame, *, max_groups: int = 15) -> str:
     groups = group_table(table)
     if not groups.empty:
         lines.append("")
-        lines.append("Groups, worst first:")
+        lines.append("Groups, largest first (failures before healthy runs):")
         width = len(str(int(groups["runs"].max())))
         for _, group in groups.head(max_groups).iterrows():
             lines.append(

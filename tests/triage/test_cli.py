@@ -43,7 +43,7 @@ def test_triage_writes_the_table_and_prints_the_summary(
     assert code == 0, err
     assert out.startswith("3 runs: 2 gpu_oom, 1 no_failure\n")
     assert "2  prefetch_overshoot" in out
-    assert "Groups, worst first:" in out
+    assert "Groups, largest first (failures before healthy runs):" in out
     assert "3 analyzed, 0 unchanged" in err
     assert len(read_table("runs.csv")) == 3
     assert (tmp_path / "index.html").is_file()
