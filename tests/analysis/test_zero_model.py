@@ -649,3 +649,27 @@ def test_persistence_that_cannot_be_sized_is_an_assumption_not_silence() -> None
 def test_hpz_secondary_partition_is_counted() -> None:
     hpz = build_budget(_eff({"stage": 3, "zero_hpz_partition_size": 8}), MODEL, EIGHT)
     assert _bytes(hpz, "hpz_secondary") == 2 * P7B // 8
+
+
+def test_stage2_offloading_the_optimizer_keeps_no_gradient_partition_on_the_gpu() -> None:
+    # DeepSpeed 0.19.8's copy_grads_in_partition returns before allocating grads_in_partition
+    # when the optimizer is offloaded: each reduced gradient goes to the CPU fp32 buffer.  The
+    # budget counted 2 B x params / n on the GPU anyway: 12.55 GiB for 6.74B on one 24 GiB card,
+    # "CANNOT FIT" and exit 4, where DeepSpeed's own estimate is half that.
+    offloaded = build_budget(
+        _eff({"stage": 2, "offload_optimizer": {"device": "cpu"}}), MODEL, EIGHT
+    )
+    assert _bytes(offloaded, "grads") == 0
+    on_gpu = build_budget(_eff({"stage": 2}), MODEL, EIGHT)
+    assert _bytes(on_gpu, "grads") == 2 * PART
+    # an fp32 grad_accum_dtype under bf16 keeps the compact fp32 partition on the GPU, offloaded
+    # or not (_use_compact_grad_partition_buffer)
+    compact = build_budget(
+        _eff(
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            data_types={"grad_accum_dtype": "fp32"},
+        ),
+        MODEL,
+        EIGHT,
+    )
+    assert _bytes(compact, "grads") == 4 * PART

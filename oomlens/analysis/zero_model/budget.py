@@ -898,19 +898,24 @@ def _stage012(
             basis=Basis.ESTIMATE,
         )
     )
-    grads = e * p_tr if stage < 2 else e * ceil_div(p_tr, n)
-    ctx.add(
-        MemoryComponent(
-            "grads",
-            "gradients" + (" (partitioned)" if stage >= 2 else ""),
-            Device.GPU,
-            BudgetPhase.PERSISTENT,
-            grads,
-            f"{e} B x {num(p_tr)}" + (f" / {n}" if stage >= 2 else ""),
-            (stage_key,),
-            basis=Basis.ESTIMATE,
+    # Stage 2 offloading the optimizer copies each reduced gradient straight to the CPU (0.19.8
+    # copy_grads_in_partition returns first): no GPU partition, except the compact one kept in
+    # an fp32 grad_accum_dtype other than the model's.
+    compact = stage >= 1 and prec.grad_accum_bytes == 4 != e
+    e_g = 4 if compact else 0 if oo_on and stage >= 2 else e
+    if e_g:
+        ctx.add(
+            MemoryComponent(
+                "grads",
+                "gradients" + (" (partitioned)" if stage >= 2 else ""),
+                Device.GPU,
+                BudgetPhase.PERSISTENT,
+                e_g * (p_tr if stage < 2 else ceil_div(p_tr, n)),
+                f"{e_g} B x {num(p_tr)}" + (f" / {n}" if stage >= 2 else ""),
+                (stage_key, z.offload_optimizer.device.key_path, prec.grad_accum_dtype.key_path),
+                basis=Basis.ESTIMATE,
+            )
         )
-    )
     mixed = e == 2 or stage >= 1
     master = 4 * ceil_div(p_tr, part) if mixed else 0
     states = state_elems * 4 * ceil_div(p_tr, part)
