@@ -138,6 +138,11 @@ def _event(index: int | None) -> str:
     return "before the trace" if index < 0 else f"event {index}"
 
 
+_LITTLE_ROOM = 256 * 2**20
+"""Less room than this left at the end of a recording that stops at its OOM is said to be
+little: a training step allocates far more than that."""
+
+
 def describe_limit(limit: MemoryLimit) -> str:
     if limit.bytes is None:
         return "no limit known (the recording never hit one; pass --allowed)"
@@ -234,6 +239,24 @@ def whatif_text(report: WhatIfReport) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+    past_oom = [
+        p
+        for p in whatif.predictions
+        if p.result.outcome == "fits" and p.covers == COVERS_UP_TO_OOM and not p.baseline
+    ]
+    if past_oom:
+        least = min((p.result.headroom_bytes or 0) for p in past_oom)
+        lines.append("")
+        lines.append(
+            "fits (up to the recorded OOM): the request that failed would have been served; "
+            "the recording ends there, so whether the rest of the run fits is not known"
+            + (
+                f" (the least room left was {format_size(least)}: the next step's allocations "
+                "may not fit)"
+                if least < _LITTLE_ROOM
+                else ""
+            )
+        )
     limits = {prediction.limit for prediction in whatif.predictions}
     if limits and limits != {whatif.recorded_limit}:
         lines.extend(f"limit replayed: {describe_limit(limit)}" for limit in limits)

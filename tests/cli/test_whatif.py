@@ -134,3 +134,17 @@ def test_a_damaged_trace_is_named(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 3 and out == ""
     assert f"device_traces[0][{index}] (alloc) has no valid 'size'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_fitting_only_up_to_the_recorded_oom_says_the_rest_is_unknown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # prefetch_overshoot's lab run needed 8.02 GiB against its 6.75 GiB cap: no allocator
+    # setting saves it, yet expandable segments "fit, forecast yes" (the failing request would
+    # have been served, with 14 MiB left) and nothing said the recording ends there.
+    snapshot = ROOT / "fixtures" / "crash_logs" / "prefetch_overshoot" / "snapshot_rank0.pickle"
+    code, out, _ = run(capsys, str(snapshot))
+    assert code == 0
+    assert "fits with 14.00 MiB to spare (up to the recorded OOM)" in out
+    assert "whether the rest of the run fits is not known" in out
+    assert "the least room left was 14.00 MiB" in out
