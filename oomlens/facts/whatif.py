@@ -21,7 +21,7 @@ class MemoryLimit:
     """The limit a replay runs under.
 
     ``source``: ``--allowed`` (given), ``allowed`` (a memory fraction, inferred from the trace
-    to within ``uncertainty`` bytes either way), ``capacity`` (the device was full at the
+    to within ``uncertainty`` bytes either way), ``capacity`` (the device's capacity at the
     recorded OOM: reserved + its free memory, exact), ``log`` (the OOM message's figure for
     this process, as printed, narrowed by what the trace shows: see :class:`LoggedLimit`), or
     ``none`` (the recording never hit a limit: the replay runs without one).  ``fraction`` says

@@ -149,14 +149,16 @@ def describe_limit(limit: MemoryLimit) -> str:
     if limit.source == "--allowed":
         return f"{format_size(limit.bytes)} (--allowed)"
     if limit.source == "capacity":
-        return f"{format_size(limit.bytes)} (the device was full: reserved + free at the OOM)"
+        return f"{format_size(limit.bytes)} (the device's capacity: reserved + free at the OOM)"
     return (
         f"{format_size(limit.bytes)} allowed (a memory fraction, inferred from the trace, "
         f"+-{format_size(limit.uncertainty)})"
     )
 
 
-def describe_outcome(result: ReplayResult, covers: str | None = None) -> str:
+def describe_outcome(
+    result: ReplayResult, covers: str | None = None, limit: MemoryLimit | None = None
+) -> str:
     """``fits with 1.30 GiB to spare`` / ``OOM at event 1499 (a 40.69 MiB request)``."""
     if result.outcome == "fits":
         text = "fits"
@@ -169,7 +171,17 @@ def describe_outcome(result: ReplayResult, covers: str | None = None) -> str:
     if result.oom_request_bytes is not None:
         text += f" ({format_size(result.oom_request_bytes)} request)"
     if result.live_too_large:
-        text += ": the memory in use itself is too large"
+        alone = (
+            result.oom_request_bytes is not None
+            and limit is not None
+            and limit.bytes is not None
+            and result.oom_request_bytes > limit.bytes
+        )
+        text += (
+            ": the request alone is larger than the limit"
+            if alone
+            else ": the memory in use itself is too large"
+        )
     return text
 
 
@@ -194,7 +206,8 @@ def whatif_text(report: WhatIfReport) -> str:
         f"oomlens whatif: {whatif.source.path}, device {whatif.device}",
         f"recorded setting: {whatif.recorded_alloc_conf or 'torch defaults'}; limit "
         + describe_limit(whatif.recorded_limit),
-        f"  {describe_outcome(recorded)}; peak reserved {_size(recorded.peak_reserved_bytes)}, "
+        f"  {describe_outcome(recorded, limit=whatif.recorded_limit)}; "
+        f"peak reserved {_size(recorded.peak_reserved_bytes)}, "
         f"peak allocated {_size(recorded.peak_allocated_bytes)}"
         + (
             f"; {_size(recorded.reserved_unallocated_at_recorded_oom_bytes)} reserved but "
@@ -224,7 +237,7 @@ def whatif_text(report: WhatIfReport) -> str:
         rows.append(
             (
                 name,
-                describe_outcome(result, prediction.covers),
+                describe_outcome(result, prediction.covers, prediction.limit),
                 _size(result.peak_reserved_bytes),
                 _size(result.peak_allocated_bytes),
                 "(the recording)"

@@ -148,3 +148,17 @@ def test_fitting_only_up_to_the_recorded_oom_says_the_rest_is_unknown(
     assert "fits with 14.00 MiB to spare (up to the recorded OOM)" in out
     assert "whether the rest of the run fits is not known" in out
     assert "the least room left was 14.00 MiB" in out
+
+
+def test_a_request_larger_than_the_card_is_said_to_be_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # torch 2.11's snapshot of a 1 TiB request with 174 MiB in use: "the memory in use itself
+    # is too large" and "the device was full", with 138.82 GiB free.
+    sample = ROOT.parent / "shared" / "samples" / "snapshot_t211_stacks_all_oom.pickle"
+    if not sample.is_file():
+        pytest.skip(f"{sample} is not there")
+    code, out, _ = run(capsys, str(sample))
+    assert code == 0
+    assert "OOM at event 178 (1.00 TiB request): the request alone is larger than the limit" in out
+    assert "in use itself is too large" not in out and "device was full" not in out

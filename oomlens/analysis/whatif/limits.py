@@ -40,9 +40,10 @@ _RELEASES = frozenset({"segment_free", "segment_unmap"})
 
 @dataclass(frozen=True, slots=True)
 class InferredLimit:
-    """``kind``: ``allowed`` (a memory fraction), ``capacity`` (the device was full) or
-    ``unknown`` (nothing in the trace bounds it).  ``low``..``high`` is the range the evidence
-    allows; ``value`` the one the replay uses (the middle of the range)."""
+    """``kind``: ``allowed`` (a memory fraction), ``capacity`` (the device's capacity: no
+    fraction below it) or ``unknown`` (nothing in the trace bounds it).  ``low``..``high`` is
+    the range the evidence allows; ``value`` the one the replay uses (the middle of the
+    range)."""
 
     kind: str
     low: int
