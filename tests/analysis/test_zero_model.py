@@ -673,3 +673,17 @@ def test_stage2_offloading_the_optimizer_keeps_no_gradient_partition_on_the_gpu(
         EIGHT,
     )
     assert _bytes(compact, "grads") == 4 * PART
+
+
+def test_an_overflow_with_activations_counted_does_not_say_before_any_activation() -> None:
+    # The overflow sentence said "before any activation memory" also when the budget counted
+    # the activations (--seq-len ...), and even when it overflowed at them.
+    eff = _eff({"stage": 3})
+    shape = ActivationShape(
+        micro_batch=2, seq_len=4096, hidden_size=4096, layers=32, vocab_size=32000
+    )
+    for activations, said in ((None, "before any activation memory"), (shape, "included")):
+        budget = build_budget(eff, MODEL, EIGHT, activations)
+        (gpu,) = compare_with_capacity(budget, Capacity(gpu_bytes=8 * 2**30))
+        [overflow] = [h for h in memory_hazards(eff, budget, [gpu]) if h.code == "gpu_overflow"]
+        assert overflow.message.endswith(said), overflow.message

@@ -176,7 +176,12 @@ def memory_hazards(
                     f"cannot fit: the GPU needs {format_size(gpu.required_bytes)} at its peak "
                     f"({gpu.peak_phase}) but has {format_size(usable)}; it overflows at "
                     f"'{comp.name if comp else '?'}' during {gpu.overflow_phase}, "
-                    f"{format_size(gpu.overflow_bytes)} short, before any activation memory",
+                    f"{format_size(gpu.overflow_bytes)} short"
+                    + (
+                        ", activations (estimated) included"
+                        if budget.component("activations") is not None
+                        else ", before any activation memory"
+                    ),
                     ConfigSeverity.HIGH,
                     comp.key_paths if comp else (),
                     bytes_at_stake=gpu.overflow_bytes,
