@@ -42,8 +42,8 @@ from oomlens.render.registry import formats_for
     "--format",
     "fmt",
     type=click.Choice([f.value for f in formats_for("whatif")]),
-    default="text",
-    show_default=True,
+    default=None,
+    help="Output format (default: json for an -o file ending .json, else text).",
 )
 @click.option("-o", "--output", type=click.Path(), default=None, help="Write to this file instead.")
 def whatif_command(
@@ -51,7 +51,7 @@ def whatif_command(
     alloc_confs: tuple[str, ...],
     allowed: int | None,
     device: int | None,
-    fmt: str,
+    fmt: str | None,
     output: str | None,
 ) -> None:
     """Replay a snapshot's recorded allocations through a model of PyTorch's caching
@@ -61,6 +61,8 @@ def whatif_command(
     from oomlens.session import what_if
 
     report = what_if(snapshot, alloc_confs, device=device, allowed=allowed)
+    if fmt is None:
+        fmt = "json" if output is not None and output.lower().endswith(".json") else "text"
     text = render(report, Format(fmt))
     if output is not None:
         write_output(output, text)

@@ -162,3 +162,15 @@ def test_a_request_larger_than_the_card_is_said_to_be_one(
     assert code == 0
     assert "OOM at event 178 (1.00 TiB request): the request alone is larger than the limit" in out
     assert "in use itself is too large" not in out and "device was full" not in out
+
+
+def test_an_output_file_ending_json_gets_json(
+    capsys: pytest.CaptureFixture[str], rescued: Path, tmp_path: Path
+) -> None:
+    # as analyze picks the format from -o's extension; whatif wrote text into w.json
+    target = tmp_path / "w.json"
+    assert run(capsys, str(rescued), "-o", str(target))[0] == 0
+    assert json.loads(target.read_text())["schema_version"]
+    text = tmp_path / "w.txt"
+    assert run(capsys, str(rescued), "-o", str(text))[0] == 0
+    assert text.read_text().startswith("oomlens whatif:")
