@@ -12,14 +12,23 @@ import click
 
 from oomlens.cli.params import COUNT, JOBS, SIZE, Progress
 from oomlens.errors import OomlensError, UsageError
+from oomlens.ingest.files import is_special_target
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
 from oomlens.untrusted import one_line
 
 
 def write_output(path: str, text: str) -> None:
-    """Write atomically: a report is never left half-written."""
+    """Write atomically: a report is never left half-written; a device or FIFO (``/dev/null``)
+    is written in place, never replaced."""
     target = Path(path)
+    if is_special_target(target):
+        try:
+            with open(target, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
+        return
     tmp = target.with_name(f".{target.name}.oomlens-tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

@@ -42,6 +42,13 @@ def special_kind(path: str | os.PathLike[str]) -> str | None:
         return None
 
 
+def is_special_target(path: str | os.PathLike[str]) -> bool:
+    """``path`` exists and is a device, FIFO or socket (``-o /dev/null``, ``-o /dev/stdout``):
+    an output there is written in place.  Writing a temporary file and renaming it over such a
+    path would replace the device node itself with a regular file (as root, ``/dev/null``)."""
+    return special_kind(path) is not None
+
+
 def not_regular_problem(path: str | os.PathLike[str], what: str = "a regular file") -> str | None:
     """``is a named pipe (FIFO), not <what> (oomlens reads regular files only ...)`` when
     ``path`` is special, else None."""

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 import urllib.parse
@@ -36,7 +37,7 @@ import pandas
 
 from oomlens import __version__
 from oomlens.errors import InputError, UsageError
-from oomlens.ingest.files import refuse_special
+from oomlens.ingest.files import is_special_target, refuse_special
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
 from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, normalize
 from oomlens.triage.worker import current_umask, write_atomically
@@ -279,7 +280,11 @@ def _write_via_temporary(path: str, write: Callable[[str], None]) -> None:
         write(temporary)
         # SQLite creates its files 0644 whatever the umask says; every output follows the umask.
         os.chmod(temporary, 0o666 & ~current_umask())
-        os.replace(temporary, path)
+        if is_special_target(path):  # /dev/null: written through, never replaced
+            with open(temporary, "rb") as source, open(path, "wb") as target:
+                shutil.copyfileobj(source, target)
+        else:
+            os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)

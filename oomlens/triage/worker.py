@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlens.errors import NoUsableInputError, OomlensError
+from oomlens.ingest.files import is_special_target
 from oomlens.triage import adapter
 
 
@@ -72,10 +73,15 @@ def current_umask() -> int:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Write ``path`` so that it holds either its old content or all of ``data``, never a part.
+    """Write ``path`` so that it holds either its old content or all of ``data``, never a part
+    (a device or FIFO such as ``/dev/null`` is written in place, never replaced).
 
     Raises ``OSError`` when the directory cannot be written.
     """
+    if is_special_target(path):
+        with open(path, "wb") as out:
+            out.write(data)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=".oomlens-", suffix=".tmp", dir=directory)
     try:

@@ -6,8 +6,10 @@ import bz2
 import gzip
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -292,3 +294,31 @@ def test_a_directory_of_several_runs_is_refused_not_mixed_into_one_answer(tmp_pa
 def test_a_run_directory_with_its_capture_inside_is_one_run() -> None:
     result = run("analyze", case_dir("fragmentation_captured"), "--format", "json")
     assert result.returncode == 0, result.stderr
+
+
+def _drain(fifo: Path) -> threading.Thread:
+    """A reader for ``fifo`` (opening it for writing blocks until one is there)."""
+
+    def read() -> None:
+        with open(fifo, "rb") as stream:
+            while stream.read(65536):
+                pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_an_output_that_is_a_device_or_fifo_is_written_through_not_replaced(
+    tmp_path: Path,
+) -> None:
+    # -o /dev/null replaced the device node with a regular file (a temporary file renamed
+    # over it): as root, a node's /dev/null.  A FIFO stands for the device here.
+    for option in ("-o", "--html"):
+        fifo = tmp_path / f"out{option}.json"
+        os.mkfifo(fifo)
+        reader = _drain(fifo)
+        result = run("analyze", CASE, "--format", "json", option, fifo)
+        reader.join(timeout=10)
+        assert result.returncode == 0, result.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode), option

@@ -7,6 +7,7 @@ import os
 import re
 import sqlite3
 import stat
+import threading
 from pathlib import Path
 
 import pandas
@@ -268,3 +269,25 @@ def test_outputs_follow_the_umask(
             assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
     finally:
         os.umask(previous)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".sqlite", ".html"])
+def test_a_device_or_fifo_output_is_written_through_not_replaced(
+    table: pandas.DataFrame, tmp_path: Path, suffix: str
+) -> None:
+    # A table written to -o /dev/null replaced the device node with a regular file (a
+    # temporary file renamed over it); a FIFO stands for the device here.
+    fifo = tmp_path / f"runs{suffix}"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as stream:
+            received.append(stream.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    write_table(table, str(fifo))
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert received and received[0]
