@@ -330,6 +330,20 @@ def decide_verdict(facts: RunFacts) -> tuple[Verdict, str]:
             "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
         )
     if facts.has_failure_evidence():
+        timeouts = [
+            p for log in facts.logs for p in log.peer_failures if p.kind == "watchdog_timeout"
+        ]
+        if timeouts:
+            stragglers = facts.ranks.suspected_stragglers
+            return Verdict.OTHER_FAILURE, (
+                f"a collective timed out ({timeouts[0].source.describe()}: NCCL's watchdog)"
+                + (
+                    f", waiting for rank(s) {', '.join(str(r) for r in stragglers)}"
+                    if stragglers
+                    else ""
+                )
+                + "; no memory error"
+            )
         failed = facts.ranks.first_failed
         if failed is not None and failed.first_source is not None:
             return Verdict.OTHER_FAILURE, (

@@ -130,6 +130,8 @@ class NotOomRule(Rule):
             and e.text.strip()
             and not (e.traceback is not None and e.traceback.cut)
         ]
+        # torchrun's ChildFailedError only sums up the ranks' failures: a rank's own comes first
+        own.sort(key=lambda e: e.exception_class.endswith("ChildFailedError"))
         if own:
             first = own[0]
             placed = (
@@ -157,13 +159,14 @@ class NotOomRule(Rule):
             p for log in facts.logs for p in log.peer_failures if p.kind == "watchdog_timeout"
         ]
         if timeouts:
-            evidence.append(
+            evidence.insert(  # what failed first, before the launcher's summing up
+                0,
                 Evidence(
                     EvidenceKind.LOG,
                     quote(timeouts[0].text),
                     timeouts[0].source,
                     "a collective timed out: a peer never joined",
-                )
+                ),
             )
             if picture.suspected_stragglers:
                 stragglers = ", ".join(str(r) for r in picture.suspected_stragglers)
