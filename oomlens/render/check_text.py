@@ -8,62 +8,70 @@ from typing import Any
 from oomlens.analysis.batch import BatchCheck
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget
+from oomlens.render.wrap import Wrapped, json_members
 from oomlens.report import CheckReport
 from oomlens.units import format_size
+
+LABEL_WIDTH = 40
+"""The budget's label column at its narrowest."""
 
 
 def _line(ref: Any) -> str:
     return ref.describe() if ref is not None else ""
 
 
-def check_text(check: CheckReport) -> str:
+def check_text(check: CheckReport, width: int = 0) -> str:
     """``oomlens check``'s report as text: the settings that drive memory, the problems, the
-    batch, the budgets, the hazards, the patches and the verdict."""
+    batch, the budgets, the hazards, the patches and the verdict; ``width`` > 0 wraps it to
+    that many columns (``wrap.wrap``)."""
     result = check.preflight
     eff = result.effective
     z = eff.zero
-    out: list[str] = []
+    out = Wrapped(width)
     doc = result.document
-    out.append(f"{doc.path}: {doc.syntax} ds_config, validated by {result.validator}")
+    out.add(f"{doc.path}: {doc.syntax} ds_config, validated by {result.validator}")
     offload = []
     for label, block in (("optimizer", z.offload_optimizer), ("params", z.offload_param)):
         if block.enabled:
             offload.append(
                 f"{label}={block.device.value}{' (pinned)' if block.pin_memory.value else ''}"
             )
-    out.append(
+    out.add(
         f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), "
         f"{eff.precision.model_precision.value}, "
         f"offload: {', '.join(offload) if offload else 'none'}"
     )
-    out.append("")
-    out.append("Settings that drive memory (value, how it was set):")
-    out += [f"  {line}" for line in _memory_settings(eff)]
+    out.add("")
+    out.add("Settings that drive memory (value, how it was set):")
+    for line in _memory_settings(eff):
+        out.add(f"  {line}", hang=4)
     if result.problems:
-        out.append("")
-        out.append(f"Problems - DeepSpeed refuses this config ({len(result.problems)}):")
+        out.add("")
+        out.add(f"Problems - DeepSpeed refuses this config ({len(result.problems)}):")
         for problem in result.problems:
             where = _line(problem.source)
-            out.append(
-                f"  {where}: {problem.key_path or '(config)'}: {problem.message} [{problem.code}]"
+            out.add(
+                f"  {where}: {problem.key_path or '(config)'}: {problem.message} [{problem.code}]",
+                hang=4,
             )
     if result.batch is not None:
-        out.append("")
-        out += _render_batch(result.batch)
+        out.add("")
+        _render_batch(result.batch, out)
     if result.budget is not None:
-        out.append("")
-        out += _render_budget(result.budget, result.verdicts)
+        out.add("")
+        _render_budget(result.budget, result.verdicts, out)
     if result.hazards:
-        out.append("")
-        out.append("Hazards:")
+        out.add("")
+        out.add("Hazards:")
         for hazard in result.hazards:
-            out.append(f"  [{hazard.severity.value}] {hazard.message}")
+            marker = f"  [{hazard.severity.value}] "
+            out.add(marker + hazard.message, hang=len(marker))
             where = ", ".join(_line(s) for s in hazard.sources if s is not None)
             if where:
-                out.append(f"         at {where}")
+                out.add(f"         at {where}", hang=12)
     if result.patches:
-        out.append("")
-        out.append("Changes that would help (JSON merge patches, predicted by the memory model):")
+        out.add("")
+        out.add("Changes that would help (JSON merge patches, predicted by the memory model):")
         for index, patch in enumerate(result.patches, start=1):
             effect = []
             if patch.gpu_bytes_saved:
@@ -75,15 +83,20 @@ def check_text(check: CheckReport) -> str:
             if patch.pinned_bytes_delta:
                 sign = "+" if patch.pinned_bytes_delta > 0 else "-"
                 effect.append(f"pinned {sign}{format_size(abs(patch.pinned_bytes_delta))}")
-            out.append(f"  {index}. {patch.summary}: {', '.join(effect) or 'no predicted change'}")
-            out.append(f"     cost: {patch.cost}")
-            out.append(f"     {json.dumps(patch.merge_patch())}")
+            out.add(
+                f"  {index}. {patch.summary}: {', '.join(effect) or 'no predicted change'}",
+                hang=len(f"  {index}. "),
+            )
+            out.add(f"     cost: {patch.cost}", hang=11)
+            merge = json.dumps(patch.merge_patch())
+            out.add(f"     {merge}", hang=6, keep=json_members(merge))
     if result.notes:
-        out.append("")
-        out += [f"note: {note}" for note in result.notes]
-    out.append("")
-    out.append("Verdict: " + result.verdict())
-    return "\n".join(out)
+        out.add("")
+        for note in result.notes:
+            out.add(f"note: {note}", hang=6)
+    out.add("")
+    out.add("Verdict: " + result.verdict(), hang=9)
+    return out.text()
 
 
 def _memory_settings(eff: EffectiveDsConfig) -> list[str]:
@@ -120,23 +133,24 @@ def _human_count(value: int) -> str:
     return str(value)
 
 
-def _render_batch(batch: BatchCheck) -> list[str]:
+def _render_batch(batch: BatchCheck, lines: Wrapped) -> None:
     ws = batch.world_size.value
-    lines = []
     if batch.ok and batch.derived is not None:
         d = batch.derived
-        lines.append(
+        lines.add(
             f"Batch at {ws} GPUs: train_batch_size {d.train_batch_size} = micro "
             f"{d.micro_batch_per_gpu} x "
             f"gradient accumulation {d.gradient_accumulation_steps} x {ws} GPUs"
         )
-        lines += [f"  derived: {step}" for step in batch.derivations]
+        for step in batch.derivations:
+            lines.add(f"  derived: {step}", hang=11)
         if batch.floor_loss:
-            lines.append("  note: a floor division dropped a remainder")
+            lines.add("  note: a floor division dropped a remainder")
     else:
-        lines.append(f"Batch at {ws} GPUs: DeepSpeed fails with")
-        lines.append(f"  {batch.error}")
-        lines += [f"  derived: {step}" for step in batch.derivations]
+        lines.add(f"Batch at {ws} GPUs: DeepSpeed fails with")
+        lines.add(f"  {batch.error}", hang=4)
+        for step in batch.derivations:
+            lines.add(f"  derived: {step}", hang=11)
     for correction in batch.corrections:
         t = correction.triple
         effect = (
@@ -144,52 +158,59 @@ def _render_batch(batch: BatchCheck) -> list[str]:
             if correction.changes_effective_batch
             else "same global batch"
         )
-        lines.append(
+        merge = json.dumps(correction.patch.merge_patch())
+        lines.add(
             f"  fix (keeps {correction.keeps}; {effect}): micro {t.micro_batch_per_gpu} x gas "
-            f"{t.gradient_accumulation_steps} x {ws} = {t.train_batch_size}  "
-            f"{json.dumps(correction.patch.merge_patch())}"
+            f"{t.gradient_accumulation_steps} x {ws} = {t.train_batch_size}  {merge}",
+            hang=4,
+            keep=json_members(merge),
         )
-    return lines
 
 
-def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) -> list[str]:
-    w = label_width(budget)
+def _render_budget(
+    budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...], lines: Wrapped
+) -> None:
+    # Wrapped, the label column is the narrowest: a longer name has a line of its own.
+    w = label_width(budget) if not lines.width else LABEL_WIDTH
+    row_hang = w + 16  # a row's continuation under its phase column
     m = budget.model
     topo = budget.topology
-    lines = [
+    lines.add(
         f"Memory per GPU: {_human_count(m.total_params)} params, {topo.world_size} GPU(s), "
         f"{budget.precision.value}, "
         f"ZeRO stage {budget.stage}"
-    ]
-    lines += _component_rows(budget, Device.GPU, w)
+    )
+    for row in _component_rows(budget, Device.GPU, w):
+        lines.add(row, hang=row_hang)
     by_kind = {v.kind: v for v in verdicts}
-    lines.append(f"  {'peak':{w}} {format_size(budget.gpu_peak_bytes):>11}")
+    lines.add(f"  {'peak':{w}} {format_size(budget.gpu_peak_bytes):>11}")
     gpu = by_kind.get("gpu")
     if gpu is not None:
-        lines.append(
+        lines.add(
             f"  {'capacity (' + gpu.capacity_source + ')':{w}} "
             f"{format_size(gpu.capacity_bytes):>11}"
         )
         if gpu.fits:
-            lines.append(
+            lines.add(
                 f"  {'left for activations and workspace':{w}} "
                 f"{format_size(gpu.headroom_bytes):>11}"
             )
         else:
             comp = gpu.overflow_component
-            lines.append(
+            lines.add(
                 f"  OVERFLOW by {format_size(gpu.overflow_bytes)}: at "
                 f"'{comp.name if comp else '?'}' "
                 f"during {gpu.overflow_phase}"
             )
     host_rows = _component_rows(budget, Device.HOST, w)
-    lines.append("")
-    lines.append(f"Memory per host: {topo.ranks_per_host} rank(s) per host")
+    lines.add("")
+    lines.add(f"Memory per host: {topo.ranks_per_host} rank(s) per host")
     if host_rows:
-        lines += host_rows
+        for row in host_rows:
+            lines.add(row, hang=row_hang)
     else:
-        lines.append("  (nothing DeepSpeed keeps on the host)")
-    lines.append(f"  {'peak':{w}} {format_size(budget.host_peak_bytes):>11}")
+        lines.add("  (nothing DeepSpeed keeps on the host)")
+    lines.add(f"  {'peak':{w}} {format_size(budget.host_peak_bytes):>11}")
     pinned_line = f"  {'pinned (page-locked)':{w}} {format_size(budget.pinned_per_host()):>11}"
     requested = budget.pinned_requested_per_rank() * topo.ranks_per_host
     if requested and requested != budget.pinned_per_host():
@@ -197,38 +218,37 @@ def _render_budget(budget: MemoryBudget, verdicts: tuple[CapacityVerdict, ...]) 
             f"  (DeepSpeed requests {format_size(requested)}; torch rounds each pinned buffer "
             "up to a power of two)"
         )
-    lines.append(pinned_line)
+    lines.add(pinned_line, hang=row_hang)
     host = by_kind.get("host")
     if host is not None:
-        lines.append(
+        lines.add(
             f"  {'capacity (' + host.capacity_source + ')':{w}} "
             f"{format_size(host.capacity_bytes):>11}"
         )
         if not host.fits:
             comp = host.overflow_component
-            lines.append(
+            lines.add(
                 f"  OVERFLOW by {format_size(host.overflow_bytes)}: at "
                 f"'{comp.name if comp else '?'}' "
                 f"during {host.overflow_phase}"
             )
     if budget.estimator is not None:
         est = budget.estimator
-        lines.append("")
+        lines.add("")
         unknown = " (largest layer unknown: counted as 0)" if m.largest_layer_params is None else ""
-        lines.append(
+        lines.add(
             f"DeepSpeed's {est.function}: {format_size(est.gpu_bytes or 0)} per GPU{unknown}, "
             f"{format_size(est.host_bytes or 0)} per host (model states only, host x1.5 buffer "
             "factor)"
         )
     if budget.assumptions:
-        lines.append("Assumptions: " + "; ".join(budget.assumptions))
-    return lines
+        lines.add("Assumptions: " + "; ".join(budget.assumptions))
 
 
 def label_width(budget: MemoryBudget) -> int:
     """The label column of the budget: wide enough for every component's whole name (a name
-    cut mid-phrase reads as another thing), and at least 40."""
-    return max([40, *(len(c.name) for c in budget.components)])
+    cut mid-phrase reads as another thing), and at least ``LABEL_WIDTH``."""
+    return max([LABEL_WIDTH, *(len(c.name) for c in budget.components)])
 
 
 def _component_rows(budget: MemoryBudget, device: Device, w: int) -> list[str]:
@@ -244,8 +264,11 @@ def _component_rows(budget: MemoryBudget, device: Device, w: int) -> list[str]:
         if comp.basis.value != "code":
             flags.append(comp.basis.value)
         flag = f" [{', '.join(flags)}]" if flags else ""
+        name = comp.name
+        if len(name) > w:  # only when wrapped: the label column is as wide as every name else
+            rows.append(f"  {name}")
+            name = ""
         rows.append(
-            f"  {comp.name:{w}} {format_size(value):>11}  {comp.phase.value:17} "
-            f"{comp.formula}{flag}"
+            f"  {name:{w}} {format_size(value):>11}  {comp.phase.value:17} {comp.formula}{flag}"
         )
     return rows

@@ -72,6 +72,10 @@ class RenderOptions:
     """Terminal colours (the text renderer, on a terminal)."""
     redacted: bool = False
     """The report went through ``--redact``: renderers that say so, say so."""
+    width: int = 0
+    """Wrap the text renderer's lines to this many columns, with a hanging indent, and quote
+    an allocator's out-of-memory message only up to its request (on a terminal); 0: one line
+    per item, as written (a pipe, a file)."""
 
 
 class Renderer(ABC):

@@ -1,13 +1,15 @@
 """The terminal summary: verdict, the top diagnoses with their key evidence, the fix.
 
 Short by design (a screenful); the JSON, Markdown and HTML reports carry everything.  Colour
-only when asked (the CLI asks on a tty).  Untrusted text (log lines) is printed with control
-characters removed, so a hostile log cannot drive the terminal.
+and wrapping to a width (``wrap``) only when asked (the CLI asks on a tty).  Untrusted text
+(log lines) is printed with control characters removed, so a hostile log cannot drive the
+terminal.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, ClassVar
 
 import click
@@ -16,6 +18,7 @@ from oomlens.render import words
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.whatif import whatif_text
+from oomlens.render.wrap import Wrapped, json_members
 from oomlens.report import CheckReport, Diagnosis, Fix, Report, Verdict, WhatIfReport
 from oomlens.units import format_size
 from oomlens.untrusted import strip_controls
@@ -40,75 +43,102 @@ def clean(text: str) -> str:
     return strip_controls(text)
 
 
-def _fix_lines(fix: Fix) -> list[str]:
-    lines = [f"    fix: {clean(fix.summary)}"]
+# An allocator's out-of-memory message, up to the size it asked for: on a terminal the rest
+# (capacity, free, allocated, reserved: four lines when wrapped, in every diagnosis that cites
+# it) is left to the line cited and to the full reports, which quote the message whole.
+_OOM_REQUEST = re.compile(r"^(.*\bout of memory\. Tried to allocate [\d.]+ [KMGTP]?i?B)\.? .+$")
+
+
+def short_quote(text: str) -> str:
+    """An allocator's OOM message quoted up to its request, "…" after: the terminal's
+    form (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 24.00 MiB. …``)."""
+    match = _OOM_REQUEST.match(text)
+    return f"{match.group(1)}. …" if match else text
+
+
+def _fix_lines(fix: Fix, out: Wrapped) -> None:
+    out.add(f"    fix: {clean(fix.summary)}", hang=9)
     if fix.config_patch is not None:
-        lines.append(f"         ds_config patch: {clean(json.dumps(fix.config_patch))}")
+        patch = clean(json.dumps(fix.config_patch))
+        out.add(f"         ds_config patch: {patch}", hang=26, keep=json_members(patch))
     for name, value in fix.environment.items():
-        lines.append(f"         environment: {clean(name)}={clean(value)}")
+        out.add(f"         environment: {clean(name)}={clean(value)}", hang=22)
     if fix.command:
-        lines.append(f"         command: {clean(fix.command)}")
+        out.add(f"         command: {clean(fix.command)}", hang=18)
     details = []
     if fix.predicted_saving_bytes:
         details.append(f"saves ~{format_size(fix.predicted_saving_bytes)}")
     if fix.cost:
         details.append(f"cost: {clean(fix.cost)}")
     if details:
-        lines.append("         " + "; ".join(details))
-    return lines
+        out.add("         " + "; ".join(details), hang=11)
 
 
-def _diagnosis_lines(index: int, d: Diagnosis, style: bool) -> list[str]:
+def _diagnosis_lines(index: int, d: Diagnosis, style: bool, out: Wrapped) -> None:
     head = f"{index}. {d.title} [{d.id}] confidence {d.confidence:.0%}, severity {d.severity.label}"
     if d.rank is not None:
         head += f", rank {d.rank}"
-    lines = [click.style(head, bold=True) if style else head, f"    {clean(d.summary)}"]
+    out.add(head, hang=len(f"{index}. "), style=_bold if style else None)
+    out.add(f"    {clean(d.summary)}", hang=4)
     for item in d.evidence[:SHOWN_EVIDENCE]:
         cited = clean(item.source.describe()) if item.source else ""
         # Config values cite their own line ("... (user at ds_config.json:14)"): once is enough.
         where = f" ({cited})" if cited and cited.split(" (")[0] not in item.text else ""
         mark = "+" if item.supports else "-"
-        lines.append(f"    {mark} {clean(item.text)}{where}")
+        text = clean(item.text)
+        if out.width:
+            text = short_quote(text)
+        out.add(f"    {mark} {text}{where}", hang=6, keep=[where.strip()] if where else ())
     if len(d.evidence) > SHOWN_EVIDENCE:
-        lines.append(f"    ... {len(d.evidence) - SHOWN_EVIDENCE} more in the full report")
+        out.add(f"    ... {len(d.evidence) - SHOWN_EVIDENCE} more in the full report", hang=8)
     for fix in d.fixes[:1]:
-        lines.extend(_fix_lines(fix))
-    return lines
+        _fix_lines(fix, out)
 
 
-def render_text(report: Report, *, colour: bool = False) -> str:
+def _bold(text: str) -> str:
+    return click.style(text, bold=True)
+
+
+def render_text(report: Report, *, colour: bool = False, width: int = 0) -> str:
+    """The terminal summary; ``width`` > 0 wraps it to that many columns (``wrap.wrap``)."""
     verdict = report.verdict
     title = f"oomlens: {verdict.value.replace('_', ' ').upper()}"
-    lines = [
-        click.style(title, fg=_VERDICT_COLOUR[verdict], bold=True) if colour else title,
-        f"  {clean(report.verdict_reason)}",
-    ]
+    out = Wrapped(width)
+    out.add(
+        title,
+        style=(lambda line: click.style(line, fg=_VERDICT_COLOUR[verdict], bold=True))
+        if colour
+        else None,
+    )
+    out.add(f"  {clean(report.verdict_reason)}", hang=4)
     first = words.first_failure(report.facts.ranks)
     if first is not None:
-        lines.append(f"  first failure: {first[0]} ({first[1]})")
+        out.add(f"  first failure: {first[0]} ({first[1]})", hang=4)
     victims = [str(r) for r in report.facts.ranks.peer_victims]
     if victims:
-        lines.append(f"  died because a peer did: rank(s) {', '.join(victims)}")
-    lines.append("")
+        out.add(f"  died because a peer did: rank(s) {', '.join(victims)}", hang=4)
+    out.add("")
     causes = list(report.diagnoses[:SHOWN_DIAGNOSES])
     if not causes:
-        lines.append("No diagnosis: nothing in the inputs points at a cause.")
+        out.add("No diagnosis: nothing in the inputs points at a cause.")
     for index, d in enumerate(causes, 1):
-        lines.extend(_diagnosis_lines(index, d, colour))
-        lines.append("")
+        _diagnosis_lines(index, d, colour, out)
+        out.add("")
     if len(report.diagnoses) > SHOWN_DIAGNOSES:
         others = ", ".join(
             f"{d.id} ({d.confidence:.0%})" for d in report.diagnoses[SHOWN_DIAGNOSES:]
         )
-        lines.append(f"Also considered: {others}")
+        out.add(f"Also considered: {others}", hang=2)
     if report.missing:
-        lines.append("To capture next time:")
-        lines.extend(f"  - {clean(m)}" for m in report.missing)
+        out.add("To capture next time:")
+        for m in report.missing:
+            out.add(f"  - {clean(m)}", hang=4)
     problems = [i for i in report.facts.inputs if i.problem]
     if problems:
-        lines.append("Inputs that could not be used:")
-        lines.extend(f"  - {clean(i.problem or '')}" for i in problems)
-    return "\n".join(lines).rstrip() + "\n"
+        out.add("Inputs that could not be used:")
+        for i in problems:
+            out.add(f"  - {clean(i.problem or '')}", hang=4)
+    return out.text().rstrip() + "\n"
 
 
 class TextRenderer(Renderer):
@@ -117,10 +147,10 @@ class TextRenderer(Renderer):
     def render(self, document: Document, options: RenderOptions) -> str:
         if isinstance(document, CheckReport):
             # a config's keys and values are untrusted text, printed in many places
-            return clean(check_text(document)) + "\n"
+            return clean(check_text(document, width=options.width)) + "\n"
         if isinstance(document, WhatIfReport):
             return whatif_text(document)
-        return render_text(document, colour=options.colour)
+        return render_text(document, colour=options.colour, width=options.width)
 
 
 RENDERER = TextRenderer()
