@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from oomlens.cli.params import COUNT, JOBS, SIZE, Progress
+from oomlens.cli.params import COUNT, JOBS, SIZE, WIDTH_HELP, Progress, output_width
 from oomlens.errors import OomlensError, UsageError
 from oomlens.ingest.files import is_special_target
 from oomlens.render.registry import Format
@@ -154,6 +154,7 @@ def refuse_several_runs(path: str) -> None:
     default=None,
     help="Colour the terminal summary (default: only on a terminal).",
 )
+@click.option("--width", type=click.IntRange(min=0), default=None, metavar="N", help=WIDTH_HELP)
 def analyze_command(
     inputs: tuple[str, ...],
     config: str | None,
@@ -169,6 +170,7 @@ def analyze_command(
     jobs: int,
     one_run: bool,
     colour: bool | None,
+    width: int | None,
 ) -> None:
     """Analyze what a crashed run left behind: logs (plain or compressed, one per rank or
     combined), snapshot pickles, ds_config files, kernel logs, torchelastic error files, or
@@ -197,7 +199,8 @@ def analyze_command(
 
         report = redact_report(report)
     summary = f"oomlens: {report.verdict.value}{': ' + report.top.id if report.top else ''}"
-    to_file = RenderOptions(redacted=redact)
+    # A file is wrapped only when asked (--width): it is read with grep and diff.
+    to_file = RenderOptions(redacted=redact, width=width or 0)
     if html_output is not None:
         write_output(html_output, render(report, Format.HTML, to_file))
         click.echo(f"{summary}; HTML report written to {html_output}", err=True)
@@ -206,4 +209,5 @@ def analyze_command(
         click.echo(f"{summary}; report written to {output}", err=True)
         return
     use_colour = sys.stdout.isatty() if colour is None else colour
-    click.echo(render(report, chosen, RenderOptions(colour=use_colour, redacted=redact)), nl=False)
+    shown = RenderOptions(colour=use_colour, redacted=redact, width=output_width(width))
+    click.echo(render(report, chosen, shown), nl=False)

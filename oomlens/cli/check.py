@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from oomlens.cli.params import COUNT, SIZE, SIZE_OR_ZERO
+from oomlens.cli.params import COUNT, SIZE, SIZE_OR_ZERO, WIDTH_HELP, output_width
 from oomlens.errors import ExitCode, InputError, OomlensError
 from oomlens.facts.memory_model import DEFAULT_PROCESS_BASELINE_BYTES
 from oomlens.render.registry import formats_for
@@ -88,6 +88,7 @@ from oomlens.render.registry import formats_for
     default="text",
     show_default=True,
 )
+@click.option("--width", type=click.IntRange(min=0), default=None, metavar="N", help=WIDTH_HELP)
 def check(
     config: Path,
     params: int | None,
@@ -108,6 +109,7 @@ def check(
     micro_batch: int | None,
     activation_checkpointing: bool,
     output_format: str,
+    width: int | None,
 ) -> None:
     """Check a DeepSpeed config before launch: validity, batch arithmetic, memory budget.
 
@@ -117,7 +119,7 @@ def check(
         raise click.BadParameter("--trainable-params is larger than --params")
     if largest_layer is not None and params is not None and largest_layer > params:
         raise click.BadParameter("--largest-layer is larger than --params")
-    from oomlens.render.registry import Format, render
+    from oomlens.render.registry import Format, RenderOptions, render
     from oomlens.session import check_config
 
     try:
@@ -144,7 +146,8 @@ def check(
     except InputError as err:
         err.exit_code = ExitCode.CHECK_FAILED
         raise
-    click.echo(render(check, Format(output_format)), nl=False)
+    shown = RenderOptions(width=output_width(width))
+    click.echo(render(check, Format(output_format), shown), nl=False)
     if check.preflight.failed:
         raise OomlensError(
             f"check failed: {check.preflight.verdict()}", exit_code=ExitCode.CHECK_FAILED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from typing import Any
 
 import click
@@ -52,6 +54,25 @@ class _JobsType(click.ParamType):
         if not str(value).strip().isdigit() or int(value) < 1:
             self.fail(f"{value!r}: give a number of processes (at least 1) or auto", param, ctx)
         return int(value)
+
+
+WIDTH_HELP = (
+    "Wrap the text output at N columns, with a hanging indent (0: one line per item). "
+    "Default: the terminal's width (COLUMNS, else 100) when standard output is a terminal, "
+    "else 0."
+)
+FALLBACK_WIDTH = 100
+
+
+def output_width(asked: int | None) -> int:
+    """The columns the text output wraps at: ``--width`` when given; else, when standard
+    output is a terminal, its width (``COLUMNS`` first, 100 when it cannot be told); else 0,
+    no wrapping: piped or redirected output keeps one line per item for grep and diff."""
+    if asked is not None:
+        return asked
+    if not sys.stdout.isatty():
+        return 0
+    return shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns
 
 
 class Progress:

@@ -6,6 +6,7 @@ import bz2
 import gzip
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests._corpus import case_dir
+from tests.cli._terminal import on_terminal
 
 CASE = case_dir("other_process")
 
@@ -322,3 +324,63 @@ def test_an_output_that_is_a_device_or_fifo_is_written_through_not_replaced(
         reader.join(timeout=10)
         assert result.returncode == 0, result.stderr
         assert stat.S_ISFIFO(os.lstat(fifo).st_mode), option
+
+
+WRAP_CASE = case_dir("prefetch_overshoot")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _widest(text: str) -> int:
+    return max(len(ANSI.sub("", line)) for line in text.splitlines())
+
+
+@pytest.mark.parametrize(("columns", "env"), [(100, {}), (200, {"COLUMNS": "80"})])
+def test_on_a_terminal_the_summary_wraps_to_its_width_with_a_hanging_indent(
+    columns: int, env: dict[str, str]
+) -> None:
+    width = int(env.get("COLUMNS", columns))
+    # named as from the checkout's root: an absolute path may be wider than 80 columns alone
+    root = WRAP_CASE.parents[2]
+    code, shown = on_terminal(["analyze", str(WRAP_CASE.relative_to(root))], columns, env, root)
+    assert code == 0, shown
+    assert "\x1b[" in shown  # coloured, as on a terminal: the codes take no columns
+    lines = [ANSI.sub("", line) for line in shown.splitlines()]
+    over = [line.strip() for line in lines if len(line) > width]
+    # at 80 columns, one path is longer than a line at its indent: it stays whole, alone
+    expected = {
+        80: [
+            "/opt/torch/.venv/lib/python3.12/site-packages/deepspeed/runtime/zero/"
+            "parameter_offload.py:543"
+        ],
+        100: [],
+    }
+    assert over == expected[width]
+    patch = next(i for i, line in enumerate(lines) if "ds_config patch:" in line)
+    assert re.match(r' {26}\{?"stage3_', lines[patch + 1])  # under the patch, not column 0
+    cited = [line for line in lines if line.startswith("      (") and "train.log:263" in line]
+    assert cited  # an evidence item's source, on its own line under the item's text
+
+
+def test_piped_output_is_not_wrapped_whatever_columns_says() -> None:
+    env = {**os.environ, "COLUMNS": "80"}
+    piped = subprocess.run(
+        [sys.executable, "-m", "oomlens", "analyze", str(WRAP_CASE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert _widest(piped.stdout) > 400  # the whole OOM message on its item's line, for grep
+    assert piped.stdout == run("analyze", WRAP_CASE, "--width", "0").stdout
+
+
+def test_width_option_wraps_a_pipe_and_a_file_only_when_asked(tmp_path: Path) -> None:
+    wrapped = run("analyze", WRAP_CASE, "--width", "100")
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert _widest(wrapped.stdout) <= 100
+    run("analyze", WRAP_CASE, "-o", tmp_path / "plain.txt")
+    assert _widest((tmp_path / "plain.txt").read_text()) > 400
+    run("analyze", WRAP_CASE, "-o", tmp_path / "wrapped.txt", "--width", "100")
+    assert (tmp_path / "wrapped.txt").read_text() == wrapped.stdout
+    assert run("analyze", WRAP_CASE, "--width", "-1").returncode == 2

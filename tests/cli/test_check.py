@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from oomlens.cli import main
 from oomlens.units import parse_count
+from tests._corpus import CORPUS_DIR as CORPUS
+from tests.cli._terminal import on_terminal
 
 ASSETS = Path(__file__).parents[1] / "assets" / "ds_configs"
 
@@ -423,3 +428,30 @@ def test_a_train_batch_of_401_digits_is_checked_in_bounded_time(capsys, tmp_path
     code, out, err = run(capsys, config, "--params", "1.3B", "--gpus", "8")
     assert time.process_time() - started < 10.0
     assert "internal error" not in err and code in (0, 4), err
+
+
+def test_check_text_wraps_to_the_terminal_and_never_into_a_pipe() -> None:
+    arguments = ["check", str(CORPUS / "prefetch_overshoot_captured" / "ds_config.json")]
+    arguments += ["--params", "1.3e9", "--gpus", "2", "--gpu-memory", "20GiB"]
+    arguments += ["--host-memory", "18GiB"]
+    code, shown = on_terminal(arguments, 100)
+    assert code == 4  # it cannot fit: the exit status is the same wrapped
+    assert max(len(line) for line in shown.splitlines()) <= 100
+    lines = shown.splitlines()
+    hazard = next(i for i, line in enumerate(lines) if line.startswith("  [high] offload pins"))
+    assert lines[hazard + 1].startswith(" " * 9 + "cannot")  # under the hazard's text
+    piped = subprocess.run(
+        [sys.executable, "-m", "oomlens", *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "100"},
+        timeout=120,
+    )
+    assert max(len(line) for line in piped.stdout.splitlines()) > 200  # one line per item
+    wrapped = subprocess.run(
+        [sys.executable, "-m", "oomlens", *arguments, "--width", "100"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert wrapped.stdout == shown.split("oomlens: check failed")[0]
