@@ -5,7 +5,7 @@ questions about model states and memory models that more than one rule must answ
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlens.analysis.failure_site import phase_of, phase_site
@@ -15,7 +15,15 @@ from oomlens.facts import SourceRef
 from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.kernel import KernelOomKill
-from oomlens.facts.log import ExceptionEvent, LogFacts, OomEvent, OomKind, OomMessage, Phase
+from oomlens.facts.log import (
+    ExceptionEvent,
+    Frame,
+    LogFacts,
+    OomEvent,
+    OomKind,
+    OomMessage,
+    Phase,
+)
 from oomlens.facts.memory_model import CapacityVerdict
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
@@ -370,9 +378,23 @@ def little_stuck(n: OomMessage, thresholds: Thresholds) -> bool:
 
 
 def in_zero3_gather(event: OomEvent) -> bool:
+    return zero3_gather_frame(event) is not None
+
+
+def zero3_gather_frame(event: OomEvent) -> Frame | None:
+    """The innermost traceback frame of ``event`` that is a ZeRO-3 parameter gather."""
     if event.traceback is None:
-        return False
-    return any(f.function in _GATHER_FRAMES for f in event.traceback.frames)
+        return None
+    return next((f for f in reversed(event.traceback.frames) if f.function in _GATHER_FRAMES), None)
+
+
+def frame_site(event: OomEvent, frame: Frame) -> SourceRef:
+    """Where ``frame`` of ``event``'s traceback was read (its ``File ...`` line); the
+    traceback's start when that line is unknown (an error file's call stack, a capture)."""
+    assert event.traceback is not None
+    if frame.at is None:
+        return event.traceback.source
+    return replace(event.traceback.source, line=frame.at, rank=event.source.rank)
 
 
 def capacity_evidence(event: OomEvent, n: OomMessage) -> Evidence:

@@ -19,8 +19,8 @@ from oomlens.rules._common import (
     demand_exceeds_card,
     effective_config,
     failed_before_training,
+    frame_site,
     fullness,
-    in_zero3_gather,
     little_stuck,
     live_bytes,
     message_balance,
@@ -36,6 +36,7 @@ from oomlens.rules._common import (
     snapshot_evidence,
     snapshot_oom_evidence,
     snapshot_ooms,
+    zero3_gather_frame,
 )
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
@@ -204,13 +205,16 @@ class ActivationMemoryRule(Rule):
                     "the per-process cap, not the card, was the limit",
                 )
             )
-        if in_zero3_gather(event):
+        gather = zero3_gather_frame(event)
+        if gather is not None:
             confidence -= 0.25
+            # cites the gather's own frame, not the OOM line: the traceback shows the gather
             evidence.append(
                 Evidence(
                     EvidenceKind.LOG,
-                    "the failing allocation is a ZeRO-3 parameter gather",
-                    event.source,
+                    "the failing allocation is a ZeRO-3 parameter gather: the traceback passes "
+                    f"through {gather.function} ({gather.filename}:{gather.line})",
+                    frame_site(event, gather),
                     "gathered parameters, not activations, were being allocated",
                     supports=False,
                 )
