@@ -48,12 +48,18 @@ class Evidence:
 
     kind: EvidenceKind
     text: str
-    """The quoted line, config key = value, snapshot figure or computed figure."""
+    """The quoted line (``verbatim``), config key = value, snapshot figure, oomlens' account of
+    a line, or a computed figure."""
     source: SourceRef | None = None
     note: str = ""
     """Why this supports (or weakens) the diagnosis."""
     supports: bool = True
     """False for evidence that speaks against the diagnosis (kept to show the weighing)."""
+    verbatim: bool = False
+    """True when ``text`` is the input's own words at ``source`` (a line or message as printed,
+    its whitespace collapsed and perhaps cut short with "…"), so that a renderer may show it as
+    an excerpt of that line.  False for oomlens' own account of what the line says (a summary,
+    a figure, a conclusion from a traceback), which must not be shown as if it were quoted."""
 
 
 @dataclass(frozen=True, slots=True)

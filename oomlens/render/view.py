@@ -216,7 +216,8 @@ class EvidenceView:
     note: str
     supports: bool
     quoted: bool
-    """True for text quoted from an input (a log line, an error file): shown as an excerpt."""
+    """True for text quoted word for word from an input (a log line, an error file): shown as
+    an excerpt of the line it cites."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +260,9 @@ class DiagnosisView:
 
 
 def _evidence(item: Evidence) -> EvidenceView:
-    quoted = item.kind.value in ("log", "error_file", "kernel")
+    # An excerpt with the line's number in its gutter says "this is that line": only for the
+    # input's own words; oomlens' account of a line is shown as text citing it.
+    quoted = item.verbatim and item.kind.value in ("log", "error_file", "kernel")
     return EvidenceView(
         kind=item.kind.value,
         text=text(item.text),

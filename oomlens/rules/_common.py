@@ -94,7 +94,13 @@ def oom_evidence(event: OomEvent, note: str = "") -> Evidence:
         event.origin, EvidenceKind.LOG
     )
     prefix = f"{event.message.exception_class}: " if event.message.exception_class else ""
-    return Evidence(kind, quote(prefix + event.message.text), event.source, note)
+    return Evidence(kind, quote(prefix + event.message.text), event.source, note, verbatim=True)
+
+
+def as_printed(exception: ExceptionEvent) -> bool:
+    """Whether ``exception_line`` of ``exception`` is its line as printed (a class put before a
+    text that did not name it is not)."""
+    return exception_line(exception) == exception.text
 
 
 def exception_line(exception: ExceptionEvent) -> str:

@@ -125,6 +125,7 @@ class AccumulationMismatchRule(Rule):
                     quote(r.text),
                     r.source,
                     "raised while the trainer checks its batch arithmetic, before any step",
+                    verbatim=True,
                 ),
             ),
             fixes=(

@@ -188,6 +188,7 @@ class CheckpointSaveRule(Rule):
                         quote(text),
                         SourceRef(log.path, number, log.layout_rank),
                         "the last thing the run did was saving a checkpoint",
+                        verbatim=True,
                     )
         return None
 

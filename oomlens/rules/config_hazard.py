@@ -111,6 +111,7 @@ class ConfigHazardRule(Rule):
                         quote(refused.text),
                         refused.source,
                         f"the error itself names {name} as the setting to change",
+                        verbatim=True,
                     ),
                 ),
                 fixes=(

@@ -85,6 +85,7 @@ class ConfigInvalidRule(Rule):
                     r.source,
                     "the config's validation failed: an unknown key, or a value of the wrong "
                     "type (often a key from a newer version, or a removed one)",
+                    verbatim=True,
                 ),
             ),
             fixes=(_to_auto(r.keys) if r.keys else _fix_the_keys(),),

@@ -19,6 +19,7 @@ from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ExceptionEvent
 from oomlens.facts.run import RunFacts
 from oomlens.rules._common import (
+    as_printed,
     exception_line,
     quote,
 )
@@ -148,6 +149,7 @@ class NotOomRule(Rule):
                     quote(exception_line(first)),
                     first.source,
                     why,
+                    verbatim=as_printed(first),
                 )
             )
             headline = (
@@ -166,6 +168,7 @@ class NotOomRule(Rule):
                     quote(timeouts[0].text),
                     timeouts[0].source,
                     "a collective timed out: a peer never joined",
+                    verbatim=True,
                 ),
             )
             if picture.suspected_stragglers:
@@ -219,7 +222,8 @@ class NotOomRule(Rule):
             # The failing component's own line says what failed, and that it was not memory:
             # worth a named cause even when the exception itself was cut off.
             evidence.extend(
-                Evidence(EvidenceKind.LOG, quote(line.text), line.source, line.why) for line in said
+                Evidence(EvidenceKind.LOG, quote(line.text), line.source, line.why, verbatim=True)
+                for line in said
             )
             if confidence < 0.6:
                 confidence = 0.6
@@ -249,6 +253,7 @@ class NotOomRule(Rule):
                     quote(bug.text),
                     bug.source,
                     "an out-of-range index or a failed kernel assertion",
+                    verbatim=True,
                 ),
                 Evidence(
                     EvidenceKind.LOG,
@@ -256,6 +261,7 @@ class NotOomRule(Rule):
                     status.source,
                     "a library status that a poisoned context produces as readily as a full card",
                     supports=False,
+                    verbatim=True,
                 ),
             ),
             fixes=(

@@ -10,7 +10,7 @@ from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind, FatalSignalLine
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import exception_line, quote
+from oomlens.rules._common import as_printed, exception_line, quote
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
@@ -44,7 +44,9 @@ class SharedMemoryRule(Rule):
         ]
         deaths = [d for d in signal_deaths(facts) if d.signal == "SIGBUS" and d.source]
         full = [e for e in facts.exceptions() if _NO_SPACE in e.text]
-        evidence = [Evidence(EvidenceKind.LOG, line.text, line.source) for line in lines[:3]]
+        evidence = [
+            Evidence(EvidenceKind.LOG, line.text, line.source, verbatim=True) for line in lines[:3]
+        ]
         confidence = 0.0
         if any(line.kind is FatalSignalKind.SHM_EXHAUSTED for line in lines):
             # NCCL naming /dev/shm, or DataLoader's own "insufficient shared memory" (which
@@ -79,6 +81,7 @@ class SharedMemoryRule(Rule):
                         full[0].source,
                         "a filesystem is full; outside a checkpoint save it is most often "
                         "/dev/shm (DataLoader workers, NCCL) in a container, else the disk",
+                        verbatim=as_printed(full[0]),
                     )
                 )
         if not confidence:
