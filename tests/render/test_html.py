@@ -338,3 +338,35 @@ def test_a_paste_that_starts_inside_a_traceback_gets_no_header_it_did_not_print(
         ("1", '  File "/home/u/mode'),
         ("3", "torch.cuda.OutOfMemo"),
     ]
+
+
+def _verdict_section(html: str) -> str:
+    start = html.index('<section id="verdict"')
+    return html[start : html.index("</section>", start)]
+
+
+def test_the_verdict_box_carries_the_first_fix_of_the_top_diagnosis() -> None:
+    # audit: the verdict box held only a link; the first fix started ~1,620 px down at 1280 wide
+    report = analyze([case_dir("prefetch_overshoot")])
+    assert report.top is not None
+    fix = report.top.fixes[0]
+    verdict = _verdict_section(render_html(report))
+    assert str(escape(fix.summary)) in verdict
+    assert fix.predicted_saving_bytes and "Saves about 2.45 GiB." in verdict
+    assert f'href="#d1-{report.top.id}-fix1"' in verdict
+    assert f'<div class="fix" id="d1-{report.top.id}-fix1">' in render_html(report)
+    # escaped as all text is
+    hostile = dataclasses.replace(fix, summary='<img src=x onerror="alert(1)"> & "fix"')
+    top = dataclasses.replace(report.top, fixes=(hostile, *report.top.fixes[1:]))
+    page = render_html(dataclasses.replace(report, diagnoses=(top, *report.diagnoses[1:])))
+    verdict = _verdict_section(page)
+    assert "<img" not in verdict and "&lt;img src=x onerror=&#34;alert(1)&#34;&gt; &amp;" in verdict
+
+
+def test_the_verdict_box_has_no_fix_line_when_the_top_diagnosis_has_none() -> None:
+    report = analyze([case_dir("prefetch_overshoot")])
+    assert report.top is not None
+    top = dataclasses.replace(report.top, fixes=())
+    page = render_html(dataclasses.replace(report, diagnoses=(top,)))
+    verdict = _verdict_section(page)
+    assert "top-fix" not in verdict and 'href="#d1-prefetch_overshoot"' in verdict
