@@ -4,7 +4,8 @@ the wheel as ``oomlens/templates``).
 Every environment has autoescape on: every log line, config value and stack frame is untrusted
 text.  Markdown needs its own escaping (HTML escaping would show ``&lt;`` inside code spans), so
 the Markdown environment's filters ``md`` (inline text) and ``code`` (fenced blocks) return text
-already made safe for Markdown, marked safe so autoescape does not escape it a second time.
+already made safe for Markdown, marked safe so autoescape does not escape it a second time; the
+HTML environment's ``breakable`` escapes its text itself and adds only ``<wbr>`` tags.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from oomlens.render.text import clean
 from oomlens.units import format_size
@@ -62,6 +63,14 @@ def md_code(value: object, language: str = "") -> Markup:
     return Markup(f"{fence}{language}\n{text}\n{fence}")  # noqa: S704
 
 
+def breakable(value: object) -> Markup:
+    """Text (a path, a ``file:line`` locator, a sentence holding one) that may wrap after each
+    ``/``: escaped first, then a ``<wbr>`` put after every slash, so that a narrow window
+    breaks a path between its folders and keeps ``name:line`` whole where it fits."""
+    escaped = str(escape(str(value)))  # escaping makes no slash: its entities have none
+    return Markup(escaped.replace("/", "/<wbr>"))  # noqa: S704
+
+
 def _size(value: object) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return format_size(value)
@@ -94,6 +103,8 @@ def environment(kind: str) -> Environment:
     env.filters["size"] = _size
     env.filters["percent"] = _percent
     env.filters["to_json"] = _to_json
+    if kind == "html":
+        env.filters["breakable"] = breakable
     if kind == "markdown":
         env.filters["md"] = md_inline
         env.filters["code"] = md_code

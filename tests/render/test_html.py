@@ -99,6 +99,7 @@ def test_corpus_report_shows_the_expected_cause_first_with_evidence_and_fix(
     assert first.group(2) in {expected["diagnosis"], *expected.get("acceptable", [])}
     assert f"<h1>{escape(report.top.title)}" in html if report.top else False
     card = html[first.start() : articles[1].start() if len(articles) > 1 else len(html)]
+    card = card.replace("<wbr>", "")  # where a path may wrap
     # ...the evidence under it, each item citing where it was read...
     assert '<ul class="evidence">' in card
     cited = [e for e in report.top.evidence if e.source is not None] if report.top else []
@@ -370,3 +371,15 @@ def test_the_verdict_box_has_no_fix_line_when_the_top_diagnosis_has_none() -> No
     page = render_html(dataclasses.replace(report, diagnoses=(top,)))
     verdict = _verdict_section(page)
     assert "top-fix" not in verdict and 'href="#d1-prefetch_overshoot"' in verdict
+
+
+def test_tables_scroll_in_their_own_box_and_locators_wrap_between_folders() -> None:
+    # audit: at 400 px the tables pushed the page to 971 px and "train.log:263" wrapped
+    # mid-number; tables now sit in a box that scrolls sideways, and paths may wrap after
+    # each "/" (a <wbr>, which copying leaves out) so that "name:line" stays whole
+    html = render_html(analyze([case_dir("prefetch_overshoot")]))
+    assert html.count("<table>") == html.count('<div class="scroll"><table>') > 0
+    assert html.count("</table>") == html.count("</table></div>")
+    verdict = _verdict_section(html)
+    assert "fixtures/<wbr>crash_logs/<wbr>prefetch_overshoot/<wbr>train.log:263 (rank 0)" in verdict
+    assert unescape(re.sub(r"<wbr>", "", verdict)).count("crash_logs/prefetch_overshoot/") >= 2
