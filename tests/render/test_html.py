@@ -383,3 +383,29 @@ def test_tables_scroll_in_their_own_box_and_locators_wrap_between_folders() -> N
     verdict = _verdict_section(html)
     assert "fixtures/<wbr>crash_logs/<wbr>prefetch_overshoot/<wbr>train.log:263 (rank 0)" in verdict
     assert unescape(re.sub(r"<wbr>", "", verdict)).count("crash_logs/prefetch_overshoot/") >= 2
+
+
+def _print_rules() -> dict[str, str]:
+    """The stylesheet's print rules, each selector with its declarations."""
+    css = (template_dir() / "html" / "style.css").read_text()
+    start = css.index("@media print{body")
+    body = css[start + len("@media print{") :]
+    body = body[: re.search(r"\}\s*\}", body).end() - 1]  # type: ignore[union-attr]
+    rules: dict[str, str] = {}
+    for selectors, declarations in re.findall(r"([^{}]+)\{([^{}]*)\}", body):
+        for selector in selectors.split(","):
+            rules[selector.strip()] = rules.get(selector.strip(), "") + declarations
+    return rules
+
+
+def test_print_keeps_only_small_blocks_whole_and_headings_with_what_follows() -> None:
+    # audit: a 19-page PDF, page 1 half blank (the first diagnosis card kept whole went to
+    # page 2), a page three-quarters blank before a traceback kept whole, a heading alone at
+    # a page's foot, and a 5-character "where" column
+    rules = _print_rules()
+    whole = {s for s, d in rules.items() if "break-inside:avoid" in d}
+    assert whole and not whole & {".diagnosis", "table", "pre", "figure", "section", ".banner"}
+    for heading in ("h2", "h3", "h4"):
+        assert "break-after:avoid" in rules.get(heading, ""), heading
+    assert "min-width" in rules.get("td.path", "")
+    assert "overflow:visible" in rules.get(".scroll", "")  # a scrolling box would clip on paper
