@@ -51,7 +51,8 @@ def normalise(text: str) -> str:
 
 
 @contextmanager
-def _in_root() -> Iterator[None]:
+def in_root() -> Iterator[None]:
+    """The checkout's root as the working directory, as a user in it names the inputs."""
     before = os.getcwd()
     os.chdir(ROOT)
     try:
@@ -65,7 +66,7 @@ def _relative(path: Path | str) -> str:
 
 
 def _run(args: list[str]) -> tuple[int, str]:
-    with _in_root():
+    with in_root():
         result = CliRunner().invoke(cli, args, catch_exceptions=True)
     code = result.exit_code
     stderr = ""

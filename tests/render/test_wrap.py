@@ -17,6 +17,7 @@ from oomlens.render.wrap import columns, json_members, wrap
 from oomlens.report import Report
 from oomlens.session import analyze, check_config
 from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, checkable
+from tests.golden._outputs import in_root
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 100
@@ -70,12 +71,8 @@ def _visible(line: str) -> str:
 @pytest.fixture(scope="module", autouse=True)
 def _in_root() -> Iterator[None]:
     """Inputs named as a user in the checkout names them (``fixtures/crash_logs/<case>``)."""
-    before = os.getcwd()
-    os.chdir(ROOT)
-    try:
+    with in_root():
         yield
-    finally:
-        os.chdir(before)
 
 
 def _report(case: str) -> Report:

@@ -26,9 +26,8 @@ def test_a_traceback_cut_inside_a_save_names_the_save_low() -> None:
     assert report.verdict.value == "unknown"
 
 
-def test_a_traceback_cut_elsewhere_names_no_save(tmp_path: Path) -> None:
-    # GIVEN the generation run's rank-0 traceback cut after its "model.module.generate(" call
-    # (built by code from the real log)
+def _generation_window(tmp_path: Path) -> Path:
+    """The generation run's rank-0 traceback cut after its ``model.module.generate(`` call."""
     lines = [
         line
         for line in (CRASH / "generation_oom" / "train.log").read_text().splitlines(True)
@@ -38,6 +37,13 @@ def test_a_traceback_cut_elsewhere_names_no_save(tmp_path: Path) -> None:
     end = next(i for i in range(start, len(lines)) if "model.module.generate(" in lines[i])
     window = tmp_path / "window.log"
     window.write_text("".join(lines[start : end + 2]))
+    return window
+
+
+def test_a_traceback_cut_elsewhere_names_no_save(tmp_path: Path) -> None:
+    # GIVEN the generation run's rank-0 traceback cut after its "model.module.generate(" call
+    # (built by code from the real log)
+    window = _generation_window(tmp_path)
     report = analyze([window])
     assert "checkpoint_save_gather" not in [d.id for d in report.diagnoses]
     assert report.verdict.value == "unknown"
@@ -115,15 +121,7 @@ def test_where_a_cut_traceback_stops_is_cited_at_its_frame(tmp_path: Path) -> No
     # audit: the quoted frame was cited at the traceback's first line; GIVEN the generation
     # run's rank-0 traceback cut after its "model.module.generate(" call (built by code from the
     # real log), whose frame "generate_samples.py:54 in main" is the window's fourth line
-    lines = [
-        line
-        for line in (CRASH / "generation_oom" / "train.log").read_text().splitlines(True)
-        if "[rank0]:" in line
-    ]
-    start = next(i for i, line in enumerate(lines) if "Traceback (most recent" in line)
-    end = next(i for i in range(start, len(lines)) if "model.module.generate(" in lines[i])
-    window = tmp_path / "window.log"
-    window.write_text("".join(lines[start : end + 2]))
+    window = _generation_window(tmp_path)
     report = analyze([window])
     [placed] = [
         e
