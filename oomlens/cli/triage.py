@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from oomlens.cli.params import output_width
 from oomlens.errors import NoUsableInputError, UsageError
 from oomlens.triage.pool import default_jobs
 from oomlens.triage.shard import Shard
@@ -226,7 +227,7 @@ def run_command(
     for output in outputs:
         write_table(result.table, output, title=title)
     if not quiet:
-        click.echo(render_summary(result.table), nl=False)
+        click.echo(render_summary(result.table, width=output_width(None)), nl=False)
         share = f" (shard {shard.index}/{shard.count} of {result.found})" if shard else ""
         click.echo(
             f"oomlens: {len(result.table)} run{'' if len(result.table) == 1 else 's'}{share}: "
@@ -275,4 +276,4 @@ def merge_command(
     for output in outputs:
         write_table(merged.table, output, title=title)
     if not quiet:
-        click.echo(render_summary(merged.table), nl=False)
+        click.echo(render_summary(merged.table, width=output_width(None)), nl=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas
 
+from oomlens.render.wrap import wrap
 from oomlens.triage.table import VERDICT_ORDER
 from oomlens.untrusted import shown
 
@@ -57,8 +58,9 @@ def group_table(table: pandas.DataFrame) -> pandas.DataFrame:
     return groups.drop(columns="_healthy").reset_index(drop=True)
 
 
-def render_summary(table: pandas.DataFrame, *, max_groups: int = 15) -> str:
-    """The terminal summary: totals, verdicts, diagnoses, and the largest groups."""
+def render_summary(table: pandas.DataFrame, *, max_groups: int = 15, width: int = 0) -> str:
+    """The terminal summary: totals, verdicts, diagnoses, and the largest groups; wrapped at
+    ``width`` columns (0: one line each), a group's continuation under its label."""
     total = len(table)
     lines = [f"{total} run{'s' if total != 1 else ''}"]
     if total == 0:
@@ -72,21 +74,28 @@ def render_summary(table: pandas.DataFrame, *, max_groups: int = 15) -> str:
     if diagnoses:
         lines.append("")
         lines.append("Top diagnoses:")
-        width = len(str(diagnoses[0][1]))
-        lines.extend(f"  {n:>{width}}  {d}" for d, n in diagnoses)
+        digits = len(str(diagnoses[0][1]))
+        lines.extend(f"  {n:>{digits}}  {d}" for d, n in diagnoses)
     groups = group_table(table)
+    hang = 4
     if not groups.empty:
         lines.append("")
         lines.append("Groups, largest first (failures before healthy runs):")
-        width = len(str(int(groups["runs"].max())))
+        digits = len(str(int(groups["runs"].max())))
+        hang = 4 + digits
         for _, group in groups.head(max_groups).iterrows():
             lines.append(
-                f"  {int(group['runs']):>{width}}  {group['group']}"
+                f"  {int(group['runs']):>{digits}}  {group['group']}"
                 f"  (newest: {shown(str(group['example']))})"
             )
         if len(groups) > max_groups:
             lines.append(f"  ... and {len(groups) - max_groups} more groups")
-    return printable("\n".join(lines)) + "\n"
+    text = printable("\n".join(lines))
+    if width:
+        text = "\n".join(
+            piece for line in text.split("\n") for piece in wrap(line, width, hang=hang)
+        )
+    return text + "\n"
 
 
 def printable(text: str) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas
@@ -11,7 +14,10 @@ import pytest
 
 from oomlens.cli import main
 from oomlens.triage.outputs import read_table
+from tests.cli._terminal import on_terminal
 from tests.triage._trees import BASE_TIME, copy_case
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -178,3 +184,22 @@ def test_a_name_that_is_not_utf8_is_triaged_and_written(
         assert list(read_table(f"x.{suffix}")["run"]) == ["run\\udcff"]
     # and again, from the store that the first run left
     assert _run(["triage", "t", "-o", f"y.{suffix}"], capsys)[0] == 0
+
+
+def test_on_a_terminal_the_summary_is_wrapped_and_piped_it_is_not(tmp_path: Path) -> None:
+    long = "a-rather-long-run-directory-name-for-a-prefetch-overshoot-run-2026-11-30T06-33-53"
+    copy_case("prefetch_overshoot", tmp_path / "t" / long, moment=BASE_TIME)
+    args = ["triage", "t", "--no-store"]
+    code, shown = on_terminal(args, 80, cwd=tmp_path)
+    assert code == 0, shown
+    summary = [line for line in ANSI.sub("", shown).splitlines() if "newest" in line]
+    assert summary and all(len(line) <= 80 for line in summary)
+    piped = subprocess.run(
+        [sys.executable, "-m", "oomlens", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=120,
+    )
+    assert any(len(line) > 80 and "newest" in line for line in piped.stdout.splitlines())
