@@ -3,39 +3,26 @@ the fix."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from pathlib import Path
 
 import click
 
 from oomlens.cli.params import COUNT, JOBS, SIZE, WIDTH_HELP, Progress, output_width
 from oomlens.errors import OomlensError, UsageError
-from oomlens.ingest.files import is_special_target
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
 from oomlens.untrusted import one_line
 
 
 def write_output(path: str, text: str) -> None:
-    """Write atomically: a report is never left half-written; a device or FIFO (``/dev/null``)
-    is written in place, never replaced."""
-    target = Path(path)
-    if is_special_target(target):
-        try:
-            with open(target, "w", encoding="utf-8") as out:
-                out.write(text)
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
-        return
-    tmp = target.with_name(f".{target.name}.oomlens-tmp")
+    """Write a report as triage writes its tables (``write_atomically``): never left
+    half-written, and a device or FIFO (``/dev/null``) written in place, never replaced."""
+    from oomlens.triage.worker import write_atomically
+
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        write_atomically(path, text.encode("utf-8"))
     except OSError as exc:
-        with contextlib.suppress(OSError):  # a read-only file system refuses even this
-            tmp.unlink(missing_ok=True)
         raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
 
 

@@ -261,12 +261,12 @@ def test_a_read_only_file_system_is_one_usage_error(
 
     from oomlens.cli import main
 
-    def read_only(self: Path, *args: object, **kwargs: object) -> None:
-        # a read-only mount refuses the temporary file and then even its (missing) removal
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+    def read_only(path: object, *args: object, **kwargs: object) -> None:
+        # a read-only mount refuses the report's placing and then even the temporary's removal
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
-    monkeypatch.setattr(Path, "write_text", read_only)
-    monkeypatch.setattr(Path, "unlink", read_only)
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(os, "unlink", read_only)
     with pytest.raises(SystemExit) as stopped:
         main(["analyze", str(CASE), "-o", str(tmp_path / "r.json")])
     assert stopped.value.code == 2
