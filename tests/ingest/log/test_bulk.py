@@ -353,7 +353,7 @@ def test_label_ids_in_bulk_are_those_of_row_by_row_lookups(texts: list[bytes]) -
         begins.append(at)
         ends.append(at + len(text))
         at += len(text) + 1
-    one, bulk_labels = bulk._Labels(), bulk._Labels()
+    one, bulk_labels = bulk.Labels(), bulk.Labels()
     expected = [one.id_of(text) for text in texts]
     arr = np.frombuffer(data, dtype=np.uint8)
     got = bulk_labels.ids_of(

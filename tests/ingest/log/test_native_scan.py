@@ -1,0 +1,217 @@
+"""The C scan (``native``, ``_scan.c``) gives the pure path's arrays: the same batch scanned
+both ways, on the corpora's logs, on mixed multi-rank logs cut into blocks anywhere, and on
+lines mutated byte by byte around every shape the extension reads."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oomlens.ingest.log import bulk, native, read_log
+from tests.ingest.log._mixed_logs import mixed_log
+
+ROOT = Path(__file__).resolve().parents[3]
+
+needs_extension = pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+
+
+def _scan_both(
+    data: bytes, starts: list[int], tail: bytes, monkeypatch: pytest.MonkeyPatch
+) -> tuple[bulk.BatchScan, bulk.BatchScan]:
+    with monkeypatch.context() as m:
+        m.setattr(native, "NATIVE", True)
+        fast = bulk.scan_batch(data, starts, tail)
+        m.setattr(native, "NATIVE", False)
+        pure = bulk.scan_batch(data, starts, tail)
+    return fast, pure
+
+
+def _differences(fast: bulk.BatchScan, pure: bulk.BatchScan) -> list[str]:
+    names = []
+    for name in bulk.BatchScan.__slots__:
+        x, y = getattr(fast, name), getattr(pure, name)
+        if isinstance(x, np.ndarray):
+            same = x.dtype == y.dtype and x.shape == y.shape
+            same = same and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+        else:
+            same = x == y
+        if not same:
+            names.append(name)
+    return names
+
+
+def _blocks(data: bytes, rng: random.Random, size: int) -> list[int]:
+    """Block starts as the reader cuts them: after a newline, about ``size`` bytes apart."""
+    starts = [0]
+    at = size
+    while at < len(data):
+        newline = data.find(b"\n", at + rng.randrange(0, max(1, size // 4)))
+        if newline < 0 or newline + 1 >= len(data):
+            break
+        starts.append(newline + 1)
+        at = newline + 1 + size
+    return starts
+
+
+def test_the_extension_is_built_where_a_compiler_is() -> None:
+    # the package's build compiles it (hatch_build.py): a checkout installed with a compiler
+    # that reads without it would be the pure path's speed, silently
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here")
+    assert native.BUILT
+
+
+@needs_extension
+@pytest.mark.parametrize("root", ["fixtures/crash_logs", "fixtures/field_logs", "tests/assets"])
+def test_corpus_logs_scan_alike(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(root)
+    checked = 0
+    for path in sorted((ROOT / root).rglob("*")):
+        if not path.is_file() or path.suffix in (".pickle", ".gz", ".xz", ".json", ".png"):
+            continue
+        data = path.read_bytes()[: 4 << 20]
+        if not data:
+            continue
+        for size in (1 << 20, rng.randrange(200, 5000)):
+            starts = _blocks(data, rng, size)
+            tail = data[-rng.randrange(0, 20000) :] if rng.random() < 0.5 else b""
+            fast, pure = _scan_both(data, starts, tail, monkeypatch)
+            assert _differences(fast, pure) == [], path
+            checked += 1
+    assert checked > 20
+
+
+@needs_extension
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    ranks=st.sampled_from([1, 3, 8, 64]),
+    size=st.sampled_from([300, 4096, 20000, 1 << 20]),
+    tail=st.integers(0, 20000),
+)
+def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int) -> None:
+    rng = random.Random(seed)
+    data = mixed_log(seed, ranks=ranks, steps=rng.randrange(5, 60)).encode("utf-8", "replace")
+    if rng.random() < 0.3:  # no newline at the end
+        data = data.rstrip(b"\n")
+    starts = _blocks(data, rng, size)
+    previous = mixed_log(seed + 1, ranks=ranks, steps=3).encode()[-tail:] if tail else b""
+    with pytest.MonkeyPatch.context() as m:
+        fast, pure = _scan_both(data, starts, previous, m)
+    assert _differences(fast, pure) == []
+
+
+_SHAPES = [
+    b"[rank3]:MA 3.82 GB         Max_MA 5.19 GB         CA 7.4 GB         Max_CA 7 GB \n",
+    b"[rank3]:CPU Virtual Memory:  used = 4.21 GB, percent = 1.8%\n",
+    b"[2026-11-30 06:00:01,407] [INFO] [utils.py:830:see_memory_usage] MA 11.76 GB         "
+    b"Max_MA 11.76 GB         CA 11.77 GB         Max_CA 12 GB \n",
+    b"[default0]:[2026-11-30 06:00:01,407] [INFO] [utils.py:831:see_memory_usage] CPU Virtual "
+    b"Memory:  used = 12.3 GB, percent = 10.2%\n",
+    b"[rank58]:[2026-11-30 06:00:01,407] [WARNING] [stage3.py:2940:step] 3 pytorch allocator "
+    b"cache flushes since last step. this happens when there is high memory pressure\n",
+    b"[rank4]:step 1/1000000 loss 10.5986 (1.5s)\n",
+    b"rank 3 step 12 loss 2.123456789012345678 max reserved 12.5 GiB (0.81s)\n",
+    b"[rank1]: [2024-01-02 03:04:05,678] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, "
+    b"skipped=0, lr=[1e-05, 2.5e-06], mom=[(0.9, 0.999), (0.9, 0.999)]\n",
+    b"[rank7]:after step 3\n",
+    b"[default1]:after step 3[default2]:step 4 loss 1.5\n",
+    b"1: [rank2]: step 5/9 loss 0.25 max reserved 1.5 GiB\n",
+]
+_BYTES = b"0123456789 .:[]-_,()%/\n\r\x00\x1b\xc2\xa0abMGkrnstep"
+
+
+@needs_extension
+@settings(max_examples=1500, deadline=None)
+@given(
+    picks=st.lists(st.integers(0, len(_SHAPES) - 1), min_size=1, max_size=30),
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, 10**6),
+            st.integers(0, 2),
+            st.integers(0, len(_BYTES) - 1),
+            st.integers(1, 45),
+        ),
+        max_size=12,
+    ),
+)
+def test_mutated_shapes_scan_alike(
+    picks: list[int], edits: list[tuple[int, int, int, int]]
+) -> None:
+    # bytes replaced, repeated in or deleted: a digit too many, a space too few, a date that is
+    # no date, a prefix cut short, 41 spaces where 40 are the most... each shape's edges
+    data = bytearray(b"".join(_SHAPES[p] for p in picks))
+    for at, how, which, count in edits:
+        at %= len(data) + 1
+        byte = _BYTES[which : which + 1]
+        if how == 0 and at < len(data):
+            data[at : at + 1] = byte
+        elif how == 1:
+            # the byte there again (a longer number or gap), or another byte, ``count`` times
+            again = data[at : at + 1] if at < len(data) and count % 2 else byte
+            data[at:at] = again * count
+        elif at < len(data):
+            del data[at : at + count % 3 + 1]
+    with pytest.MonkeyPatch.context() as m:
+        fast, pure = _scan_both(bytes(data), [0], b"", m)
+    assert _differences(fast, pure) == []
+
+
+@needs_extension
+def test_a_log_reads_to_the_same_facts_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "mixed.log"
+    path.write_text(mixed_log(11, ranks=16, steps=120))
+    fast = read_log(path, chunk_bytes=8192)
+    monkeypatch.setattr(native, "NATIVE", False)
+    pure = read_log(path, chunk_bytes=8192)
+    assert fast.memory and repr(fast) == repr(pure)
+
+
+def _edge_lines() -> list[str]:
+    """Every bounded part of every shape at its bound, one below and one past it."""
+    numbers = ["1" * k for k in (1, 3, 4, 6, 7, 9, 10, 12, 13, 19, 20, 21)]
+    numbers += ["1." + "2" * k for k in (0, 1, 6, 7, 20, 21)]
+    numbers += ["1" * 9 + "." + "2" * 6, "1" * 15 + ".5", "0" * 16 + ".25", "-3", "1e5"]
+    lines = []
+    for n in numbers:
+        for g in (0, 1, 10, 11, 40, 41):
+            gap = " " * g
+            lines += [
+                f"MA {n} GB{gap}Max_MA 1 GB{gap}CA 1 GB{gap}Max_CA {n} GB {gap}",
+                f"CPU Virtual Memory:{gap}used = {n} GB, percent = {n}%",
+                f"step {n}/{n} loss {n} max reserved {n} GiB ({n}s)",
+                f"rank {n} step {n} loss {n}{gap}",
+                f"[rank1]:[2026-11-30 06:00:01,407] [WARNING] [stage3.py:{n}:{'a' * g}] {n} "
+                "pytorch allocator cache flushes since last step.",
+                f"[2024-01-02 03:04:05,678] [INFO] [logging.py:{n}:log_dist] [Rank -{n}] "
+                f"step={n}, skipped={n}, lr=[{n}], mom=[({n}, 0.9)]",
+            ]
+    for date in ("2026-02-29", "2024-02-29", "2026-13-01", "0000-01-01", "2026-00-10"):
+        for time in ("00:00:00", "23:59:59", "24:00:00", "12:60:00", "12:00:60"):
+            lines.append(
+                f"[rank2]:[{date} {time},999] [INFO] [utils.py:1:see_memory_usage] MA 1 GB  "
+                "Max_MA 1 GB  CA 1 GB  Max_CA 1 GB"
+            )
+    return lines
+
+
+@needs_extension
+@pytest.mark.parametrize(
+    "prefix", ["", "[rank5]:", "[rank5]: ", "[default123456]:", "[default1234567]:"]
+)
+def test_the_shapes_edges_scan_alike(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = "".join(f"{prefix}{line}\n" for line in _edge_lines()).encode()
+    fast, pure = _scan_both(data, [0], b"", monkeypatch)
+    assert _differences(fast, pure) == []
+    if prefix != "[default1234567]:":  # seven digits: no prefix, and no bulk line
+        assert (pure.kind != bulk.NONE).sum() > 50  # the edges are there on both sides
+    assert (pure.kind == bulk.NONE).sum() > 100
