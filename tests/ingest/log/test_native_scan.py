@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomlens.ingest.log import bulk, native, read_log
+from oomlens.ingest.log import ANCHORS, bulk, native, read_log
 from tests.ingest.log._mixed_logs import mixed_log
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,10 +23,15 @@ needs_extension = pytest.mark.skipif(not native.BUILT, reason="the C extension i
 
 
 def _scan_both(
-    data: bytes, starts: list[int], tail: bytes, monkeypatch: pytest.MonkeyPatch
+    data: bytes,
+    starts: list[int],
+    tail: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+    pivots: bool = True,
 ) -> tuple[bulk.BatchScan, bulk.BatchScan]:
     with monkeypatch.context() as m:
         m.setattr(native, "NATIVE", True)
+        m.setattr(native, "PIVOTS", pivots)
         fast = bulk.scan_batch(data, starts, tail)
         m.setattr(native, "NATIVE", False)
         pure = bulk.scan_batch(data, starts, tail)
@@ -69,8 +74,9 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
 
 
 @needs_extension
+@pytest.mark.parametrize("pivots", [True, False])
 @pytest.mark.parametrize("root", ["fixtures/crash_logs", "fixtures/field_logs", "tests/assets"])
-def test_corpus_logs_scan_alike(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_corpus_logs_scan_alike(root: str, pivots: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(root)
     checked = 0
     for path in sorted((ROOT / root).rglob("*")):
@@ -82,7 +88,7 @@ def test_corpus_logs_scan_alike(root: str, monkeypatch: pytest.MonkeyPatch) -> N
         for size in (1 << 20, rng.randrange(200, 5000)):
             starts = _blocks(data, rng, size)
             tail = data[-rng.randrange(0, 20000) :] if rng.random() < 0.5 else b""
-            fast, pure = _scan_both(data, starts, tail, monkeypatch)
+            fast, pure = _scan_both(data, starts, tail, monkeypatch, pivots)
             assert _differences(fast, pure) == [], path
             checked += 1
     assert checked > 20
@@ -95,8 +101,9 @@ def test_corpus_logs_scan_alike(root: str, monkeypatch: pytest.MonkeyPatch) -> N
     ranks=st.sampled_from([1, 3, 8, 64]),
     size=st.sampled_from([300, 4096, 20000, 1 << 20]),
     tail=st.integers(0, 20000),
+    pivots=st.booleans(),
 )
-def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int) -> None:
+def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int, pivots: bool) -> None:
     rng = random.Random(seed)
     data = mixed_log(seed, ranks=ranks, steps=rng.randrange(5, 60)).encode("utf-8", "replace")
     if rng.random() < 0.3:  # no newline at the end
@@ -104,7 +111,7 @@ def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int) -> N
     starts = _blocks(data, rng, size)
     previous = mixed_log(seed + 1, ranks=ranks, steps=3).encode()[-tail:] if tail else b""
     with pytest.MonkeyPatch.context() as m:
-        fast, pure = _scan_both(data, starts, previous, m)
+        fast, pure = _scan_both(data, starts, previous, m, pivots)
     assert _differences(fast, pure) == []
 
 
@@ -141,9 +148,10 @@ _BYTES = b"0123456789 .:[]-_,()%/\n\r\x00\x1b\xc2\xa0abMGkrnstep"
         ),
         max_size=12,
     ),
+    pivots=st.booleans(),
 )
 def test_mutated_shapes_scan_alike(
-    picks: list[int], edits: list[tuple[int, int, int, int]]
+    picks: list[int], edits: list[tuple[int, int, int, int]], pivots: bool
 ) -> None:
     # bytes replaced, repeated in or deleted: a digit too many, a space too few, a date that is
     # no date, a prefix cut short, 41 spaces where 40 are the most... each shape's edges
@@ -160,7 +168,7 @@ def test_mutated_shapes_scan_alike(
         elif at < len(data):
             del data[at : at + count % 3 + 1]
     with pytest.MonkeyPatch.context() as m:
-        fast, pure = _scan_both(bytes(data), [0], b"", m)
+        fast, pure = _scan_both(bytes(data), [0], b"", m, pivots)
     assert _differences(fast, pure) == []
 
 
@@ -215,3 +223,25 @@ def test_the_shapes_edges_scan_alike(prefix: str, monkeypatch: pytest.MonkeyPatc
     if prefix != "[default1234567]:":  # seven digits: no prefix, and no bulk line
         assert (pure.kind != bulk.NONE).sum() > 50  # the edges are there on both sides
     assert (pure.kind == bulk.NONE).sum() > 100
+
+
+@needs_extension
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(
+        st.one_of(
+            st.sampled_from(ANCHORS),
+            st.sampled_from([a[:k] for a in ANCHORS for k in (2, 3)]),
+            st.binary(max_size=6),
+        ),
+        max_size=40,
+    )
+)
+def test_anchors_overlapping_and_cut_are_found_alike(words: list[bytes]) -> None:
+    # anchors run together, inside one another, cut short, across 16-byte lanes: the pivots,
+    # the hash filter and Aho-Corasick take the same leftmost-first matches
+    data = b"".join(words)
+    with pytest.MonkeyPatch.context() as m:
+        one, pure = _scan_both(data, [0], b"", m, True)
+        other, _ = _scan_both(data, [0], b"", m, False)
+    assert _differences(one, pure) == [] and _differences(other, pure) == []
