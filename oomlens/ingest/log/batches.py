@@ -10,8 +10,9 @@ may span blocks; it stops at the end of a block holding a tqdm bar (its sample c
 that block's lines and the next block's).
 
 Scanning is pure (a batch's bytes in, arrays out), so it is what runs in parallel: with
-``jobs`` > 1, up to ``ahead(jobs)`` batches are scanned by worker processes while the reader reads
-the earlier ones, and the reader applies every result in input order.  The facts are the same
+``jobs`` > 1, up to ``ahead(jobs)`` batches are scanned by worker threads (the C scan, ``native``,
+which runs without the GIL) or worker processes (the pure path) while the reader reads the
+earlier ones, and the reader applies every result in input order.  The facts are the same
 whatever ``jobs`` is (tested); memory grows by the batches in flight (``BATCH_BLOCKS`` blocks each).
 """
 
@@ -19,25 +20,27 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from oomlens.gcpause import gc_paused
-from oomlens.ingest.log import bulk, bulk_apply
+from oomlens.ingest.log import bulk, bulk_apply, native
 from oomlens.ingest.log.bulk_apply import stream_key
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
 
-BATCH_BLOCKS = 4
-"""Blocks scanned at once (4 MiB with the default 1 MiB blocks): large enough that the scan's
-fixed costs vanish, small enough to keep memory flat: a batch's scan holds several times its
-bytes at its peak (line index, padded copy, Arrow columns), and up to ``ahead(jobs) + 1`` batches
-are in flight.  Reading a dense 1 GiB 64-rank log with two workers (peak RSS, CPU): 8 blocks
-217 MiB, 36 s; 4 blocks 168 MiB, 37-38 s; 2 blocks 137 MiB, 41 s (measured)."""
+BATCH_BLOCKS = 8 if native.NATIVE else 4
+"""Blocks scanned at once.  The C scan's: 8 (8 MiB with the default 1 MiB blocks): its batches
+cost little beyond their bytes (see ``GROUP_BATCHES``).  The pure path's: 4, large enough that
+the scan's fixed costs vanish, small enough to keep memory flat: a batch's scan holds several
+times its bytes at its peak (line index, padded copy, Arrow columns), and up to
+``ahead(jobs) + 1`` batches are in flight.  Reading a dense 1 GiB 64-rank log with two workers
+(peak RSS, CPU): 8 blocks 217 MiB, 36 s; 4 blocks 168 MiB, 37-38 s; 2 blocks 137 MiB, 41 s
+(measured)."""
 MIN_RUN = 32
 """Bulk lines applied at once below this count go the per-line way: the fixed cost of applying
 a run is that of a few dozen lines read one by one (measured)."""
@@ -57,6 +60,16 @@ and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7, 4.5 s at 162, 171, 1
 The facts are the same however batches are grouped (tested)."""
 
 
+GROUP_BATCHES = 6
+GROUP_HITS = 60_000
+"""With the C scan, scanned batches are applied together until they hold this many batches'
+worth of bytes (48 MiB with the default blocks) or this many anchored lines: a run's cost is
+mostly a fixed part per rank, which a group pays once, and a group's memory is mostly its
+anchored lines' arrays (about 250 bytes a line, scan and apply) and its bytes.  1 GiB 64-rank
+logs, two cores, two threads, in-process time and peak RSS: sparse 7.4 s with groups of three
+4 MiB batches, 5.1 s with these bounds; dense 10.4 s and 8.1 s, at 139 and 188 MiB."""
+
+
 MAX_AHEAD = 5
 """Batches in flight at most, whatever ``jobs`` is: each holds about 10 MiB in the reading
 process (its bytes and its scan), and past a few workers the reader's own in-order pass is what
@@ -65,9 +78,17 @@ limits the speed, not the scans.  Before batches were applied together (``MERGE`
 9.2 s with 15 and 30, at 216, 268 and 370 MiB of peak RSS."""
 
 
+NATIVE_AHEAD = 3
+"""Batches in flight at most with the C scan: it scans four times faster than the reader
+applies, so a few keep the threads busy; more held 8 MiB each for nothing (dense 1 GiB log,
+two cores: peak RSS 208 MiB with 4 or 5, 181 MiB with 3, the same time)."""
+
+
 def ahead(jobs: int) -> int:
-    """How many batches are scanned ahead of the reader with ``jobs`` worker processes: enough
-    that the workers have work while the reader applies the ``MERGE`` it waited for."""
+    """How many batches are scanned ahead of the reader with ``jobs`` workers: enough that
+    they have work while the reader applies the group it waited for."""
+    if native.NATIVE:
+        return min(2 * jobs, NATIVE_AHEAD)
     return min(2 * jobs + MERGE - 1, MAX_AHEAD)
 
 
@@ -115,6 +136,16 @@ class _Batch:
         start = self.starts[b]
         return self.data[max(self.starts[b - 1], start - TAIL_BYTES) : start]
 
+    def size(self, b: int) -> int:
+        """Block ``b``'s length in bytes."""
+        return (self.starts[b + 1] if b + 1 < len(self.starts) else len(self.data)) - self.starts[b]
+
+    def tail_of(self, b: int) -> bytes:
+        """The last ``TAIL_BYTES`` of block ``b`` (its whole bytes when shorter), without
+        cutting the block out: a block whose lines all go in runs is never cut out whole."""
+        end = self.starts[b] + self.size(b)
+        return self.data[max(self.starts[b], end - TAIL_BYTES) : end]
+
 
 class _Merged:
     """Consecutive batches read as one (``bulk.merge_scans`` their scans): the blocks of all,
@@ -142,6 +173,14 @@ class _Merged:
     def tail_before(self, b: int) -> bytes:
         batch, own = self._parts[b]
         return batch.tail_before(own)
+
+    def size(self, b: int) -> int:
+        batch, own = self._parts[b]
+        return batch.size(own)
+
+    def tail_of(self, b: int) -> bytes:
+        batch, own = self._parts[b]
+        return batch.tail_of(own)
 
 
 def _batches(reader: LogReader) -> Iterator[_Batch]:
@@ -183,15 +222,34 @@ def read(reader: LogReader, jobs: int = 1) -> int:
         group: list[tuple[_Batch, bulk.BatchScan]] = []
         for batch in _batches(reader):
             group.append((batch, _scan(batch)))
-            if len(group) == MERGE:
+            if _group_full(group, reader):
                 number = _process_group(reader, group, number)  # empties the group
         return _process_group(reader, group, number) if group else number
+    if native.NATIVE and bulk.AVAILABLE:
+        # The C scan lets go of the GIL for all its passes: threads scan in parallel with the
+        # reader and nothing is copied between processes (1 GiB dense 64-rank log, two cores:
+        # 13.3 s with two worker processes, 4.3 s of it in the kernel passing batches and
+        # arrays; 10.4 s with two threads, 1.7 s in the kernel)
+        native.prepare()
+        with ThreadPoolExecutor(max_workers=min(jobs, MAX_AHEAD)) as threads:
+            return _read_ahead(reader, threads, jobs, number, bulk.scan_batch)
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, MAX_AHEAD), mp_context=context) as pool:
-        return _read_ahead(reader, pool, jobs, number)
+        return _read_ahead(reader, pool, jobs, number, _scan_bytes)
+
+
+def _group_full(group: list[tuple[_Batch, bulk.BatchScan]], reader: LogReader) -> bool:
+    """Whether the scanned batches held are applied now: ``MERGE`` of them on the pure path;
+    with the C scan, once they hold ``GROUP_BATCHES`` batches' worth of bytes or
+    ``GROUP_HITS`` anchored lines."""
+    if not native.NATIVE:
+        return len(group) >= MERGE
+    size = sum(len(batch.data) for batch, _ in group)
+    hits = sum(len(scan.hit_line) for _, scan in group)
+    return size >= GROUP_BATCHES * BATCH_BLOCKS * reader.source.chunk_bytes or hits >= GROUP_HITS
 
 
 def _read_line_by_line(reader: LogReader) -> int:
@@ -213,25 +271,31 @@ def _read_line_by_line(reader: LogReader) -> int:
     return number
 
 
-def _read_ahead(reader: LogReader, pool: Executor, jobs: int, number: int) -> int:
+def _read_ahead(
+    reader: LogReader,
+    pool: Executor,
+    jobs: int,
+    number: int,
+    scan: Callable[[bytes, list[int], bytes], bulk.BatchScan],
+) -> int:
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
+    group: list[tuple[_Batch, bulk.BatchScan]] = []
 
-    def next_group(number: int) -> int:
-        group: list[tuple[_Batch, bulk.BatchScan]] = []
-        while pending and len(group) < MERGE:
-            batch, future = pending.popleft()
-            group.append((batch, future.result()))
-            del future  # the group holds the scan now, and lets go of it once merged
-        return _process_group(reader, group, number)
+    def take(number: int) -> int:
+        """The oldest scan into the group; the group applied once full."""
+        batch, future = pending.popleft()
+        group.append((batch, future.result()))
+        del future  # the group holds the scan now, and lets go of it once merged
+        return _process_group(reader, group, number) if _group_full(group, reader) else number
 
     for batch in _batches(reader):
-        future = pool.submit(_scan_bytes, batch.data, batch.starts, batch.prev_tail)
+        future = pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
         pending.append((batch, future))
         while len(pending) > ahead(jobs):
-            number = next_group(number)
+            number = take(number)
     while pending:
-        number = next_group(number)
-    return number
+        number = take(number)
+    return _process_group(reader, group, number) if group else number
 
 
 def _process_group(
@@ -281,17 +345,17 @@ def _process_blocks(
     h = 0
     line_base = 0
     for b in range(len(batch)):
-        block = batch.block(b)
         count = scan.line_counts[b]
         reader.consumed_until = 0
         reader.block_newlines = None
         context.block = b
-        h = _scan_block(context, block, h, block_ends[b], line_base, number)
+        h = _scan_block(context, batch, h, block_ends[b], line_base, number)
         if scan.progress_bars[b]:
-            reader.sample_progress_bar(block, number)
-        reader.prev_tail = block[-TAIL_BYTES:]
+            reader.sample_progress_bar(batch.block(b), number)
+        tail = batch.tail_of(b)
+        reader.prev_tail = tail
         # the input's last bytes (its tail lines), whatever the blocks: a short block adds on
-        ends = reader.end_bytes + block if len(block) < TAIL_BYTES else block
+        ends = reader.end_bytes + tail if batch.size(b) < TAIL_BYTES else tail
         reader.end_bytes = ends[-TAIL_BYTES:]
         number += count
         line_base += count
@@ -341,11 +405,17 @@ class _Context:
 
 
 def _scan_block(
-    context: _Context, data: bytes, h: int, h_end: int, line_base: int, first_line: int
+    context: _Context,
+    batch: _Batch | _Merged,
+    h: int,
+    h_end: int,
+    line_base: int,
+    first_line: int,
 ) -> int:
-    """The block's lines that need the per-line path (every line while a stream is open) and
-    the bulk runs between them; returns the next hit to read (past this block when a run went
-    on into the next ones)."""
+    """Block ``context.block``'s lines that need the per-line path (every line while a stream
+    is open) and the bulk runs between them; returns the next hit to read (past this block when
+    a run went on into the next ones).  The block's bytes are cut out of the batch only when a
+    line is read the per-line way (1 GiB dense log: 0.2 s of copies for nothing otherwise)."""
     reader, scan = context.reader, context.scan
     hit_line, bits, kind, consumed = scan.hit_line, scan.hit_bits, scan.kind, scan.consumed
     line_count = scan.line_counts[context.block]
@@ -384,6 +454,7 @@ def _scan_block(
                     mask = int(bits[h])
                 h += 1
         if positions is None:
+            data = batch.block(context.block)
             positions = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
             reader.block_newlines = positions
         start = int(positions[k - 1]) + 1 if k else 0

@@ -52,6 +52,11 @@ def _pivot(anchor: bytes) -> int:
     return max(range(len(anchor) - 1), key=lambda o: surprise(anchor[o]) + surprise(anchor[o + 1]))
 
 
+def prepare() -> None:
+    """Make the anchor table now, before threads scan at once."""
+    _anchor_table()
+
+
 # The extension's label statuses (``_scan.c``).
 _L_NONE, _L_DEFERRED, _L_FAST, _L_WALK = range(4)
 

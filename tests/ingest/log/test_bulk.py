@@ -18,6 +18,9 @@ from oomlens.ingest.log.prefixes import strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from tests.ingest.log._mixed_logs import _sources, mixed_log
 
+# the pure path imports pyarrow on its first scan; the tests below call its parts directly
+bulk._arrow()
+
 
 def _per_line(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object):  # type: ignore[no-untyped-def]
     with monkeypatch.context() as m:

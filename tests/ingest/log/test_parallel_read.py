@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlens.ingest.log import batches, read_log
+from oomlens.ingest.log import batches, native, read_log
 from oomlens.ingest.log import reader as reader_module
 from tests._corpus import CORPUS_DIR
 from tests.ingest.log._mixed_logs import mixed_log
@@ -112,7 +112,7 @@ def _read_with(
     pool: _SyncPool, monkeypatch: pytest.MonkeyPatch, path: Path, **kwargs: object
 ) -> str:
     def read_with_pool(reader, jobs):  # type: ignore[no-untyped-def]
-        return batches._read_ahead(reader, pool, jobs, 1)
+        return batches._read_ahead(reader, pool, jobs, 1, batches.bulk.scan_batch)
 
     with monkeypatch.context() as m:
         m.setattr(batches, "read", read_with_pool)
@@ -128,8 +128,10 @@ def test_batches_in_flight_are_bounded_whatever_the_jobs(
     monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
     pool = _SyncPool()
     facts = _read_with(pool, monkeypatch, path, chunk_bytes=4096, jobs=16)
-    assert len(pool.in_flight) > 3 * batches.MAX_AHEAD
-    assert max(pool.in_flight) == batches.MAX_AHEAD + 1  # those ahead and the one just submitted
+    bound = batches.ahead(16)
+    assert bound <= batches.MAX_AHEAD
+    assert len(pool.in_flight) > 3 * bound
+    assert max(pool.in_flight) == bound + 1  # those ahead and the one just submitted
     assert facts == _facts(path, chunk_bytes=4096)
 
 
@@ -153,7 +155,34 @@ def test_batches_applied_together_give_the_facts_of_one_pass(
     for chunk in (4096, 9000, 65536):
         one = _facts(path, chunk_bytes=chunk)
         assert _read_with(_SyncPool(), monkeypatch, path, chunk_bytes=chunk, jobs=2) == one
-    assert merged and max(merged) == batches.MERGE
+    if native.NATIVE:  # groups as large as GROUP_BATCHES batches' bytes
+        assert merged and 2 <= max(merged) <= batches.GROUP_BATCHES
+    else:
+        assert merged and max(merged) == batches.MERGE
+
+
+@pytest.mark.parametrize("threads", [True, False], ids=["C scan in threads", "pure in processes"])
+def test_both_workers_read_alike(
+    tmp_path: Path, threads: bool, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the C scan runs in threads, the pure path in processes; either gives the one pass's facts
+    if threads and not native.BUILT:
+        pytest.skip("the C extension is not built")
+    monkeypatch.setattr(native, "NATIVE", threads)
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    started: list[str] = []
+    for pool in (batches.ThreadPoolExecutor, batches.ProcessPoolExecutor):
+
+        def record(*args, _pool=pool, **kwargs):  # type: ignore[no-untyped-def]
+            started.append(_pool.__name__)
+            return _pool(*args, **kwargs)
+
+        monkeypatch.setattr(batches, pool.__name__, record)
+    path = tmp_path / "ranks.log"
+    path.write_text(mixed_log(9, ranks=16, steps=40, odd=0.05))
+    one = _facts(path, chunk_bytes=8192)
+    assert _facts(path, chunk_bytes=8192, jobs=2) == one
+    assert started == ["ThreadPoolExecutor" if threads else "ProcessPoolExecutor"]
 
 
 @pytest.mark.parametrize("log", LOGS[::3], ids=lambda p: f"{p.parent.name}/{p.name}")
