@@ -38,6 +38,7 @@ from oomlens.ingest.log.series import (
     grouped_columns,
     grouped_stats,
     grouped_sums,
+    small_ints,
 )
 from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
 
@@ -96,7 +97,7 @@ class Run:
         self.ts = scan.ts[lo:hi]
         self.deferred = deferred
         self.rank_of_key: dict[int, int | None] = {}
-        unique, inverse = np.unique(self.keys, return_inverse=True)
+        unique, inverse = np.unique(small_ints(self.keys), return_inverse=True)
         for key in unique.tolist():
             if key == bulk.NO_KEY:
                 self.rank_of_key[key] = reader.layout_rank
@@ -176,7 +177,7 @@ def apply_run(
 
 
 def _first_occurrences(values: np.ndarray) -> list[int]:
-    _, first = np.unique(values, return_index=True)
+    _, first = np.unique(small_ints(values), return_index=True)
     return [int(v) for v in values[np.sort(first)].tolist()]
 
 
@@ -198,18 +199,21 @@ def _seen(run: Run) -> None:
 class _Closed:
     """The memory samples a run closes: where each closes (``at``: twice the closing line,
     plus one when read with its CPU line), the run line it was printed on (-1: a sample the
-    reader had open, in ``pending``), and the run line of its CPU values (-1: none)."""
+    reader had open, in ``pending``: the first rows), and the run line of its CPU values (-1:
+    none)."""
 
-    def __init__(self, at: np.ndarray, line: np.ndarray, cpu: np.ndarray) -> None:
-        self.at, self.line, self.cpu = at, line, cpu
-        self.pending: list[Pending | None] = [None] * len(at)
+    def __init__(
+        self, at: np.ndarray, line: np.ndarray, cpu: np.ndarray, pending: list[Pending]
+    ) -> None:
+        self.at, self.line, self.cpu, self.pending = at, line, cpu, pending
 
 
 def _memory(run: Run) -> None:
     reader, n = run.reader, len(run.kind)
     handled = np.flatnonzero(run.handled)
     keys = run.keys[handled]
-    order = np.lexsort((handled, keys))
+    # by key, in line order within a key (``handled`` ascends: a stable sort by key)
+    order = np.argsort(small_ints(keys), kind="stable")
     pos, key, kind = handled[order], keys[order], run.kind[handled][order]
     m = len(pos)
     if not m:
@@ -246,9 +250,7 @@ def _memory(run: Run) -> None:
             np.where(kind[nxt] == bulk.CPU, following, -1)[later],
         )
     )
-    closed = _Closed(close_at, line, cpu)
-    for r, (_, _, pending) in enumerate(opened):
-        closed.pending[r] = pending
+    closed = _Closed(close_at, line, cpu, [pending for _, _, pending in opened])
     for e in np.flatnonzero(still_open).tolist():
         streams[int(key[e])].pending_memory = _pending(run, int(pos[e]))
     if len(close_at):
@@ -269,12 +271,13 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     rows = len(order)
     line = closed.line[order]
     cpu = closed.cpu[order]
-    # None: no sample was open before the run (no row with line < 0)
-    pending = (
-        [closed.pending[i] for i in order.tolist()]
-        if any(p is not None for p in closed.pending)
-        else None
-    )
+    # the samples open before the run, by their rows in closing order (None: there were none;
+    # a list over every row cost a tenth of the apply on a sparse log)
+    pending: dict[int, Pending] | None = None
+    if closed.pending:
+        position = np.empty(rows, dtype=np.int64)
+        position[order] = np.arange(rows)
+        pending = dict(zip(position[: len(closed.pending)].tolist(), closed.pending, strict=True))
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
     ranks = run.rank[np.maximum(line, 0)].copy()
@@ -298,7 +301,7 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     for r in np.flatnonzero(labels == bulk.LABEL_DEFERRED).tolist():
         labels[r] = text_id(run.deferred(int(j[r])))
     for r in np.flatnonzero(line < 0).tolist():
-        p = None if pending is None else pending[r]
+        p = None if pending is None else pending.get(r)
         if p is not None:
             values[r] = (p[2].allocated, p[2].max_allocated, p[2].reserved)
             ranks[r] = -1 if p[0].rank is None else p[0].rank
@@ -322,7 +325,7 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
     rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
     # The rows each keeper's thinned series keeps, read out for all keepers at once.
-    by_keeper = np.argsort(keeper_of, kind="stable")
+    by_keeper = np.argsort(small_ints(keeper_of), kind="stable")
     sizes = np.bincount(keeper_of[kept], minlength=len(keepers))
     groups = np.split(by_keeper[rows - int(kept.sum()) :], np.cumsum(sizes)[:-1])
     plans = []
@@ -385,7 +388,7 @@ class _SampleRows:
         run: Run,
         line: np.ndarray,
         cpu: np.ndarray,
-        pending: list[Pending | None] | None,
+        pending: dict[int, Pending] | None,
         labels: np.ndarray,
         texts: list[str],
     ) -> None:
@@ -410,7 +413,7 @@ class _SampleRows:
             reader.layout_host,
             reader.last_step,
             reader.last_time,
-            None if self.pending is None else [self.pending[r] for r in rows.tolist()],
+            None if self.pending is None else [self.pending.get(r) for r in rows.tolist()],
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
             [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
@@ -659,7 +662,7 @@ def _steps(run: Run) -> None:
     reader.last_step_sample = sample(len(at) - 1)
     # the last line of each rank: the first of the reversed order
     reverse = text_rank[::-1]
-    ranks, first_reversed = np.unique(reverse, return_index=True)
+    ranks, first_reversed = np.unique(small_ints(reverse), return_index=True)
     last_of = dict(zip(ranks.tolist(), (len(at) - 1 - first_reversed).tolist(), strict=True))
     for rank in _first_occurrences(text_rank):
         key = None if rank < 0 else rank

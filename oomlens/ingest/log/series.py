@@ -181,6 +181,16 @@ def _scaled(value: float) -> int:
     return numerator << (_SCALE - denominator.bit_length() + 1)
 
 
+def small_ints(values: np.ndarray) -> np.ndarray:
+    """Integer ``values`` as int16 where they all fit, else as they are: numpy sorts 16-bit
+    integers stably by radix (200k keys of 64 ranks: 2.4 ms against 13 ms as int64), and a
+    stable order or ``unique`` does not depend on the dtype."""
+    if len(values) and values.dtype.kind in "iu":
+        if -(1 << 15) <= int(values.min()) and int(values.max()) < (1 << 15):
+            return values.astype(np.int16)
+    return values
+
+
 def grouped_sums(
     groups: np.ndarray, values: np.ndarray, index: np.ndarray
 ) -> dict[int, tuple[int, int]]:
@@ -206,7 +216,11 @@ def grouped_sums(
             m = v.astype(np.int64)
             exponent = np.full(len(v), 53, dtype=np.int64)
             # grouped_columns hands its groups sorted: no second sort then
-            order = np.arange(len(g)) if (g[1:] >= g[:-1]).all() else np.argsort(g, kind="stable")
+            order = (
+                np.arange(len(g))
+                if (g[1:] >= g[:-1]).all()
+                else np.argsort(small_ints(g), kind="stable")
+            )
         else:
             mantissa, exponent = np.frexp(v)
             m = (mantissa * float(1 << 53)).astype(np.int64)
@@ -253,7 +267,7 @@ def grouped_columns(groups: np.ndarray, columns: list[np.ndarray]) -> list[dict[
     """``grouped_stats`` of each of several value columns over the same groups (grouped once)."""
     if len(groups) == 0:
         return [{} for _ in columns]
-    order = np.argsort(groups, kind="stable")
+    order = np.argsort(small_ints(groups), kind="stable")
     g = groups[order]
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
     ends = np.append(starts[1:], len(g))
