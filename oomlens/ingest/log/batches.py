@@ -231,7 +231,9 @@ def read(reader: LogReader, jobs: int = 1) -> int:
         # 13.3 s with two worker processes, 4.3 s of it in the kernel passing batches and
         # arrays; 10.4 s with two threads, 1.7 s in the kernel)
         native.prepare()
-        with ThreadPoolExecutor(max_workers=min(jobs, MAX_AHEAD)) as threads:
+        # no more threads than batches in flight: each would keep a malloc arena of its own
+        # (16 cores, dense 1 GiB log, 8 threads: peak RSS 212 MiB, 181 MiB with 2)
+        with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs))) as threads:
             return _read_ahead(reader, threads, jobs, number, bulk.scan_batch)
     import multiprocessing
 

@@ -39,6 +39,7 @@ from oomlens.ingest.log.series import (
     grouped_stats,
     grouped_sums,
     small_ints,
+    unique_inverse,
 )
 from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
 
@@ -97,7 +98,7 @@ class Run:
         self.ts = scan.ts[lo:hi]
         self.deferred = deferred
         self.rank_of_key: dict[int, int | None] = {}
-        unique, inverse = np.unique(small_ints(self.keys), return_inverse=True)
+        unique, inverse = unique_inverse(self.keys)
         for key in unique.tolist():
             if key == bulk.NO_KEY:
                 self.rank_of_key[key] = reader.layout_rank

@@ -191,6 +191,19 @@ def small_ints(values: np.ndarray) -> np.ndarray:
     return values
 
 
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; for integers that fit in 16 bits by counting
+    rather than sorting (a dense log's run: 8 ms of sorting per 300k lines, 1 ms this way)."""
+    small = small_ints(values)
+    if small.dtype != np.int16:
+        unique, inverse = np.unique(values, return_inverse=True)
+        return unique, inverse.ravel()
+    offset = small.astype(np.int32) + (1 << 15)
+    present = np.bincount(offset, minlength=1 << 16) > 0
+    position = np.cumsum(present) - 1
+    return np.flatnonzero(present) - (1 << 15), position[offset]
+
+
 def grouped_sums(
     groups: np.ndarray, values: np.ndarray, index: np.ndarray
 ) -> dict[int, tuple[int, int]]:

@@ -493,3 +493,20 @@ def test_glued_prefixes_are_those_past_a_line_start(pieces: list[bytes]) -> None
         if m.start() > 0 and data[m.start() - 1] != 10
     ]
     assert bulk._glued(np.frombuffer(data, dtype=np.uint8)).tolist() == expected
+
+
+@given(
+    values=st.lists(st.one_of(st.integers(-3, 70), st.integers(-(1 << 40), 1 << 40)), max_size=300)
+)
+def test_small_key_sorts_are_numpy_s(values: list[int]) -> None:
+    # keys as int16 where they fit (radix sorts, counting): the same order and uniques as int64
+    from oomlens.ingest.log.series import small_ints, unique_inverse
+
+    array = np.asarray(values, dtype=np.int64)
+    small = small_ints(array)
+    assert small.tolist() == values
+    assert np.array_equal(np.argsort(small, kind="stable"), np.argsort(array, kind="stable"))
+    unique, inverse = unique_inverse(array)
+    expected, expected_inverse = np.unique(array, return_inverse=True)
+    assert unique.tolist() == expected.tolist()
+    assert inverse.tolist() == expected_inverse.ravel().tolist()
