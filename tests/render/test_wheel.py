@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -67,8 +68,8 @@ def test_wheel_installed_non_editable_renders_html(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     env = {**os.environ, "PYTHONPATH": str(site)}
     probe = (
-        "import oomlens, oomlens.render.templates as t; "
-        "print(oomlens.__file__); print(t.template_dir())"
+        "import oomlens, oomlens.render.templates as t; from oomlens.ingest.log import native; "
+        "print(oomlens.__file__); print(t.template_dir()); print(native.BUILT)"
     )
     where = subprocess.run(
         [sys.executable, "-c", probe],
@@ -79,9 +80,13 @@ def test_wheel_installed_non_editable_renders_html(tmp_path: Path) -> None:
         timeout=60,
     )
     assert where.returncode == 0, where.stderr
-    module_file, templates = where.stdout.split()
+    module_file, templates, scan_built = where.stdout.split()
     assert Path(module_file).is_relative_to(site)
     assert Path(templates) == site / "oomlens" / "templates"
+    # the build hook compiled the C scan into the wheel where a compiler is (hatch_build.py)
+    if shutil.which(os.environ.get("CC", "cc")):
+        assert any(name.startswith("oomlens/ingest/log/_scan.") for name in names)
+        assert scan_built == "True"
     result = subprocess.run(
         [
             sys.executable,
