@@ -245,3 +245,25 @@ def test_anchors_overlapping_and_cut_are_found_alike(words: list[bytes]) -> None
         one, pure = _scan_both(data, [0], b"", m, True)
         other, _ = _scan_both(data, [0], b"", m, False)
     assert _differences(one, pure) == [] and _differences(other, pure) == []
+
+
+@needs_extension
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fuzzers_mutated_logs_scan_alike(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fuzz campaigns' own mutations of the corpus's logs (lines dropped, repeated,
+    # shuffled, hostile bytes planted, cut), a batch cut into blocks anywhere
+    from tests.fuzz import mutate, seeds
+
+    rng = random.Random(seed)
+    logs = seeds.logs()
+    for _ in range(20):
+        data, other = (rng.choice(logs).read_bytes() for _ in range(2))
+        if rng.random() < 0.6:
+            data = mutate.mutate_lines(data, rng, other)
+        else:
+            data = mutate.mutate_bytes(data, rng, other)
+        data = data[: 4 << 20]
+        starts = _blocks(data, rng, rng.choice([300, 4096, 1 << 20]))
+        tail = other[-rng.randrange(1, 20000) :] if rng.random() < 0.5 else b""
+        fast, pure = _scan_both(data, starts, tail, monkeypatch, rng.random() < 0.5)
+        assert _differences(fast, pure) == []
