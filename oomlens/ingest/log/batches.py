@@ -78,10 +78,11 @@ limits the speed, not the scans.  Before batches were applied together (``MERGE`
 9.2 s with 15 and 30, at 216, 268 and 370 MiB of peak RSS."""
 
 
-NATIVE_AHEAD = 3
+NATIVE_AHEAD = 2
 """Batches in flight at most with the C scan: it scans four times faster than the reader
-applies, so a few keep the threads busy; more held 8 MiB each for nothing (dense 1 GiB log,
-two cores: peak RSS 208 MiB with 4 or 5, 181 MiB with 3, the same time)."""
+applies, so two keep the threads busy; each more holds 8 MiB of bytes and its arrays (dense
+1 GiB log, two cores, the collector paused for the pass: peak RSS 189-202 MiB with 3 in flight,
+162-164 MiB with 2, 6.0-6.4 s against 6.5-7.2 s)."""
 
 
 def ahead(jobs: int) -> int:
@@ -215,6 +216,14 @@ def _scan_bytes(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchS
 
 def read(reader: LogReader, jobs: int = 1) -> int:
     """Read the whole input; returns the number of the line after the last."""
+    # The cyclic collector waits for the end of the pass: what the pass builds holds no cycles
+    # (a 150 MiB log of tracebacks and OOM messages read the per-line way left 322 objects in
+    # cycles), and collecting once a batch cost the dense 1 GiB log 0.8 s of its 6.5 s
+    with gc_paused():
+        return _read(reader, jobs)
+
+
+def _read(reader: LogReader, jobs: int) -> int:
     number = 1
     if reader.every_line:
         return _read_line_by_line(reader)
@@ -232,7 +241,8 @@ def read(reader: LogReader, jobs: int = 1) -> int:
         # arrays; 10.4 s with two threads, 1.7 s in the kernel)
         native.prepare()
         # no more threads than batches in flight: each would keep a malloc arena of its own
-        # (16 cores, dense 1 GiB log, 8 threads: peak RSS 212 MiB, 181 MiB with 2)
+        # (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS 212 MiB,
+        # 181 MiB with 2 threads)
         with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs))) as threads:
             return _read_ahead(reader, threads, jobs, number, bulk.scan_batch)
     import multiprocessing
@@ -315,11 +325,9 @@ def _process_group(
 
 
 def _process(reader: LogReader, batch: _Batch | _Merged, scan: bulk.BatchScan, number: int) -> int:
-    """Read one scanned batch, block by block; returns the next line number."""
-    # The collector waits for the batch's end, as in the scan: a batch is bounded, so is what
-    # it may leave for the collector (apply 8.7 s of CPU with it, 7.3 s without, same log)
-    with gc_paused():
-        number = _process_blocks(reader, batch, scan, number)
+    """Read one scanned batch, block by block; returns the next line number (the collector
+    paused by ``read``)."""
+    number = _process_blocks(reader, batch, scan, number)
     if reader.progress is not None:
         reader.progress(reader.source.stats.bytes_read)
     return number
