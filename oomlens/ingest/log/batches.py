@@ -79,18 +79,28 @@ limits the speed, not the scans.  Before batches were applied together (``MERGE`
 
 
 NATIVE_AHEAD = 2
+NATIVE_AHEAD_SPARSE = 3
 """Batches in flight at most with the C scan: it scans four times faster than the reader
-applies, so two keep the threads busy; each more holds 8 MiB of bytes and its arrays (dense
-1 GiB log, two cores, the collector paused for the pass: peak RSS 189-202 MiB with 3 in flight,
-162-164 MiB with 2, 6.0-6.4 s against 6.5-7.2 s)."""
+applies, so two or three keep the threads busy.  Each holds 8 MiB of bytes and, when scanned,
+its anchored lines' arrays: about as much again on a dense log, little on a sparse one, so a
+third is in flight only while the batches are sparse (``_sparse``).  1 GiB 64-rank logs, two
+cores, the collector paused for the pass: dense, peak RSS 189-202 MiB with 3 in flight,
+162-164 MiB with 2; sparse 179 MiB and 4.6-4.9 s with 3, 172-177 MiB and 5.3-5.4 s with 2."""
 
 
-def ahead(jobs: int) -> int:
+def ahead(jobs: int, sparse: bool = False) -> int:
     """How many batches are scanned ahead of the reader with ``jobs`` workers: enough that
-    they have work while the reader applies the group it waited for."""
+    they have work while the reader applies the group it waited for; ``sparse``: the last
+    batch scanned had few anchored lines (the C scan's arrays small)."""
     if native.NATIVE:
-        return min(2 * jobs, NATIVE_AHEAD)
+        return min(2 * jobs, NATIVE_AHEAD_SPARSE if sparse else NATIVE_AHEAD)
     return min(2 * jobs + MERGE - 1, MAX_AHEAD)
+
+
+def _sparse(batch: _Batch, scan: bulk.BatchScan) -> bool:
+    """Whether a scanned batch's arrays (about 120 bytes per anchored line) are under a
+    sixteenth of its bytes."""
+    return len(scan.hit_line) * 120 * 16 < len(batch.data)
 
 
 def default_jobs() -> int:
@@ -243,7 +253,7 @@ def _read(reader: LogReader, jobs: int) -> int:
         # no more threads than batches in flight: each would keep a malloc arena of its own
         # (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS 212 MiB,
         # 181 MiB with 2 threads)
-        with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs))) as threads:
+        with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs, sparse=True))) as threads:
             return _read_ahead(reader, threads, jobs, number, bulk.scan_batch)
     import multiprocessing
 
@@ -292,18 +302,21 @@ def _read_ahead(
 ) -> int:
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
     group: list[tuple[_Batch, bulk.BatchScan]] = []
+    sparse = False  # until a scan says otherwise
 
     def take(number: int) -> int:
         """The oldest scan into the group; the group applied once full."""
+        nonlocal sparse
         batch, future = pending.popleft()
         group.append((batch, future.result()))
         del future  # the group holds the scan now, and lets go of it once merged
+        sparse = _sparse(*group[-1])
         return _process_group(reader, group, number) if _group_full(group, reader) else number
 
     for batch in _batches(reader):
         future = pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
         pending.append((batch, future))
-        while len(pending) > ahead(jobs):
+        while len(pending) > ahead(jobs, sparse):
             number = take(number)
     while pending:
         number = take(number)
