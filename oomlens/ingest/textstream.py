@@ -307,8 +307,13 @@ class TextSource:
                     partial.clear()
                     pos = first_newline + 1
             if last_newline + 1 > pos:
-                body = chunk[pos : last_newline + 1]
-                data = bytes(partial) + body if partial else body
+                # one copy of the chunk's lines, the carried partial line before them (slicing
+                # the chunk and then adding the two made two copies of 1 MiB a block)
+                body = memoryview(chunk)[pos : last_newline + 1]
+                if partial:
+                    data = b"".join((partial, body))
+                else:
+                    data = chunk if len(body) == len(chunk) else bytes(body)
                 partial.clear()
                 yield Block(next_line, data)
                 if number_lines:
