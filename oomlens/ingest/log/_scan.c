@@ -472,5 +472,27 @@ PyMODINIT_FUNC PyInit__scan(void) {
     init_tables();
     C_LOCALE = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     if (C_LOCALE == (locale_t)0) return PyErr_NoMemory();
-    return PyModule_Create(&MODULE);
+    PyObject *module = PyModule_Create(&MODULE);
+    if (module == NULL) return NULL;
+    /* the constants this file shares with bulk.py and bits.py, for the tests to compare */
+    const struct {
+        const char *name;
+        long long value;
+    } shared[] = {
+        {"MEMORY", MEMORY},         {"CPU", CPU},
+        {"FLUSH_LINE", FLUSH_LINE}, {"STEP_GENERIC", STEP_GENERIC},
+        {"STEP_DS", STEP_DS},       {"NO_KEY", NO_KEY},
+        {"UNSURE", UNSURE},         {"DEFAULT_ROLE", DEFAULT_ROLE},
+        {"LABEL_WINDOW", LABEL_WINDOW}, {"LABEL_LINES", LABEL_LINES},
+        {"MAX_LINE_BYTES", MAX_LINE_BYTES}, {"DS_MEMORY", B_DS_MEMORY},
+        {"DS_CPU", B_DS_CPU},       {"FLUSH", B_FLUSH},
+        {"STEP", B_STEP},           {"HEAD", HEAD},
+    };
+    for (size_t j = 0; j < sizeof shared / sizeof shared[0]; j++) {
+        if (PyModule_AddObject(module, shared[j].name, PyLong_FromLongLong(shared[j].value)) < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    return module;
 }

@@ -267,3 +267,30 @@ def test_the_fuzzers_mutated_logs_scan_alike(seed: int, monkeypatch: pytest.Monk
         tail = other[-rng.randrange(1, 20000) :] if rng.random() < 0.5 else b""
         fast, pure = _scan_both(data, starts, tail, monkeypatch, rng.random() < 0.5)
         assert _differences(fast, pure) == []
+
+
+@needs_extension
+def test_the_extension_shares_the_readers_constants() -> None:
+    # _scan.c writes bulk.py's and bits.py's constants again: they must not drift apart
+    from oomlens.ingest.log import _scan, bits
+    from oomlens.ingest.textstream import MAX_LINE_BYTES
+
+    python = {
+        "MEMORY": bulk.MEMORY,
+        "CPU": bulk.CPU,
+        "FLUSH_LINE": bulk.FLUSH_LINE,
+        "STEP_GENERIC": bulk.STEP_GENERIC,
+        "STEP_DS": bulk.STEP_DS,
+        "NO_KEY": bulk.NO_KEY,
+        "UNSURE": bulk.UNSURE,
+        "DEFAULT_ROLE": bulk.DEFAULT_ROLE,
+        "LABEL_WINDOW": bulk.LABEL_WINDOW,
+        "LABEL_LINES": bulk.LABEL_LINES,
+        "MAX_LINE_BYTES": MAX_LINE_BYTES,
+        "DS_MEMORY": bits.DS_MEMORY,
+        "DS_CPU": bits.DS_CPU,
+        "FLUSH": bits.FLUSH,
+        "STEP": bits.STEP,
+        "HEAD": bulk._HEAD,
+    }
+    assert {name: getattr(_scan, name) for name in python} == python
