@@ -74,12 +74,215 @@ static int vec_push(Vec *a, int64_t x) {
 #include "_scan_anchors.h"
 #include "_scan_shapes.h"
 
+/* ---- the passes over a window's hits */
+
+#define WINDOW_BYTES (256 * 1024)
+
+enum { O_COUNTS, O_LINE, O_BITS, O_START, O_KIND, O_KEY, O_PID, O_PLEN, O_TS, O_A, O_B, O_C,
+       O_D, O_F, O_LSTATUS, O_LBEGIN, O_LEND, O_CONSUMED, O_BARS };
+/* bytes per hit of each output (0: the per-block ones) */
+static const Py_ssize_t HIT_WIDTH[19] = {0, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 8, 8, 1, 0};
+
+/* What the passes read (the batch, its lines) and write (the hits' arrays). */
+typedef struct {
+    const uint8_t *d;
+    Py_ssize_t n;
+    const int64_t *starts;
+    Py_ssize_t lines;
+    const uint8_t *dirty;
+    int64_t *walk_key; /* per line: its key for the walk, once read (UNSURE - 1: not yet) */
+    const int64_t *block_first, *bstart;
+    Py_ssize_t nblocks, prev_tail_len;
+    int64_t *hl, *hb, *hs, *key, *pid, *plen, *ts, *fa, *fb, *fc, *fd, *lbegin, *lend;
+    double *ff;
+    int8_t *kind, *lstatus;
+    uint8_t *consumed;
+} Ctx;
+
+static inline Py_ssize_t line_end(const Ctx *x, Py_ssize_t l) {
+    if (l + 1 < x->lines) return x->starts[l + 1] - 1;
+    return x->n > 0 && x->d[x->n - 1] == '\n' ? x->n - 1 : x->n;
+}
+
+static inline Py_ssize_t entry_end(const Ctx *x, Py_ssize_t l) {
+    return l + 1 < x->lines ? x->starts[l + 1] : x->n;
+}
+
+/* The block a line is in (the last block whose first line is at or before it). */
+static inline Py_ssize_t block_of(const Ctx *x, Py_ssize_t line) {
+    Py_ssize_t lo = 0, hi = x->nblocks;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (x->block_first[mid] <= line) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo - 1;
+}
+
+/* 3. hits from..to: each line's key and prefix, and the bulk shape it is in (bulk._shapes) */
+static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
+    const uint8_t *d = x->d;
+    for (Py_ssize_t k = from; k < to; k++) {
+        Py_ssize_t line = x->hl[k];
+        Py_ssize_t s = x->starts[line];
+        uint8_t h[HEAD];
+        head_of(d, x->n, s, h);
+        int64_t kk, pl;
+        line_key(h, &kk, &pl);
+        x->hs[k] = s;
+        x->key[k] = kk;
+        x->plen[k] = pl;
+        int logger = at(h, pl) == '[';
+        int space = at(h, pl > 0 ? pl - 1 : 0) == ' ';
+        x->pid[k] = (kk + 2) * 64 + pl * 2 + (space && pl > 0);
+        x->kind[k] = NONE;
+        x->ts[k] = NO_TS;
+        x->fa[k] = 0;
+        x->fb[k] = -1;
+        x->fc[k] = -1;
+        x->fd[k] = 0;
+        x->ff[k] = NAN;
+        x->lstatus[k] = L_NONE;
+        x->lbegin[k] = x->lend[k] = 0;
+        x->consumed[k] = 0;
+        if (x->dirty[line] || kk == UNSURE) continue;
+        int64_t bits = x->hb[k];
+        int shape = bits == B_DS_MEMORY ? MEMORY
+                    : bits == B_DS_CPU  ? CPU
+                    : bits == B_FLUSH   ? FLUSH_LINE
+                    : bits == B_STEP    ? (logger ? STEP_DS : STEP_GENERIC)
+                                        : NONE;
+        if (shape == NONE) continue;
+        Fields f = {NO_TS, 0, -1, -1, 0, NAN, 1};
+        Cur c = {d + s + pl, d + entry_end(x, line)};
+        if (!match_shape(shape, logger, &c, &f)) continue;
+        x->ts[k] = f.ts;
+        x->fa[k] = f.a;
+        x->fb[k] = f.b;
+        x->fc[k] = f.c;
+        x->fd[k] = f.d;
+        x->ff[k] = f.f;
+        if (f.valid) x->kind[k] = (int8_t)shape;
+    }
+}
+
+/* 4. hits from..to (each with a next hit, below hits): a CPU line read with the memory line
+ * before it (bulk._consumed_cpu) */
+static void read_cpu_ahead(Ctx *x, Py_ssize_t from, Py_ssize_t to, Py_ssize_t hits) {
+    const uint8_t *d = x->d;
+    for (Py_ssize_t k = from; k < to && k + 1 < hits; k++) {
+        if (x->kind[k] != MEMORY) continue;
+        Py_ssize_t line = x->hl[k], nxt = k + 1;
+        if (x->hl[nxt] != line + 1 || !(x->hb[nxt] & B_DS_CPU)) continue;
+        Py_ssize_t b = block_of(x, line + 1); /* block_of(line) == block_of(line + 1) */
+        if (b >= 0 && x->block_first[b] == line + 1) continue;
+        if (x->kind[nxt] == CPU) {
+            if (x->ts[nxt] == NO_TS && x->pid[nxt] == x->pid[k]) x->consumed[nxt] = 1;
+        } else {
+            Py_ssize_t s = x->hs[k], t = x->starts[line + 1], pl = x->plen[k];
+            static const char CPU_ANCHOR[] = "CPU Virtual Memory";
+            Py_ssize_t want = pl + (Py_ssize_t)sizeof CPU_ANCHOR - 1;
+            if (x->n - t >= want && memcmp(d + t, d + s, pl) == 0 &&
+                memcmp(d + t + pl, CPU_ANCHOR, sizeof CPU_ANCHOR - 1) == 0)
+                x->kind[k] = NONE;
+        }
+    }
+}
+
+/* 5. hits from..to: labels (bulk._labels, bulk._walk): the line before with the same raw
+ * prefix, else the nearest of the 16 lines before, within 16 KiB, of the same stream */
+static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
+    const uint8_t *d = x->d;
+    const int64_t *starts = x->starts;
+    Py_ssize_t n = x->n;
+    for (Py_ssize_t k = from; k < to; k++) {
+        if (x->kind[k] != MEMORY) continue;
+        Py_ssize_t line = x->hl[k], begin = x->hs[k], pl = x->plen[k];
+        Py_ssize_t block = block_of(x, line);
+        Py_ssize_t block_start = x->bstart[block];
+        Py_ssize_t relative = begin - block_start;
+        Py_ssize_t prev_start = starts[line > 0 ? line - 1 : 0];
+        int same = relative > 0;
+        for (Py_ssize_t j = 0; j < pl && same; j++) {
+            Py_ssize_t here = begin + j < n ? begin + j : n - 1;
+            Py_ssize_t there = prev_start + j < n ? prev_start + j : n - 1;
+            same = prev_start + j < begin && d[here] == d[there];
+        }
+        if (same) {
+            Py_ssize_t after = prev_start + pl < n ? prev_start + pl : n - 1;
+            if (d[after] != '[' && d[after] != '(') {
+                x->lstatus[k] = L_FAST;
+                x->lbegin[k] = prev_start + pl;
+                x->lend[k] = begin - 1;
+                continue;
+            }
+        }
+        Py_ssize_t before = block > 0 ? x->bstart[block - 1] : -x->prev_tail_len;
+        Py_ssize_t window = relative >= LABEL_WINDOW ? begin - LABEL_WINDOW
+                            : (before > block_start - LABEL_WINDOW ? before
+                                                                   : block_start - LABEL_WINDOW);
+        int status = L_NONE; /* 16 lines and no stop */
+        Py_ssize_t after_edge = begin;
+        for (int step = 1; step <= LABEL_LINES; step++) {
+            Py_ssize_t target = line - step;
+            int complete = target >= 0 && starts[target] >= window;
+            if (!complete) {
+                status = window >= 0 && after_edge == window ? L_NONE : L_DEFERRED;
+                break;
+            }
+            int64_t tk = x->walk_key[2 * target], tp = x->walk_key[2 * target + 1];
+            if (tk == UNSURE - 1) { /* consecutive memory lines walk over the same lines */
+                uint8_t h[HEAD];
+                head_of(d, n, starts[target], h);
+                line_key(h, &tk, &tp);
+                if (x->dirty[target] || line_end(x, target) - starts[target] > MAX_LINE_BYTES)
+                    tk = UNSURE;
+                x->walk_key[2 * target] = tk;
+                x->walk_key[2 * target + 1] = tp;
+            }
+            if (tk == x->key[k]) {
+                status = L_WALK;
+                x->lbegin[k] = starts[target] + tp;
+                x->lend[k] = line_end(x, target);
+                break;
+            }
+            if (tk == UNSURE) {
+                status = L_DEFERRED;
+                break;
+            }
+            after_edge = starts[target];
+        }
+        x->lstatus[k] = (int8_t)status;
+    }
+}
+
 /* ---- the scan */
 
 typedef struct {
     PyObject *obj;
     char *at;
 } Out;
+
+/* The hits' arrays of x at the outputs o (again after they grow). */
+static void point_at(Ctx *x, const Out *o) {
+    x->hl = (int64_t *)o[O_LINE].at;
+    x->hb = (int64_t *)o[O_BITS].at;
+    x->hs = (int64_t *)o[O_START].at;
+    x->key = (int64_t *)o[O_KEY].at;
+    x->pid = (int64_t *)o[O_PID].at;
+    x->plen = (int64_t *)o[O_PLEN].at;
+    x->ts = (int64_t *)o[O_TS].at;
+    x->fa = (int64_t *)o[O_A].at;
+    x->fb = (int64_t *)o[O_B].at;
+    x->fc = (int64_t *)o[O_C].at;
+    x->fd = (int64_t *)o[O_D].at;
+    x->lbegin = (int64_t *)o[O_LBEGIN].at;
+    x->lend = (int64_t *)o[O_LEND].at;
+    x->ff = (double *)o[O_F].at;
+    x->kind = (int8_t *)o[O_KIND].at;
+    x->lstatus = (int8_t *)o[O_LSTATUS].at;
+    x->consumed = (uint8_t *)o[O_CONSUMED].at;
+}
 
 static int out_new(Out *o, Py_ssize_t bytes) {
     o->obj = PyByteArray_FromStringAndSize(NULL, bytes ? bytes : 1);
@@ -93,8 +296,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t prev_tail_len;
     PyObject *capsule, *tqdm;
     int pivots = 1;
-    if (!PyArg_ParseTuple(args, "y*y*nOO!|p", &view, &blocks_view, &prev_tail_len, &capsule,
-                          &PyTuple_Type, &tqdm, &pivots))
+    Py_ssize_t expected = -1, window_bytes = WINDOW_BYTES;
+    if (!PyArg_ParseTuple(args, "y*y*nOO!|pnn", &view, &blocks_view, &prev_tail_len, &capsule,
+                          &PyTuple_Type, &tqdm, &pivots, &expected, &window_bytes))
         return NULL;
     PyObject *result = NULL;
     Matcher *m = PyCapsule_GetPointer(capsule, "oomlens.matcher");
@@ -104,7 +308,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t nblocks = blocks_view.len / (Py_ssize_t)sizeof(int64_t);
     Vec starts = {0}, hit_off = {0}, hit_bits = {0}, dirty_v = {0}, bar_at = {0};
     uint8_t *dirty = NULL;
-    int64_t *walk_key = NULL; /* per line: its key for the walk, once read (UNSURE - 1: not yet) */
+    int64_t *walk_key = NULL;
     int64_t *block_first = NULL;
     Out o[19] = {{0}};
     if (m == NULL) goto done;
@@ -215,200 +419,96 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t j = 0; j < 2 * lines; j++) walk_key[j] = UNSURE - 1;
-    Py_BEGIN_ALLOW_THREADS;
+    /* blocks' first lines */
     {
-        /* 2. anchors, leftmost-first (ahocorasick_rs's LeftmostFirst) */
-        if ((use_pivots ? search_pivots : search_hashed)(m, d, n, &hit_off, &hit_bits) < 0)
-            failed = 1;
-        /* blocks' first lines */
         Py_ssize_t line_at = 0;
         for (Py_ssize_t b = 0; b < nblocks; b++) {
             while (line_at < lines && starts.v[line_at] < bstart[b]) line_at++;
             block_first[b] = line_at;
         }
     }
+    /* the outputs: room for the hits expected (by default one line in two), grown as more
+     * come, cut to the hits found at the end (room for a hit on every line cost a sparse
+     * log's batches in flight 27 MiB of peak RSS; growing from little, copies) */
+    Py_ssize_t room = expected >= 0 ? expected + 1024 : 1024 + lines / 2, sizes[19];
+    if (room > lines) room = lines;
+    for (int j = 0; j < 19; j++) sizes[j] = j == O_COUNTS ? nblocks * 8 : j == O_BARS ? nblocks
+                                                                         : room * HIT_WIDTH[j];
+    for (int j = 0; j < 19; j++)
+        if (out_new(&o[j], sizes[j]) < 0) goto done;
+    Ctx x = {.d = d,
+             .n = n,
+             .starts = starts.v,
+             .lines = lines,
+             .dirty = dirty,
+             .walk_key = walk_key,
+             .block_first = block_first,
+             .bstart = bstart,
+             .nblocks = nblocks,
+             .prev_tail_len = prev_tail_len};
+    point_at(&x, o);
+    int64_t *counts = (int64_t *)o[O_COUNTS].at;
+    uint8_t *bars = (uint8_t *)o[O_BARS].at;
+    for (Py_ssize_t b = 0; b < nblocks; b++)
+        counts[b] = (b + 1 < nblocks ? block_first[b + 1] : lines) - block_first[b];
+
+    /* 2-5, a window of lines at a time: the passes over a window's bytes find them in the
+     * cache (8 MiB batches scanned whole, pass after pass, ran a third slower: the line heads
+     * and label walks missed the cache).  Anchors hold no newline, so each window's search
+     * finds what a search of the whole batch would.  A hit's CPU line (pass 4) may be the next
+     * window's first hit: the last hit of a window waits for it. */
+    Py_ssize_t hits = 0, settled = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t first = 0; first < lines && !failed;) {
+        Py_ssize_t last = first + 1;
+        while (last < lines && starts.v[last] - starts.v[first] < window_bytes) last++;
+        Py_ssize_t from = starts.v[first], to = last < lines ? starts.v[last] : n;
+        /* 2. anchors, leftmost-first (ahocorasick_rs's LeftmostFirst) */
+        hit_off.n = hit_bits.n = 0;
+        if ((use_pivots ? search_pivots : search_hashed)(m, d + from, to - from, &hit_off,
+                                                          &hit_bits) < 0) {
+            failed = 1;
+            break;
+        }
+        if (hits + hit_off.n > room) {
+            Py_ssize_t more = 2 * room > hits + hit_off.n ? 2 * room : hits + hit_off.n;
+            room = more < lines ? more : lines;
+            Py_BLOCK_THREADS;
+            for (int j = 0; j < 19 && !failed; j++)
+                if (HIT_WIDTH[j] && PyByteArray_Resize(o[j].obj, room * HIT_WIDTH[j]) < 0) failed = 1;
+            for (int j = 0; j < 19 && !failed; j++) o[j].at = PyByteArray_AS_STRING(o[j].obj);
+            Py_UNBLOCK_THREADS;
+            if (failed) break;
+            point_at(&x, o);
+        }
+        /* hits to lines: a line's bits are those of its anchors */
+        Py_ssize_t line = first, window_hits = hits;
+        for (Py_ssize_t k = 0; k < hit_off.n; k++) {
+            Py_ssize_t at = from + hit_off.v[k];
+            while (line + 1 < lines && starts.v[line + 1] <= at) line++;
+            if (hits > window_hits && x.hl[hits - 1] == line) {
+                x.hb[hits - 1] |= hit_bits.v[k];
+            } else {
+                x.hl[hits] = line;
+                x.hb[hits] = hit_bits.v[k];
+                hits++;
+            }
+        }
+        shape_hits(&x, window_hits, hits);
+        Py_ssize_t ready = hits > 0 ? hits - 1 : 0;
+        read_cpu_ahead(&x, settled, ready, hits);
+        label_hits(&x, settled, ready);
+        settled = ready;
+        first = last;
+    }
+    if (!failed) label_hits(&x, settled, hits);
     Py_END_ALLOW_THREADS;
     if (failed) {
         PyErr_NoMemory();
         goto done;
     }
-
-    /* hits to lines: a line's bits are those of its anchors */
-    Py_ssize_t hits = 0;
-    {
-        Py_ssize_t line = 0;
-        for (Py_ssize_t k = 0; k < hit_off.n; k++) {
-            while (line + 1 < lines && starts.v[line + 1] <= hit_off.v[k]) line++;
-            if (hits > 0 && hit_off.v[hits - 1] == line) {
-                hit_bits.v[hits - 1] |= hit_bits.v[k];
-            } else {
-                hit_off.v[hits] = line; /* reused: the hit lines */
-                hit_bits.v[hits] = hit_bits.v[k];
-                hits++;
-            }
-        }
-    }
-    enum { O_COUNTS, O_LINE, O_BITS, O_START, O_KIND, O_KEY, O_PID, O_PLEN, O_TS, O_A, O_B, O_C,
-           O_D, O_F, O_LSTATUS, O_LBEGIN, O_LEND, O_CONSUMED, O_BARS };
-    Py_ssize_t sizes[19] = {nblocks * 8, hits * 8, hits * 8, hits * 8, hits, hits * 8, hits * 8,
-                            hits * 8,    hits * 8, hits * 8, hits * 8, hits * 8, hits * 8,
-                            hits * 8,    hits,     hits * 8, hits * 8, hits,     nblocks};
-    for (int j = 0; j < 19; j++)
-        if (out_new(&o[j], sizes[j]) < 0) goto done;
-    int64_t *counts = (int64_t *)o[O_COUNTS].at, *hl = (int64_t *)o[O_LINE].at,
-            *hb = (int64_t *)o[O_BITS].at, *hs = (int64_t *)o[O_START].at,
-            *key = (int64_t *)o[O_KEY].at, *pid = (int64_t *)o[O_PID].at,
-            *plen = (int64_t *)o[O_PLEN].at, *ts = (int64_t *)o[O_TS].at,
-            *fa = (int64_t *)o[O_A].at, *fb = (int64_t *)o[O_B].at, *fc = (int64_t *)o[O_C].at,
-            *fd = (int64_t *)o[O_D].at, *lbegin = (int64_t *)o[O_LBEGIN].at,
-            *lend = (int64_t *)o[O_LEND].at;
-    double *ff = (double *)o[O_F].at;
-    int8_t *kind = (int8_t *)o[O_KIND].at, *lstatus = (int8_t *)o[O_LSTATUS].at;
-    uint8_t *consumed = (uint8_t *)o[O_CONSUMED].at, *bars = (uint8_t *)o[O_BARS].at;
-
-    for (Py_ssize_t b = 0; b < nblocks; b++)
-        counts[b] = (b + 1 < nblocks ? block_first[b + 1] : lines) - block_first[b];
-#define LINE_END(l) ((l) + 1 < lines ? starts.v[(l) + 1] - 1 : (n > 0 && d[n - 1] == '\n' ? n - 1 : n))
-#define ENTRY_END(l) ((l) + 1 < lines ? starts.v[(l) + 1] : n)
-
-    Py_BEGIN_ALLOW_THREADS;
-    /* 3. per hit line: its key and prefix, and the bulk shape it is in (bulk._shapes) */
-    for (Py_ssize_t k = 0; k < hits; k++) {
-        Py_ssize_t line = hit_off.v[k];
-        Py_ssize_t s = starts.v[line];
-        uint8_t h[HEAD];
-        head_of(d, n, s, h);
-        int64_t kk, pl;
-        line_key(h, &kk, &pl);
-        hl[k] = line;
-        hb[k] = hit_bits.v[k];
-        hs[k] = s;
-        key[k] = kk;
-        plen[k] = pl;
-        int logger = at(h, pl) == '[';
-        int space = at(h, pl > 0 ? pl - 1 : 0) == ' ';
-        pid[k] = (kk + 2) * 64 + pl * 2 + (space && pl > 0);
-        kind[k] = NONE;
-        ts[k] = NO_TS;
-        fa[k] = 0;
-        fb[k] = -1;
-        fc[k] = -1;
-        fd[k] = 0;
-        ff[k] = NAN;
-        lstatus[k] = L_NONE;
-        lbegin[k] = lend[k] = 0;
-        consumed[k] = 0;
-        if (dirty[line] || kk == UNSURE) continue;
-        int64_t bits = hb[k];
-        int shape = bits == B_DS_MEMORY ? MEMORY
-                    : bits == B_DS_CPU  ? CPU
-                    : bits == B_FLUSH   ? FLUSH_LINE
-                    : bits == B_STEP    ? (logger ? STEP_DS : STEP_GENERIC)
-                                        : NONE;
-        if (shape == NONE) continue;
-        Fields f = {NO_TS, 0, -1, -1, 0, NAN, 1};
-        Cur c = {d + s + pl, d + ENTRY_END(line)};
-        if (!match_shape(shape, logger, &c, &f)) continue;
-        ts[k] = f.ts;
-        fa[k] = f.a;
-        fb[k] = f.b;
-        fc[k] = f.c;
-        fd[k] = f.d;
-        ff[k] = f.f;
-        if (f.valid) kind[k] = (int8_t)shape;
-    }
-    /* 4. a CPU line read with the memory line before it (bulk._consumed_cpu) */
-    for (Py_ssize_t k = 0; k + 1 < hits; k++) {
-        if (kind[k] != MEMORY) continue;
-        Py_ssize_t line = hl[k], nxt = k + 1;
-        if (hl[nxt] != line + 1 || !(hb[nxt] & B_DS_CPU)) continue;
-        Py_ssize_t b = 0, lo = 0, hi = nblocks; /* block_of(line) == block_of(line + 1) */
-        while (lo < hi) {
-            Py_ssize_t mid = (lo + hi) / 2;
-            if (block_first[mid] <= line + 1) lo = mid + 1;
-            else hi = mid;
-        }
-        b = lo - 1;
-        if (b >= 0 && block_first[b] == line + 1) continue;
-        if (kind[nxt] == CPU) {
-            if (ts[nxt] == NO_TS && pid[nxt] == pid[k]) consumed[nxt] = 1;
-        } else {
-            Py_ssize_t s = hs[k], t = starts.v[line + 1], pl = plen[k];
-            static const char CPU_ANCHOR[] = "CPU Virtual Memory";
-            Py_ssize_t want = pl + (Py_ssize_t)sizeof CPU_ANCHOR - 1;
-            if (n - t >= want && memcmp(d + t, d + s, pl) == 0 &&
-                memcmp(d + t + pl, CPU_ANCHOR, sizeof CPU_ANCHOR - 1) == 0)
-                kind[k] = NONE;
-        }
-    }
-    /* 5. labels (bulk._labels, bulk._walk): the line before with the same raw prefix, else the
-     * nearest of the 16 lines before, within 16 KiB, of the same stream */
-    for (Py_ssize_t k = 0; k < hits; k++) {
-        if (kind[k] != MEMORY) continue;
-        Py_ssize_t line = hl[k], begin = hs[k], pl = plen[k];
-        Py_ssize_t lo = 0, hi = nblocks;
-        while (lo < hi) {
-            Py_ssize_t mid = (lo + hi) / 2;
-            if (block_first[mid] <= line) lo = mid + 1;
-            else hi = mid;
-        }
-        Py_ssize_t block = lo - 1;
-        Py_ssize_t block_start = bstart[block];
-        Py_ssize_t relative = begin - block_start;
-        Py_ssize_t prev_start = starts.v[line > 0 ? line - 1 : 0];
-        int same = relative > 0;
-        for (Py_ssize_t j = 0; j < pl && same; j++) {
-            Py_ssize_t here = begin + j < n ? begin + j : n - 1;
-            Py_ssize_t there = prev_start + j < n ? prev_start + j : n - 1;
-            same = prev_start + j < begin && d[here] == d[there];
-        }
-        if (same) {
-            Py_ssize_t after = prev_start + pl < n ? prev_start + pl : n - 1;
-            if (d[after] != '[' && d[after] != '(') {
-                lstatus[k] = L_FAST;
-                lbegin[k] = prev_start + pl;
-                lend[k] = begin - 1;
-                continue;
-            }
-        }
-        Py_ssize_t before = block > 0 ? bstart[block - 1] : -prev_tail_len;
-        Py_ssize_t window = relative >= LABEL_WINDOW ? begin - LABEL_WINDOW
-                            : (before > block_start - LABEL_WINDOW ? before
-                                                                   : block_start - LABEL_WINDOW);
-        int status = L_NONE; /* 16 lines and no stop */
-        Py_ssize_t after_edge = begin;
-        for (int step = 1; step <= LABEL_LINES; step++) {
-            Py_ssize_t target = line - step;
-            int complete = target >= 0 && starts.v[target] >= window;
-            if (!complete) {
-                status = window >= 0 && after_edge == window ? L_NONE : L_DEFERRED;
-                break;
-            }
-            int64_t tk = walk_key[2 * target], tp = walk_key[2 * target + 1];
-            if (tk == UNSURE - 1) { /* consecutive memory lines walk over the same lines */
-                uint8_t h[HEAD];
-                head_of(d, n, starts.v[target], h);
-                line_key(h, &tk, &tp);
-                if (dirty[target] || LINE_END(target) - starts.v[target] > MAX_LINE_BYTES)
-                    tk = UNSURE;
-                walk_key[2 * target] = tk;
-                walk_key[2 * target + 1] = tp;
-            }
-            if (tk == key[k]) {
-                status = L_WALK;
-                lbegin[k] = starts.v[target] + tp;
-                lend[k] = LINE_END(target);
-                break;
-            }
-            if (tk == UNSURE) {
-                status = L_DEFERRED;
-                break;
-            }
-            after_edge = starts.v[target];
-        }
-        lstatus[k] = (int8_t)status;
-    }
-    Py_END_ALLOW_THREADS;
+    for (int j = 0; j < 19; j++) /* the hits' arrays: they had room for a hit on every line */
+        if (HIT_WIDTH[j]) sizes[j] = hits * HIT_WIDTH[j];
     /* 6. per block, whether a tqdm bar's anchor lies wholly in it (bulk._progress_bars) */
     for (Py_ssize_t b = 0; b < nblocks; b++) bars[b] = 0;
     for (Py_ssize_t j = 0; j + 1 < bar_at.n; j += 2) {
@@ -456,12 +556,101 @@ done:
     return result;
 }
 
+/* ---- label keys (bulk.Labels.ids_of's grouping) */
+
+/* Whether text starts with a logger record's timestamp then " [" (bulk._STAMPED). */
+static int stamped(const uint8_t *t, Py_ssize_t len) {
+    static const char stamp[] = "[0000-00-00 00:00:00,000] [";
+    if (len < (Py_ssize_t)sizeof stamp - 1) return 0;
+    for (size_t j = 0; j + 1 < sizeof stamp; j++) {
+        if (stamp[j] == '0' ? (t[j] < '0' || t[j] > '9') : t[j] != (uint8_t)stamp[j]) return 0;
+    }
+    return 1;
+}
+
+/* label_keys(data, begins, ends): the rows' texts data[begin:end] grouped by Labels.id_of's
+ * cache key (the text less a logger record's timestamp, stamped and plain texts apart): the
+ * first row of each key in the order keys first occur, and each row's key number. */
+static PyObject *label_keys(PyObject *self, PyObject *args) {
+    Py_buffer view, bview, eview;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &view, &bview, &eview)) return NULL;
+    PyObject *result = NULL, *firsts = NULL, *inverse = NULL;
+    Py_ssize_t rows = bview.len / (Py_ssize_t)sizeof(int64_t), keys = 0, size = 16;
+    const int64_t *begins = bview.buf, *ends = eview.buf;
+    const uint8_t *d = view.buf;
+    int64_t *table = NULL;
+    if (eview.len != bview.len) {
+        PyErr_SetString(PyExc_ValueError, "one end per begin");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < rows; j++) {
+        if (begins[j] < 0 || ends[j] < begins[j] || ends[j] > view.len) {
+            PyErr_SetString(PyExc_ValueError, "a text outside the data");
+            goto done;
+        }
+    }
+    while (size < 2 * rows) size *= 2;
+    firsts = PyByteArray_FromStringAndSize(NULL, rows ? rows * 8 : 1);
+    inverse = PyByteArray_FromStringAndSize(NULL, rows ? rows * 8 : 1);
+    table = malloc(size * sizeof(int64_t));
+    if (firsts == NULL || inverse == NULL || table == NULL) {
+        if (table == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *first = (int64_t *)PyByteArray_AS_STRING(firsts);
+    int64_t *inv = (int64_t *)PyByteArray_AS_STRING(inverse);
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint8_t *t = d + begins[r];
+        Py_ssize_t len = ends[r] - begins[r];
+        int st = stamped(t, len);
+        const uint8_t *k = t + 26 * st;
+        Py_ssize_t klen = len - 26 * st;
+        uint64_t h = 1469598103934665603ull ^ (uint64_t)st;
+        for (Py_ssize_t j = 0; j < klen; j++) h = (h ^ k[j]) * 1099511628211ull;
+        Py_ssize_t slot = (Py_ssize_t)(h & (uint64_t)(size - 1));
+        for (;; slot = (slot + 1) & (size - 1)) {
+            int64_t found = table[slot];
+            if (found < 0) {
+                table[slot] = keys;
+                first[keys] = r;
+                inv[r] = keys++;
+                break;
+            }
+            const uint8_t *other = d + begins[first[found]];
+            Py_ssize_t olen = ends[first[found]] - begins[first[found]];
+            int ost = stamped(other, olen);
+            if (ost == st && olen - 26 * ost == klen && memcmp(other + 26 * ost, k, klen) == 0) {
+                inv[r] = found;
+                break;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (PyByteArray_Resize(firsts, keys * 8) < 0 || PyByteArray_Resize(inverse, rows * 8) < 0)
+        goto done;
+    result = PyTuple_Pack(2, firsts, inverse);
+done:
+    Py_XDECREF(firsts);
+    Py_XDECREF(inverse);
+    free(table);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&bview);
+    PyBuffer_Release(&eview);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
     {"make_matcher", make_matcher, METH_VARARGS,
      "make_matcher(anchors, bits, pivots): the anchor table, for scan"},
     {"scan", scan, METH_VARARGS,
-     "scan(data, block_starts, prev_tail_len, matcher, tqdm_anchors, pivots=True): the batch's "
-     "arrays (pivots=False: the anchors by the hash filter alone, the same hits)"},
+     "scan(data, block_starts, prev_tail_len, matcher, tqdm_anchors, pivots=True, expected=-1): "
+     "the batch's arrays (pivots=False: the anchors by the hash filter alone, the same hits; "
+     "expected: about how many hits, room made for them at first; window_bytes: the passes' "
+     "window, the same arrays whatever it is)"},
+    {"label_keys", label_keys, METH_VARARGS,
+     "label_keys(data, begins, ends): each key's first row and each row's key (Labels.ids_of)"},
     {NULL, NULL, 0, NULL},
 };
 

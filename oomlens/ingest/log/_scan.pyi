@@ -8,4 +8,7 @@ def scan(
     matcher: object,
     tqdm: tuple[bytes, ...],
     pivots: bool = True,
+    expected: int = -1,
+    window_bytes: int = ...,
 ) -> tuple[bytearray, ...]: ...
+def label_keys(data: bytes, begins: bytes, ends: bytes) -> tuple[bytearray, bytearray]: ...

@@ -556,14 +556,20 @@ def _labels(
     pair = keeper_of[labelled] * width + labels[labelled]
     accepted: dict[int, tuple[RunningStats, RunningStats]] = {}
     # A keeper that follows MAX_LABELS labels takes no new one: only its own labels matter,
-    # looked up once per label text of the run rather than once per (keeper, label).
+    # each looked up among the run's label texts (a log whose labels name the step has a new
+    # text every step: looking each of those up in every keeper's labels cost a tenth of the
+    # apply on a dense 64-rank log).
     full = np.asarray([k is not None and len(k.labels) >= MAX_LABELS for k in keepers])
     if full.any():
-        ids = np.unique(labels[labelled])
+        ids_of_text: dict[str, list[int]] = {}
+        for i in np.unique(labels[labelled]).tolist():
+            ids_of_text.setdefault(texts[i], []).append(i)
         known = np.zeros((len(keepers), width), dtype=bool)
         for k in np.flatnonzero(full).tolist():
-            followed = keepers[k].labels  # type: ignore[union-attr]
-            known[k, ids] = [texts[i] in followed for i in ids.tolist()]
+            for text in keepers[k].labels:  # type: ignore[union-attr]
+                found = ids_of_text.get(text)
+                if found is not None:
+                    known[k, found] = True
         wanted = ~full[keeper_of[labelled]] | known[keeper_of[labelled], labels[labelled]]
         labelled, pair = labelled[wanted], pair[wanted]
     for combined in _first_occurrences(pair):

@@ -28,10 +28,14 @@ def _scan_both(
     tail: bytes,
     monkeypatch: pytest.MonkeyPatch,
     pivots: bool = True,
+    window: int = native.WINDOW_BYTES,
 ) -> tuple[bulk.BatchScan, bulk.BatchScan]:
+    """The C scan's arrays (its passes ``window`` bytes of lines at a time) and the pure
+    path's."""
     with monkeypatch.context() as m:
         m.setattr(native, "NATIVE", True)
         m.setattr(native, "PIVOTS", pivots)
+        m.setattr(native, "WINDOW_BYTES", window)
         fast = bulk.scan_batch(data, starts, tail)
         m.setattr(native, "NATIVE", False)
         pure = bulk.scan_batch(data, starts, tail)
@@ -88,7 +92,9 @@ def test_corpus_logs_scan_alike(root: str, pivots: bool, monkeypatch: pytest.Mon
         for size in (1 << 20, rng.randrange(200, 5000)):
             starts = _blocks(data, rng, size)
             tail = data[-rng.randrange(0, 20000) :] if rng.random() < 0.5 else b""
-            fast, pure = _scan_both(data, starts, tail, monkeypatch, pivots)
+            # the passes' windows end anywhere: a line, a few, a default window
+            window = rng.choice([1, rng.randrange(50, 5000), native.WINDOW_BYTES])
+            fast, pure = _scan_both(data, starts, tail, monkeypatch, pivots, window)
             assert _differences(fast, pure) == [], path
             checked += 1
     assert checked > 20
@@ -102,8 +108,11 @@ def test_corpus_logs_scan_alike(root: str, pivots: bool, monkeypatch: pytest.Mon
     size=st.sampled_from([300, 4096, 20000, 1 << 20]),
     tail=st.integers(0, 20000),
     pivots=st.booleans(),
+    window=st.sampled_from([1, 200, 3000, native.WINDOW_BYTES]),
 )
-def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int, pivots: bool) -> None:
+def test_mixed_logs_scan_alike(
+    seed: int, ranks: int, size: int, tail: int, pivots: bool, window: int
+) -> None:
     rng = random.Random(seed)
     data = mixed_log(seed, ranks=ranks, steps=rng.randrange(5, 60)).encode("utf-8", "replace")
     if rng.random() < 0.3:  # no newline at the end
@@ -111,7 +120,7 @@ def test_mixed_logs_scan_alike(seed: int, ranks: int, size: int, tail: int, pivo
     starts = _blocks(data, rng, size)
     previous = mixed_log(seed + 1, ranks=ranks, steps=3).encode()[-tail:] if tail else b""
     with pytest.MonkeyPatch.context() as m:
-        fast, pure = _scan_both(data, starts, previous, m, pivots)
+        fast, pure = _scan_both(data, starts, previous, m, pivots, window)
     assert _differences(fast, pure) == []
 
 
@@ -149,9 +158,10 @@ _BYTES = b"0123456789 .:[]-_,()%/\n\r\x00\x1b\xc2\xa0abMGkrnstep"
         max_size=12,
     ),
     pivots=st.booleans(),
+    window=st.sampled_from([1, 90, native.WINDOW_BYTES]),
 )
 def test_mutated_shapes_scan_alike(
-    picks: list[int], edits: list[tuple[int, int, int, int]], pivots: bool
+    picks: list[int], edits: list[tuple[int, int, int, int]], pivots: bool, window: int
 ) -> None:
     # bytes replaced, repeated in or deleted: a digit too many, a space too few, a date that is
     # no date, a prefix cut short, 41 spaces where 40 are the most... each shape's edges
@@ -168,7 +178,7 @@ def test_mutated_shapes_scan_alike(
         elif at < len(data):
             del data[at : at + count % 3 + 1]
     with pytest.MonkeyPatch.context() as m:
-        fast, pure = _scan_both(bytes(data), [0], b"", m, pivots)
+        fast, pure = _scan_both(bytes(data), [0], b"", m, pivots, window)
     assert _differences(fast, pure) == []
 
 
@@ -265,7 +275,8 @@ def test_the_fuzzers_mutated_logs_scan_alike(seed: int, monkeypatch: pytest.Monk
         data = data[: 4 << 20]
         starts = _blocks(data, rng, rng.choice([300, 4096, 1 << 20]))
         tail = other[-rng.randrange(1, 20000) :] if rng.random() < 0.5 else b""
-        fast, pure = _scan_both(data, starts, tail, monkeypatch, rng.random() < 0.5)
+        window = rng.choice([1, rng.randrange(100, 10000), native.WINDOW_BYTES])
+        fast, pure = _scan_both(data, starts, tail, monkeypatch, rng.random() < 0.5, window)
         assert _differences(fast, pure) == []
 
 
@@ -294,3 +305,75 @@ def test_the_extension_shares_the_readers_constants() -> None:
         "HEAD": bulk._HEAD,
     }
     assert {name: getattr(_scan, name) for name in python} == python
+
+
+@needs_extension
+@pytest.mark.parametrize("expected", [0, 1, 10**6])
+def test_the_room_made_for_hits_changes_nothing(expected: int) -> None:
+    # the extension makes room for the hits the last batch suggests and grows it as need be:
+    # too little (copies), too much (memory), the same arrays
+    from oomlens.ingest.log import _scan, steps
+
+    data = mixed_log(5, ranks=8, steps=40).encode()
+    starts = np.asarray(_blocks(data, random.Random(5), 3000), dtype=np.int64).tobytes()
+    args = (data, starts, 0, native._anchor_table(), steps.TQDM_ANCHORS, True)
+    plain = _scan.scan(*args, -1, 700)
+    hinted = _scan.scan(*args, expected, 700)
+    assert len(plain[1]) > 8 * 100 and hinted == plain
+
+
+def _label_key(text: bytes) -> tuple[bool, bytes]:
+    stamped = bulk._STAMPED.match(text) is not None
+    return stamped, text[26:] if stamped else text
+
+
+@needs_extension
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(
+        st.sampled_from(
+            [
+                b"after step 1",
+                b"after step 12",
+                b"[2026-11-30 06:00:01,407] [INFO] after step 1",
+                b"[2026-11-30 06:00:02,999] [INFO] after step 1",
+                b"[2026-11-30 06:00:0x,999] [INFO] after step 1",
+                b"[INFO] after step 1",
+                b"",
+                b"\xc2\xa0after",
+            ]
+        ),
+        max_size=60,
+    )
+)
+def test_label_keys_group_texts_as_the_labels_cache_does(texts: list[bytes]) -> None:
+    # Labels.id_of keys its cache on the text less a logger record's timestamp (stamped and
+    # plain texts apart): the extension groups the texts the same way, keys numbered as they
+    # first occur
+    from oomlens.ingest.log import _scan
+
+    data = b"|".join(texts)
+    begins, at = [], 0
+    for text in texts:
+        begins.append(at)
+        at += len(text) + 1
+    ends = [b + len(t) for b, t in zip(begins, texts, strict=True)]
+    firsts, inverse = _scan.label_keys(
+        data, np.asarray(begins, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    )
+    numbers: dict[tuple[bool, bytes], int] = {}
+    expected = [numbers.setdefault(_label_key(t), len(numbers)) for t in texts]
+    first_rows = [expected.index(k) for k in range(len(numbers))]
+    assert np.frombuffer(inverse, dtype=np.int64).tolist() == expected
+    assert np.frombuffer(firsts, dtype=np.int64).tolist() == first_rows
+
+
+@needs_extension
+def test_label_keys_refuse_texts_outside_the_data() -> None:
+    from oomlens.ingest.log import _scan
+
+    one = np.asarray([0], dtype=np.int64)
+    with pytest.raises(ValueError, match="outside"):
+        _scan.label_keys(b"abc", one, np.asarray([4], dtype=np.int64))
+    with pytest.raises(ValueError, match="one end per begin"):
+        _scan.label_keys(b"abc", one, np.asarray([1, 2], dtype=np.int64))
