@@ -1,3 +1,5 @@
+import numpy as np
+
 def make_matcher(
     anchors: tuple[bytes, ...], bits: tuple[int, ...], pivots: tuple[int, ...]
 ) -> object: ...
@@ -11,4 +13,6 @@ def scan(
     expected: int = -1,
     window_bytes: int = ...,
 ) -> tuple[bytearray, ...]: ...
-def label_keys(data: bytes, begins: bytes, ends: bytes) -> tuple[bytearray, bytearray]: ...
+def label_keys(
+    data: bytes, begins: np.ndarray, ends: np.ndarray
+) -> tuple[bytearray, bytearray]: ...
