@@ -641,6 +641,126 @@ done:
     return result;
 }
 
+/* ---- exact grouped sums (series.grouped_sums) */
+
+/* A signed 128-bit integer as a Python int. */
+static PyObject *long_of(__int128 v) {
+    PyObject *high = PyLong_FromLongLong((long long)(v >> 64));
+    PyObject *low = PyLong_FromUnsignedLongLong((unsigned long long)(v & 0xffffffffffffffffULL));
+    PyObject *sixty_four = PyLong_FromLong(64), *shifted = NULL, *sum = NULL;
+    if (high && low && sixty_four) shifted = PyNumber_Lshift(high, sixty_four);
+    if (shifted) sum = PyNumber_Add(shifted, low);
+    Py_XDECREF(high);
+    Py_XDECREF(low);
+    Py_XDECREF(sixty_four);
+    Py_XDECREF(shifted);
+    return sum;
+}
+
+typedef struct {
+    int64_t group;
+    int exponent;
+    __int128 sum, weighted;
+} Bucket;
+
+/* grouped_sums(groups, values, index): for finite float64 values, each written m * 2**(e-53)
+ * with an integer m of at most 53 bits (frexp), the exact sums of m and of index * m per
+ * group and exponent: a list of (group, e, sum, weighted) in the order each pair first
+ * occurs, every group present at least once (a zero counts, as m = 0).  128-bit sums do not
+ * overflow below 2**30 values with indices below 2**40. */
+static PyObject *grouped_sums(PyObject *self, PyObject *args) {
+    Py_buffer gv, vv, iv;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &gv, &vv, &iv)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = vv.len / (Py_ssize_t)sizeof(double), used = 0, size = 64;
+    const int64_t *groups = gv.buf, *index = iv.buf;
+    const double *values = vv.buf;
+    Bucket *buckets = NULL;
+    int32_t *table = NULL;
+    const char *problem = NULL;
+    if (gv.len != vv.len || iv.len != vv.len) problem = "one group and one index per value";
+    else if (n >= (1 << 30)) problem = "at most 2**30 values at once";
+    for (Py_ssize_t i = 0; i < n && !problem; i++)
+        if (!isfinite(values[i])) problem = "finite values only";
+        else if (index[i] < 0 || index[i] >= (1LL << 40)) problem = "indices from 0 below 2**40";
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        goto done;
+    }
+    buckets = malloc(size / 2 * sizeof(Bucket));
+    table = malloc(size * sizeof(int32_t));
+    if (buckets == NULL || table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int e;
+        double mantissa = frexp(values[i], &e);
+        int64_t m = (int64_t)(mantissa * 9007199254740992.0); /* 2**53: exact */
+        uint64_t h = ((uint64_t)groups[i] * 0x9E3779B97F4A7C15ULL) ^ (uint64_t)(e + 4096);
+        h *= 0xC2B2AE3D27D4EB4FULL;
+        Py_ssize_t slot = (Py_ssize_t)(h >> 40) & (size - 1);
+        for (;; slot = (slot + 1) & (size - 1)) {
+            int32_t b = table[slot];
+            if (b < 0) {
+                if (2 * (used + 1) > size) { /* grow and place again */
+                    Py_ssize_t bigger = 2 * size;
+                    int32_t *t = malloc(bigger * sizeof(int32_t));
+                    Bucket *more = realloc(buckets, bigger / 2 * sizeof(Bucket));
+                    if (t == NULL || more == NULL) {
+                        free(t);
+                        if (more) buckets = more;
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    buckets = more;
+                    free(table);
+                    table = t;
+                    size = bigger;
+                    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+                    for (Py_ssize_t k = 0; k < used; k++) {
+                        uint64_t g = ((uint64_t)buckets[k].group * 0x9E3779B97F4A7C15ULL) ^
+                                     (uint64_t)(buckets[k].exponent + 4096);
+                        g *= 0xC2B2AE3D27D4EB4FULL;
+                        Py_ssize_t at = (Py_ssize_t)(g >> 40) & (size - 1);
+                        while (table[at] >= 0) at = (at + 1) & (size - 1);
+                        table[at] = (int32_t)k;
+                    }
+                    slot = (Py_ssize_t)(h >> 40) & (size - 1);
+                    while (table[slot] >= 0) slot = (slot + 1) & (size - 1);
+                }
+                b = (int32_t)used++;
+                buckets[b] = (Bucket){groups[i], e, 0, 0};
+                table[slot] = b;
+            } else if (buckets[b].group != groups[i] || buckets[b].exponent != e) {
+                continue;
+            }
+            buckets[b].sum += m;
+            buckets[b].weighted += (__int128)m * index[i];
+            break;
+        }
+    }
+    result = PyList_New(used);
+    for (Py_ssize_t k = 0; k < used && result; k++) {
+        PyObject *sum = long_of(buckets[k].sum), *weighted = long_of(buckets[k].weighted);
+        PyObject *item = sum && weighted ? Py_BuildValue("(LiOO)", (long long)buckets[k].group,
+                                                         buckets[k].exponent, sum, weighted)
+                                         : NULL;
+        Py_XDECREF(sum);
+        Py_XDECREF(weighted);
+        if (item == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, k, item);
+    }
+done:
+    free(buckets);
+    free(table);
+    PyBuffer_Release(&gv);
+    PyBuffer_Release(&vv);
+    PyBuffer_Release(&iv);
+    return result;
+}
+
 static PyMethodDef METHODS[] = {
     {"make_matcher", make_matcher, METH_VARARGS,
      "make_matcher(anchors, bits, pivots): the anchor table, for scan"},
@@ -649,6 +769,8 @@ static PyMethodDef METHODS[] = {
      "the batch's arrays (pivots=False: the anchors by the hash filter alone, the same hits; "
      "expected: about how many hits, room made for them at first; window_bytes: the passes' "
      "window, the same arrays whatever it is)"},
+    {"grouped_sums", grouped_sums, METH_VARARGS,
+     "grouped_sums(groups, values, index): exact sums of mantissas per group and exponent"},
     {"label_keys", label_keys, METH_VARARGS,
      "label_keys(data, begins, ends): each key's first row and each row's key (Labels.ids_of)"},
     {NULL, NULL, 0, NULL},

@@ -16,3 +16,6 @@ def scan(
 def label_keys(
     data: bytes, begins: np.ndarray, ends: np.ndarray
 ) -> tuple[bytearray, bytearray]: ...
+def grouped_sums(
+    groups: np.ndarray, values: np.ndarray, index: np.ndarray
+) -> list[tuple[int, int, int, int]]: ...

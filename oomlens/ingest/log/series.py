@@ -19,6 +19,7 @@ from typing import Generic, TypeVar, cast
 import numpy as np
 
 from oomlens.facts.log import SeriesStats
+from oomlens.ingest.log import native
 
 T = TypeVar("T")
 
@@ -211,13 +212,29 @@ def grouped_sums(
     exactly, for finite float64 ``values``; ``index`` (int64, from 0 up to below 2**40) is
     each value's position in its series.
 
-    How: each value is ``M * 2**(e - 53)`` with an integer ``M`` of 53 bits (``frexp``); values
-    are sorted by (group, e), ``M`` is cut into three 18-bit limbs, and ``np.add.reduceat``
-    sums limbs and index-times-limbs (the index cut in two 20-bit pieces) in int64 without
-    overflow; Python integers put the
-    pieces together (one per group and exponent, a handful)."""
+    How: each value is ``M * 2**(e - 53)`` with an integer ``M`` of 53 bits (``frexp``).  The
+    extension sums ``M`` and ``index * M`` per group and ``e`` in 128-bit integers.  Without
+    it, values are sorted by (group, e), ``M`` is cut into three 18-bit limbs, and
+    ``np.add.reduceat`` sums limbs and index-times-limbs (the index cut in two 20-bit pieces)
+    in int64 without overflow.  Python integers put the pieces together (one per group and
+    exponent, a handful)."""
     result: dict[int, tuple[int, int]] = {}
     if len(values) == 0:
+        return result
+    if native.NATIVE:
+        # the extension sums each group's mantissas per exponent in 128 bits, one pass (the
+        # limbs below took 0.3 s of a dense 1 GiB log's 3.5 s apply, this 0.02 s)
+        assert native._scan is not None
+        for begin in range(0, len(values), _CHUNK):
+            end = begin + _CHUNK
+            for group, e, total, weighted in native._scan.grouped_sums(
+                np.ascontiguousarray(groups[begin:end], dtype=np.int64),
+                np.ascontiguousarray(values[begin:end], dtype=np.float64),
+                np.ascontiguousarray(index[begin:end], dtype=np.int64),
+            ):
+                shift = e - 53 + _SCALE
+                before = result.get(group, (0, 0))
+                result[group] = (before[0] + (total << shift), before[1] + (weighted << shift))
         return result
     for begin in range(0, len(values), _CHUNK):
         g = groups[begin : begin + _CHUNK]

@@ -3,6 +3,7 @@ batches, the blocks and the number of scanning processes."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -443,16 +444,22 @@ def test_a_tail_item_keeps_only_its_own_ranks_rows_alive(
     )
 )
 def test_grouped_sums_are_the_exact_sums(rows: list[tuple[int, float]]) -> None:
-    # whole numbers take a shortcut (one exponent for all): the sums must not change
+    # whole numbers take a shortcut (one exponent for all): the sums must not change; the
+    # extension's 128-bit sums and numpy's limbs give the same
     from fractions import Fraction
 
+    from oomlens.ingest.log import native
     from oomlens.ingest.log.series import _SCALE, grouped_sums
 
     groups = np.asarray([g for g, _ in rows], dtype=np.int64)
     values = np.asarray([v for _, v in rows], dtype=np.float64)
-    index = np.arange(len(rows), dtype=np.int64)
-    for chosen in (np.ones(len(rows), dtype=bool), values == np.trunc(values)):
-        got = grouped_sums(groups[chosen], values[chosen], index[chosen])
+    index = np.arange(len(rows), dtype=np.int64) * 7919 % (1 << 40)
+    for chosen, pure in itertools.product(
+        (np.ones(len(rows), dtype=bool), values == np.trunc(values)), (False, True)
+    ):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(native, "NATIVE", native.BUILT and not pure)
+            got = grouped_sums(groups[chosen], values[chosen], index[chosen])
         for group in set(groups[chosen].tolist()):
             mine = chosen & (groups == group)
             total = sum(Fraction(v) for v in values[mine].tolist()) * 2**_SCALE
@@ -510,3 +517,47 @@ def test_small_key_sorts_are_numpy_s(values: list[int]) -> None:
     expected, expected_inverse = np.unique(array, return_inverse=True)
     assert unique.tolist() == expected.tolist()
     assert inverse.tolist() == expected_inverse.ravel().tolist()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_grouped_sums_of_many_groups_and_exponents(pure: bool) -> None:
+    # hundreds of (group, exponent) pairs, zeros and subnormals among them: the extension's
+    # table grows many times over
+    from fractions import Fraction
+
+    from oomlens.ingest.log import native
+    from oomlens.ingest.log.series import _SCALE, grouped_sums
+
+    rng = np.random.default_rng(3)
+    n = 4000
+    groups = rng.integers(-5, 300, n).astype(np.int64) * 1_000_003
+    values = rng.standard_normal(n) * 10.0 ** rng.integers(-300, 300, n)
+    values[::97] = 0.0
+    values[::89] = 5e-324
+    index = rng.integers(0, 1 << 40, n).astype(np.int64)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "NATIVE", native.BUILT and not pure)
+        got = grouped_sums(groups, values, index)
+    assert set(got) == set(groups.tolist())
+    for group in sorted(set(groups.tolist()))[:40]:
+        mine = groups == group
+        fractions = [Fraction(v) for v in values[mine].tolist()]
+        total = sum(fractions) * 2**_SCALE
+        weighted = sum(i * f for i, f in zip(index[mine].tolist(), fractions, strict=True))
+        assert got[group] == (total, weighted * 2**_SCALE)
+
+
+def test_the_extensions_grouped_sums_refuse_what_they_cannot_sum() -> None:
+    from oomlens.ingest.log import native
+
+    if not native.BUILT:
+        pytest.skip("the C extension is not built")
+    assert native._scan is not None
+    one = np.zeros(1, dtype=np.int64)
+    for values, index, message in (
+        (np.asarray([np.inf]), one, "finite"),
+        (np.asarray([1.0]), np.asarray([-1], dtype=np.int64), "indices"),
+        (np.asarray([1.0, 2.0]), one, "one group"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            native._scan.grouped_sums(one, values, index)
