@@ -667,20 +667,119 @@ typedef struct {
     __int128 sum, weighted;
 } Bucket;
 
+/* Sums of mantissas per (group, exponent), in the order the pairs first occur. */
+typedef struct {
+    Bucket *buckets;
+    int32_t *table;
+    Py_ssize_t used, size;
+    int32_t last; /* the bucket last added to: runs of one group and exponent skip the hash */
+} Sums;
+
+static inline Py_ssize_t bucket_slot(int64_t group, int e, Py_ssize_t size) {
+    uint64_t h = ((uint64_t)group * 0x9E3779B97F4A7C15ULL) ^ (uint64_t)(e + 4096);
+    h *= 0xC2B2AE3D27D4EB4FULL;
+    return (Py_ssize_t)(h >> 40) & (size - 1);
+}
+
+static int sums_init(Sums *t) {
+    t->used = 0;
+    t->size = 64;
+    t->last = -1;
+    t->buckets = malloc(t->size / 2 * sizeof(Bucket));
+    t->table = malloc(t->size * sizeof(int32_t));
+    if (t->buckets == NULL || t->table == NULL) return -1;
+    for (Py_ssize_t j = 0; j < t->size; j++) t->table[j] = -1;
+    return 0;
+}
+
+static void sums_free(Sums *t) {
+    free(t->buckets);
+    free(t->table);
+}
+
+/* value (finite) at index into group's sums; -1 out of memory */
+static int sums_add(Sums *t, int64_t group, double value, int64_t index) {
+    int e;
+    int64_t m;
+    /* any exact split gives the same sums: whole numbers (byte counts) as m * 2**0, the rest
+     * by frexp's 53-bit mantissa */
+    if (fabs(value) < 9007199254740992.0 && value == (double)(int64_t)value) {
+        m = (int64_t)value;
+        e = 53;
+    } else {
+        m = (int64_t)(frexp(value, &e) * 9007199254740992.0); /* 2**53: exact */
+    }
+    if (t->last >= 0 && t->buckets[t->last].group == group && t->buckets[t->last].exponent == e) {
+        t->buckets[t->last].sum += m;
+        t->buckets[t->last].weighted += (__int128)m * index;
+        return 0;
+    }
+    Py_ssize_t slot = bucket_slot(group, e, t->size);
+    for (;; slot = (slot + 1) & (t->size - 1)) {
+        int32_t b = t->table[slot];
+        if (b >= 0 && (t->buckets[b].group != group || t->buckets[b].exponent != e)) continue;
+        if (b < 0) {
+            if (2 * (t->used + 1) > t->size) { /* grow, place all again, then this one */
+                Py_ssize_t bigger = 2 * t->size;
+                int32_t *table = malloc(bigger * sizeof(int32_t));
+                Bucket *more = realloc(t->buckets, bigger / 2 * sizeof(Bucket));
+                if (more) t->buckets = more;
+                if (table == NULL || more == NULL) {
+                    free(table);
+                    return -1;
+                }
+                free(t->table);
+                t->table = table;
+                t->size = bigger;
+                for (Py_ssize_t j = 0; j < bigger; j++) table[j] = -1;
+                for (Py_ssize_t k = 0; k < t->used; k++) {
+                    Py_ssize_t at = bucket_slot(t->buckets[k].group, t->buckets[k].exponent, bigger);
+                    while (table[at] >= 0) at = (at + 1) & (bigger - 1);
+                    table[at] = (int32_t)k;
+                }
+                slot = bucket_slot(group, e, bigger);
+                while (table[slot] >= 0) slot = (slot + 1) & (bigger - 1);
+            }
+            b = (int32_t)t->used++;
+            t->buckets[b] = (Bucket){group, e, 0, 0};
+            t->table[slot] = b;
+        }
+        t->buckets[b].sum += m;
+        t->buckets[b].weighted += (__int128)m * index;
+        t->last = b;
+        return 0;
+    }
+}
+
+/* [(group, e, sum, weighted), ...] */
+static PyObject *sums_list(const Sums *t) {
+    PyObject *result = PyList_New(t->used);
+    for (Py_ssize_t k = 0; k < t->used && result; k++) {
+        PyObject *sum = long_of(t->buckets[k].sum), *weighted = long_of(t->buckets[k].weighted);
+        PyObject *item = sum && weighted ? Py_BuildValue("(LiOO)", (long long)t->buckets[k].group,
+                                                         t->buckets[k].exponent, sum, weighted)
+                                         : NULL;
+        Py_XDECREF(sum);
+        Py_XDECREF(weighted);
+        if (item == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, k, item);
+    }
+    return result;
+}
+
 /* grouped_sums(groups, values, index): for finite float64 values, each written m * 2**(e-53)
- * with an integer m of at most 53 bits (frexp), the exact sums of m and of index * m per
- * group and exponent: a list of (group, e, sum, weighted) in the order each pair first
+ * with an integer m of at most 53 bits (frexp's, or the value itself and e = 53 for a whole
+ * number), the exact sums of m and of index * m per group and exponent: a list of (group, e, sum, weighted) in the order each pair first
  * occurs, every group present at least once (a zero counts, as m = 0).  128-bit sums do not
  * overflow below 2**30 values with indices below 2**40. */
 static PyObject *grouped_sums(PyObject *self, PyObject *args) {
     Py_buffer gv, vv, iv;
     if (!PyArg_ParseTuple(args, "y*y*y*", &gv, &vv, &iv)) return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = vv.len / (Py_ssize_t)sizeof(double), used = 0, size = 64;
+    Py_ssize_t n = vv.len / (Py_ssize_t)sizeof(double);
     const int64_t *groups = gv.buf, *index = iv.buf;
     const double *values = vv.buf;
-    Bucket *buckets = NULL;
-    int32_t *table = NULL;
+    Sums t = {0};
     const char *problem = NULL;
     if (gv.len != vv.len || iv.len != vv.len) problem = "one group and one index per value";
     else if (n >= (1 << 30)) problem = "at most 2**30 values at once";
@@ -691,74 +790,19 @@ static PyObject *grouped_sums(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, problem);
         goto done;
     }
-    buckets = malloc(size / 2 * sizeof(Bucket));
-    table = malloc(size * sizeof(int32_t));
-    if (buckets == NULL || table == NULL) {
+    if (sums_init(&t) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int e;
-        double mantissa = frexp(values[i], &e);
-        int64_t m = (int64_t)(mantissa * 9007199254740992.0); /* 2**53: exact */
-        uint64_t h = ((uint64_t)groups[i] * 0x9E3779B97F4A7C15ULL) ^ (uint64_t)(e + 4096);
-        h *= 0xC2B2AE3D27D4EB4FULL;
-        Py_ssize_t slot = (Py_ssize_t)(h >> 40) & (size - 1);
-        for (;; slot = (slot + 1) & (size - 1)) {
-            int32_t b = table[slot];
-            if (b < 0) {
-                if (2 * (used + 1) > size) { /* grow and place again */
-                    Py_ssize_t bigger = 2 * size;
-                    int32_t *t = malloc(bigger * sizeof(int32_t));
-                    Bucket *more = realloc(buckets, bigger / 2 * sizeof(Bucket));
-                    if (t == NULL || more == NULL) {
-                        free(t);
-                        if (more) buckets = more;
-                        PyErr_NoMemory();
-                        goto done;
-                    }
-                    buckets = more;
-                    free(table);
-                    table = t;
-                    size = bigger;
-                    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
-                    for (Py_ssize_t k = 0; k < used; k++) {
-                        uint64_t g = ((uint64_t)buckets[k].group * 0x9E3779B97F4A7C15ULL) ^
-                                     (uint64_t)(buckets[k].exponent + 4096);
-                        g *= 0xC2B2AE3D27D4EB4FULL;
-                        Py_ssize_t at = (Py_ssize_t)(g >> 40) & (size - 1);
-                        while (table[at] >= 0) at = (at + 1) & (size - 1);
-                        table[at] = (int32_t)k;
-                    }
-                    slot = (Py_ssize_t)(h >> 40) & (size - 1);
-                    while (table[slot] >= 0) slot = (slot + 1) & (size - 1);
-                }
-                b = (int32_t)used++;
-                buckets[b] = (Bucket){groups[i], e, 0, 0};
-                table[slot] = b;
-            } else if (buckets[b].group != groups[i] || buckets[b].exponent != e) {
-                continue;
-            }
-            buckets[b].sum += m;
-            buckets[b].weighted += (__int128)m * index[i];
-            break;
+        if (sums_add(&t, groups[i], values[i], index[i]) < 0) {
+            PyErr_NoMemory();
+            goto done;
         }
     }
-    result = PyList_New(used);
-    for (Py_ssize_t k = 0; k < used && result; k++) {
-        PyObject *sum = long_of(buckets[k].sum), *weighted = long_of(buckets[k].weighted);
-        PyObject *item = sum && weighted ? Py_BuildValue("(LiOO)", (long long)buckets[k].group,
-                                                         buckets[k].exponent, sum, weighted)
-                                         : NULL;
-        Py_XDECREF(sum);
-        Py_XDECREF(weighted);
-        if (item == NULL) Py_CLEAR(result);
-        else PyList_SET_ITEM(result, k, item);
-    }
+    result = sums_list(&t);
 done:
-    free(buckets);
-    free(table);
+    sums_free(&t);
     PyBuffer_Release(&gv);
     PyBuffer_Release(&vv);
     PyBuffer_Release(&iv);

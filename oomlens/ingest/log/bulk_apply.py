@@ -433,7 +433,6 @@ class _SampleRows:
         )
 
 
-
 class _Columns:
     """Rows of closed samples as columns (lists), with what the reader knew when the run was
     applied (its last step and time before the run: a deferred row is built after later runs
