@@ -367,20 +367,6 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     _labels(keepers, keeper_of, labels, values, texts)
 
 
-_Fields = tuple[
-    SourceRef | tuple[str, int, int | None, str | None],
-    str | None,
-    int,
-    int,
-    int,
-    int,
-    int | None,
-    float | None,
-    int | None,
-    datetime | None,
-]
-
-
 class _SampleRows:
     """What a run's closed samples are made of, read out only for the samples a series keeps:
     as tuples for those kept for good (``fields``), as columns whose rows are built on demand
@@ -497,38 +483,6 @@ class _Columns:
             *(column[start:end] for column in self.lists),
         )
 
-    def fields(self, r: int) -> _Fields:
-        has = self.has_cpu[r]
-        cpu_used, cpu_pct = (self.cpu_used[r], self.cpu_pct[r]) if has else (None, None)
-        p = None if self.pending is None else self.pending[r]
-        if p is not None:
-            reading = p[2]
-            return (
-                p[0],
-                p[1],
-                reading.allocated,
-                reading.max_allocated,
-                reading.reserved,
-                reading.max_reserved,
-                cpu_used,
-                cpu_pct,
-                p[4],
-                p[3],
-            )
-        rank, step, micros = self.ranks[r], self.steps[r], self.micros[r]
-        return (
-            (self.path, self.numbers[r], None if rank < 0 else rank, self.host),
-            self.labels[r],
-            self.a[r],
-            self.b[r],
-            self.c[r],
-            self.d[r],
-            cpu_used,
-            cpu_pct,
-            self.last_step if step < 0 else step,
-            self.last_time if micros == bulk.NO_TS else when_of(micros),
-        )
-
     def build(self, r: object) -> object:
         """Row ``r``'s ``MemorySample`` (a ``Lazy`` item's build)."""
         row = cast(int, r)
@@ -558,12 +512,27 @@ class _Columns:
         )
         times: dict[int, datetime | None] = {bulk.NO_TS: last_time}
         for r in range(start, end):
-            if self.pending is not None and self.pending[r] is not None:
-                out.append(_build(self.fields(r)))
+            used, pct = (cpu_used[r], cpu_pct[r]) if has_cpu[r] else (None, None)
+            p = None if self.pending is None else self.pending[r]
+            if p is not None:  # a sample the reader had open: what it read then
+                reading = p[2]
+                out.append(
+                    MemorySample(
+                        p[0],
+                        p[1],
+                        reading.allocated,
+                        reading.max_allocated,
+                        reading.reserved,
+                        reading.max_reserved,
+                        used,
+                        pct,
+                        p[4],
+                        p[3],
+                    )
+                )
                 continue
             rank, step, stamp = ranks[r], steps[r], micros[r]
             when = times[stamp] if stamp in times else times.setdefault(stamp, when_of(stamp))
-            has = has_cpu[r]
             out.append(
                 MemorySample(
                     SourceRef(path, numbers[r], None if rank < 0 else rank, host),
@@ -572,18 +541,13 @@ class _Columns:
                     b[r],
                     c[r],
                     d[r],
-                    cpu_used[r] if has else None,
-                    cpu_pct[r] if has else None,
+                    used,
+                    pct,
                     last_step if step < 0 else step,
                     when,
                 )
             )
         return out
-
-
-def _build(f: _Fields) -> MemorySample:
-    ref = f[0] if isinstance(f[0], SourceRef) else SourceRef(*f[0])
-    return MemorySample(ref, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9])
 
 
 def _labels(
