@@ -19,3 +19,6 @@ def label_keys(
 def grouped_sums(
     groups: np.ndarray, values: np.ndarray, index: np.ndarray
 ) -> list[tuple[int, int, int, int]]: ...
+def close_order(
+    kind: np.ndarray, consumed: np.ndarray, stream: np.ndarray, open_before: np.ndarray
+) -> tuple[bytearray, bytearray, bytearray]: ...

@@ -30,7 +30,7 @@ import numpy as np
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
-from oomlens.ingest.log import bulk
+from oomlens.ingest.log import bulk, native
 from oomlens.ingest.log.deepspeed import MemoryReading
 from oomlens.ingest.log.series import (
     Lazy,
@@ -41,7 +41,7 @@ from oomlens.ingest.log.series import (
     small_ints,
     unique_inverse,
 )
-from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper, StreamState
+from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper
 
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
@@ -99,7 +99,10 @@ class Run:
         self.deferred = deferred
         self.rank_of_key: dict[int, int | None] = {}
         unique, inverse = unique_inverse(self.keys)
-        for key in unique.tolist():
+        self.stream_keys: list[int] = unique.tolist()
+        self.stream = inverse.ravel().astype(np.int64)
+        """Each hit's stream: its index in ``stream_keys``."""
+        for key in self.stream_keys:
             if key == bulk.NO_KEY:
                 self.rank_of_key[key] = reader.layout_rank
             elif key >= bulk.DEFAULT_ROLE:
@@ -108,7 +111,7 @@ class Run:
             else:
                 self.rank_of_key[key] = key
         ranks = [-1 if r is None else r for r in self.rank_of_key.values()]  # in key order
-        self.prefix_rank = np.asarray(ranks, dtype=np.int64)[inverse.ravel()]
+        self.prefix_rank = np.asarray(ranks, dtype=np.int64)[self.stream]
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
         self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
@@ -197,65 +200,83 @@ def _seen(run: Run) -> None:
 # --- memory samples ---------------------------------------------------------------------------
 
 
-class _Closed:
-    """The memory samples a run closes: where each closes (``at``: twice the closing line,
-    plus one when read with its CPU line), the run line it was printed on (-1: a sample the
-    reader had open, in ``pending``: the first rows), and the run line of its CPU values (-1:
-    none)."""
-
-    def __init__(
-        self, at: np.ndarray, line: np.ndarray, cpu: np.ndarray, pending: list[Pending]
-    ) -> None:
-        self.at, self.line, self.cpu, self.pending = at, line, cpu, pending
-
-
 def _memory(run: Run) -> None:
-    reader, n = run.reader, len(run.kind)
-    handled = np.flatnonzero(run.handled)
-    keys = run.keys[handled]
-    # by key, in line order within a key (``handled`` ascends: a stable sort by key)
-    order = np.argsort(small_ints(keys), kind="stable")
-    pos, key, kind = handled[order], keys[order], run.kind[handled][order]
+    streams = [run.reader.streams[stream_key(k)] for k in run.stream_keys]
+    open_before = np.asarray([s.pending_memory is not None for s in streams], dtype=np.int8)
+    line, cpu, state = _close_order(run.kind, run.consumed, run.stream, open_before)
+    # the samples open before the run, by their rows in closing order
+    before = np.flatnonzero(line < 0)
+    pending: dict[int, Pending] | None = None
+    if len(before):
+        opened = (-1 - line[before]).tolist()
+        pending = {
+            r: cast(Pending, streams[s].pending_memory)
+            for r, s in zip(before.tolist(), opened, strict=True)
+        }
+        line[before] = -1
+    for s, open_at in enumerate(state.tolist()):
+        if open_at >= 0:
+            streams[s].pending_memory = _pending(run, open_at)
+        elif open_at == -1:
+            streams[s].pending_memory = None
+    if len(line):
+        _feed_keepers(run, line, cpu, pending)
+
+
+def _close_order(
+    kind: np.ndarray, consumed: np.ndarray, stream: np.ndarray, open_before: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A run's memory samples in the order they close, and what each stream leaves open:
+    ``_scan.close_order``'s contract (see ``_scan_apply.h``), by the extension where it is
+    built, else by numpy: per closed sample, its hit (``-1 - s``: stream ``s``'s sample from
+    before the run) and the hit of its CPU values (-1: none); per stream, the hit of the
+    sample left open (-1: none, -2: the one from before the run, when no line of the stream
+    was visited)."""
+    if native.NATIVE:
+        assert native._scan is not None
+        closing = native._scan.close_order(
+            np.ascontiguousarray(kind, dtype=np.int8),
+            np.ascontiguousarray(consumed, dtype=bool),
+            np.ascontiguousarray(stream, dtype=np.int64),
+            np.ascontiguousarray(open_before, dtype=np.int8),
+        )
+        # writable: the caller marks the rows from before the run
+        line, cpu, state = (np.frombuffer(raw, dtype=np.int64) for raw in closing)
+        return line, cpu, state
+    n = len(kind)
+    left: np.ndarray = np.where(open_before != 0, -2, -1).astype(np.int64)
+    handled = np.flatnonzero(~consumed)
+    # by stream, in line order within a stream (``handled`` ascends: a stable sort by stream)
+    order = np.argsort(small_ints(stream[handled]), kind="stable")
+    pos, key, kinds = handled[order], stream[handled][order], kind[handled][order]
     m = len(pos)
     if not m:
-        return
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, left
     first_of_key = np.concatenate(([True], key[1:] != key[:-1]))
     last_of_key = np.concatenate((key[1:] != key[:-1], [True]))
-    streams: dict[int, StreamState] = {k: reader.streams[stream_key(k)] for k in run.rank_of_key}
-    # A sample the reader had open closes at its stream's first visited line.
-    opened: list[tuple[int, int, Pending]] = []
-    for e in np.flatnonzero(first_of_key).tolist():
-        stream = streams[int(key[e])]
-        if stream.pending_memory is not None:
-            cpu_at = int(pos[e]) if kind[e] == bulk.CPU else -1
-            opened.append((int(pos[e]), cpu_at, stream.pending_memory))
-            stream.pending_memory = None
-    is_memory = kind == bulk.MEMORY
-    read_ahead = is_memory & (pos + 1 < n) & run.consumed[np.minimum(pos + 1, n - 1)]
+    # a sample open before the run closes at its stream's first visited line
+    opening = np.flatnonzero(first_of_key & (open_before[key] != 0))
+    left[key[opening]] = -1
+    is_memory = kinds == bulk.MEMORY
+    read_ahead = is_memory & (pos + 1 < n) & consumed[np.minimum(pos + 1, n - 1)]
     later = is_memory & ~read_ahead & ~last_of_key
     still_open = is_memory & ~read_ahead & last_of_key
+    left[key[still_open]] = pos[still_open]
     nxt = np.minimum(np.arange(m) + 1, m - 1)
     following = pos[nxt]
-    close_at = np.concatenate(
-        (
-            np.asarray([2 * o[0] for o in opened], dtype=np.int64),
-            2 * pos[read_ahead] + 1,
-            2 * following[later],
-        )
-    )
-    line = np.concatenate((np.full(len(opened), -1, dtype=np.int64), pos[read_ahead], pos[later]))
+    # where each closes: twice its closing line, plus one when read with its CPU line
+    close_at = np.concatenate((2 * pos[opening], 2 * pos[read_ahead] + 1, 2 * following[later]))
+    line = np.concatenate((-1 - key[opening], pos[read_ahead], pos[later]))
     cpu = np.concatenate(
         (
-            np.asarray([o[1] for o in opened], dtype=np.int64),
+            np.where(kinds[opening] == bulk.CPU, pos[opening], -1),
             pos[read_ahead] + 1,
-            np.where(kind[nxt] == bulk.CPU, following, -1)[later],
+            np.where(kinds[nxt] == bulk.CPU, following, -1)[later],
         )
     )
-    closed = _Closed(close_at, line, cpu, [pending for _, _, pending in opened])
-    for e in np.flatnonzero(still_open).tolist():
-        streams[int(key[e])].pending_memory = _pending(run, int(pos[e]))
-    if len(close_at):
-        _feed_keepers(run, closed)
+    by_closing = np.argsort(close_at, kind="stable")
+    return line[by_closing].astype(np.int64), cpu[by_closing].astype(np.int64), left
 
 
 def _pending(run: Run, i: int) -> Pending:
@@ -264,21 +285,15 @@ def _pending(run: Run, i: int) -> Pending:
     return (run.ref(i), run.label(i), reading, run.when(i), run.step(i))
 
 
-def _feed_keepers(run: Run, closed: _Closed) -> None:
-    """The closed samples, in closing order, to their ranks' series: objects for the samples
-    the thinned series keep, exact statistics for all (one grouped pass per column)."""
+def _feed_keepers(
+    run: Run, line: np.ndarray, cpu: np.ndarray, pending: dict[int, Pending] | None
+) -> None:
+    """The closed samples, in closing order (``_close_order``'s ``line`` and ``cpu``, -1 for
+    the samples open before the run, in ``pending`` by row), to their ranks' series: objects
+    for the samples the thinned series keep, exact statistics for all (one grouped pass per
+    column)."""
     reader, scan, lo = run.reader, run.scan, run.lo
-    order = np.argsort(closed.at, kind="stable")
-    rows = len(order)
-    line = closed.line[order]
-    cpu = closed.cpu[order]
-    # the samples open before the run, by their rows in closing order (None: there were none;
-    # a list over every row cost a tenth of the apply on a sparse log)
-    pending: dict[int, Pending] | None = None
-    if closed.pending:
-        position = np.empty(rows, dtype=np.int64)
-        position[order] = np.arange(rows)
-        pending = dict(zip(position[: len(closed.pending)].tolist(), closed.pending, strict=True))
+    rows = len(line)
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
     ranks = run.rank[np.maximum(line, 0)].copy()
@@ -335,30 +350,16 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
     plans = []
     for keeper, mine in zip(keepers, groups, strict=True):
         assert keeper is not None
-        positions, stride = keeper.samples.wanted(len(mine))
-        plans.append((positions, stride, keeper.samples.tail_split(len(mine), positions)))
-    kept_rows, tail_rows = [], []
-    for mine, (positions, _, split) in zip(groups, plans, strict=True):
-        kept_rows.append(mine[positions[:split]])
-        tail_rows.append(mine[positions[split:]])
-    for_good = rows_of.columns(np.concatenate(kept_rows)) if kept_rows else None
-    tail = rows_of.columns(np.concatenate(tail_rows)) if tail_rows else None
-    at = tail_at = 0
+        plans.append(keeper.samples.wanted(len(mine)))
+    # each keeper's kept rows, keeper after keeper: built only if still kept at the end
+    wanted = [mine[positions] for mine, (positions, _) in zip(groups, plans, strict=True)]
+    items = rows_of.items(np.concatenate(wanted)) if wanted else []
+    at = 0
     for k, keeper in enumerate(keepers):
         assert keeper is not None
-        positions, stride, split = plans[k]
-        items = for_good.samples(at, at + split) if for_good is not None else []
-        at += split
-        if tail is not None and len(positions) > split:
-            # each keeper's own rows: a rank that stops printing keeps its last few alive,
-            # not those of every rank in its last run
-            ends = tail_at + len(positions) - split
-            mine_tail = tail.part(tail_at, ends)
-            items += cast(
-                list[MemorySample], [Lazy(mine_tail.build, r) for r in range(ends - tail_at)]
-            )
-            tail_at = ends
-        keeper.samples.place(len(groups[k]), positions, stride, items)
+        positions, stride = plans[k]
+        keeper.samples.place(len(groups[k]), positions, stride, items[at : at + len(positions)])
+        at += len(positions)
         keeper.allocated.merge(*columns[0][k])
         keeper.max_allocated.merge(*columns[1][k])
         keeper.reserved.merge(*columns[2][k])
@@ -368,10 +369,9 @@ def _feed_keepers(run: Run, closed: _Closed) -> None:
 
 
 class _SampleRows:
-    """What a run's closed samples are made of, read out only for the samples a series keeps:
-    as tuples for those kept for good (``fields``), as columns whose rows are built on demand
-    for those that end in a tail (``columns``: most leave it again unkept, when the next run's
-    samples come)."""
+    """What a run's closed samples are made of, read out only for the samples a series keeps,
+    as ``Lazy`` items: one tuple of fields each (``_Builder.build``), most of which the series
+    drop again unbuilt as later samples come."""
 
     def __init__(
         self,
@@ -385,25 +385,23 @@ class _SampleRows:
         self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
         self.labels, self.texts = labels, texts
 
-    def columns(self, rows: np.ndarray) -> _Columns:
-        """The ``rows`` (of the closed samples) as columns."""
+    def items(self, rows: np.ndarray) -> list[MemorySample]:
+        """The ``rows`` (of the closed samples) as items of a thinned series: ``Lazy`` ones,
+        but a sample the reader had open before the run built at once, from what it read."""
         run, scan, lo = self.run, self.run.scan, self.run.lo
         line = self.line[rows]
         i = np.maximum(line, 0)
         j = lo + i
         cpu = self.cpu[rows]
         c = lo + np.maximum(cpu, 0)
+        has_cpu = cpu >= 0
         step_source = run.step_source[i]
         steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1)
         time_source = run.time_source[i]
         micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk.NO_TS)
         reader, texts = run.reader, self.texts
-        return _Columns(
-            reader.path,
-            reader.layout_host,
-            reader.last_step,
-            reader.last_time,
-            None if self.pending is None else [self.pending.get(r) for r in rows.tolist()],
+        builder = _Builder(reader.path, reader.layout_host, reader.last_step, reader.last_time)
+        fields = zip(
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
             [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
@@ -411,143 +409,66 @@ class _SampleRows:
             scan.b[j].tolist(),
             scan.c[j].tolist(),
             scan.d[j].tolist(),
-            scan.a[c].tolist(),
-            scan.f[c].tolist(),
-            (cpu >= 0).tolist(),
+            np.where(has_cpu, scan.a[c], -1).tolist(),
+            np.where(has_cpu, scan.f[c], np.nan).tolist(),
+            has_cpu.tolist(),
             steps.tolist(),
             micros.tolist(),
+            strict=True,
         )
-
-
-class _Columns:
-    """Rows of closed samples as columns (lists), with what the reader knew when the run was
-    applied (its last step and time before the run: a deferred row is built after later runs
-    have moved them on)."""
-
-    __slots__ = (
-        "a",
-        "b",
-        "c",
-        "cpu_pct",
-        "cpu_used",
-        "d",
-        "has_cpu",
-        "host",
-        "labels",
-        "last_step",
-        "lists",
-        "last_time",
-        "micros",
-        "numbers",
-        "path",
-        "pending",
-        "ranks",
-        "steps",
-    )
-
-    def __init__(
-        self,
-        path: str,
-        host: str | None,
-        last_step: int | None,
-        last_time: datetime | None,
-        pending: list[Pending | None] | None,
-        *columns: list[Any],
-    ) -> None:
-        self.path, self.host, self.last_step, self.last_time = path, host, last_step, last_time
-        self.pending = pending
-        self.lists = columns
-        (
-            self.numbers,
-            self.ranks,
-            self.labels,
-            self.a,
-            self.b,
-            self.c,
-            self.d,
-            self.cpu_used,
-            self.cpu_pct,
-            self.has_cpu,
-            self.steps,
-            self.micros,
-        ) = columns
-
-    def part(self, start: int, end: int) -> _Columns:
-        """Rows ``start..end`` alone."""
-        return _Columns(
-            self.path,
-            self.host,
-            self.last_step,
-            self.last_time,
-            None if self.pending is None else self.pending[start:end],
-            *(column[start:end] for column in self.lists),
-        )
-
-    def build(self, r: object) -> object:
-        """Row ``r``'s ``MemorySample`` (a ``Lazy`` item's build)."""
-        row = cast(int, r)
-        return self.samples(row, row + 1)[0]
-
-    def samples(self, start: int, end: int) -> list[MemorySample]:
-        """Rows ``start..end``'s ``MemorySample``s, as ``build`` makes them one by one, but
-        without a tuple per row and with one datetime per timestamp (the samples the thinned
-        series keep for good: 50k on a dense 1 GiB log, most of one timestamp per step)."""
-        out: list[MemorySample] = []
-        path, host, last_step, last_time = self.path, self.host, self.last_step, self.last_time
-        numbers, ranks, labels, steps, micros = (
-            self.numbers,
-            self.ranks,
-            self.labels,
-            self.steps,
-            self.micros,
-        )
-        a, b, c, d, has_cpu, cpu_used, cpu_pct = (
-            self.a,
-            self.b,
-            self.c,
-            self.d,
-            self.has_cpu,
-            self.cpu_used,
-            self.cpu_pct,
-        )
-        times: dict[int, datetime | None] = {bulk.NO_TS: last_time}
-        for r in range(start, end):
-            used, pct = (cpu_used[r], cpu_pct[r]) if has_cpu[r] else (None, None)
-            p = None if self.pending is None else self.pending[r]
-            if p is not None:  # a sample the reader had open: what it read then
-                reading = p[2]
-                out.append(
-                    MemorySample(
+        build = builder.build
+        items = cast(list[MemorySample], [Lazy(build, row) for row in fields])
+        if self.pending is not None:
+            for r, row in enumerate(rows.tolist()):
+                p = self.pending.get(row)
+                if p is not None:  # a sample the reader had open: what it read then
+                    used = scan.a[c[r]] if has_cpu[r] else None
+                    pct = scan.f[c[r]] if has_cpu[r] else None
+                    reading = p[2]
+                    items[r] = MemorySample(
                         p[0],
                         p[1],
                         reading.allocated,
                         reading.max_allocated,
                         reading.reserved,
                         reading.max_reserved,
-                        used,
-                        pct,
+                        None if used is None else int(used),
+                        None if pct is None else float(pct),
                         p[4],
                         p[3],
                     )
-                )
-                continue
-            rank, step, stamp = ranks[r], steps[r], micros[r]
-            when = times[stamp] if stamp in times else times.setdefault(stamp, when_of(stamp))
-            out.append(
-                MemorySample(
-                    SourceRef(path, numbers[r], None if rank < 0 else rank, host),
-                    labels[r],
-                    a[r],
-                    b[r],
-                    c[r],
-                    d[r],
-                    used,
-                    pct,
-                    last_step if step < 0 else step,
-                    when,
-                )
-            )
-        return out
+        return items
+
+
+class _Builder:
+    """Builds a ``MemorySample`` from one row's fields, with what the reader knew when the run
+    was applied (its last step and time before the run: the row is built after later runs
+    have moved them on)."""
+
+    __slots__ = ("host", "last_step", "last_time", "path")
+
+    def __init__(
+        self, path: str, host: str | None, last_step: int | None, last_time: datetime | None
+    ) -> None:
+        self.path, self.host, self.last_step, self.last_time = path, host, last_step, last_time
+
+    def build(self, row: object) -> object:
+        """A ``Lazy`` item's build: ``row`` is ``_SampleRows.items``'s tuple of fields."""
+        number, rank, label, a, b, c, d, used, pct, has_cpu, step, micros = cast(
+            tuple[Any, ...], row
+        )
+        return MemorySample(
+            SourceRef(self.path, number, None if rank < 0 else rank, self.host),
+            label,
+            a,
+            b,
+            c,
+            d,
+            used if has_cpu else None,
+            pct if has_cpu else None,
+            self.last_step if step < 0 else step,
+            self.last_time if micros == bulk.NO_TS else when_of(micros),
+        )
 
 
 def _labels(

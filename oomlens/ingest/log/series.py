@@ -25,9 +25,11 @@ T = TypeVar("T")
 
 
 class Lazy:
-    """An item of a ``Thinned`` built only if it is kept: ``build(row)``.  The bulk path hands
-    the series its last items this way (most of them leave the tail again, unkept, when the
-    next items come)."""
+    """An item of a ``Thinned`` built only if it is still kept when the series is read out
+    (``items``): ``build(row)``.  The bulk path hands the series its items this way: most of
+    them leave it again, unkept, when later items come (the tail's when the next run comes,
+    the middle's when its stride doubles).  ``row`` is all a ``Lazy`` keeps alive: one item's
+    fields, so that a series of them stays as bounded as one of built items."""
 
     __slots__ = ("build", "row")
 
@@ -40,6 +42,10 @@ def _real(item: T) -> T:
     if isinstance(item, Lazy):
         return cast(T, item.build(item.row))
     return item
+
+
+def _real_pairs(pairs: list[tuple[int, T]]) -> list[tuple[int, T]]:
+    return [(i, _real(v)) for i, v in pairs]
 
 
 class Thinned(Generic[T]):
@@ -71,7 +77,7 @@ class Thinned(Generic[T]):
         if len(self._tail) == self._tail.maxlen:
             old_index, old = self._tail[0]
             if old_index % self._stride == 0:
-                self._middle.append((old_index, _real(old)))
+                self._middle.append((old_index, old))
                 if len(self._middle) > self._middle_max:
                     self._stride *= 2
                     self._middle = [(i, v) for i, v in self._middle if i % self._stride == 0]
@@ -109,7 +115,8 @@ class Thinned(Generic[T]):
         """Add ``n`` items at once, as ``n`` calls of ``add`` would; ``make(positions)`` builds
         only the items that are kept (positions 0-based among the ``n``, ascending), so that
         adding a million items costs what the few hundred kept ones cost.  With ``lazy``, the
-        items that end in the tail are ``Lazy`` ones from it, built when they are kept."""
+        items that end in the tail are ``Lazy`` ones from it, built if they are still kept when
+        the series is read out."""
         if n <= 0:
             return
         positions, stride = self.wanted(n)
@@ -144,7 +151,7 @@ class Thinned(Generic[T]):
         first = old_tail[0][0] if old_tail else 0
         cut = min(len(old_tail), max(0, evicted_end - first))
         kept_from = -(-first // stride) * stride - first
-        middle.extend((i, _real(v)) for i, v in old_tail[kept_from:cut:stride])
+        middle.extend(old_tail[kept_from:cut:stride])
         tail = old_tail[cut:]
         if len(positions) != len(items):
             raise ValueError("place: one item per position")
@@ -161,7 +168,10 @@ class Thinned(Generic[T]):
         self.count = new
 
     def items(self) -> tuple[T, ...]:
-        tail = [(i, _real(v)) for i, v in self._tail]
+        """The kept items in order, ``Lazy`` ones built (once: they stay built)."""
+        self._head = [_real(v) for v in self._head]
+        self._middle = _real_pairs(self._middle)
+        tail = _real_pairs(list(self._tail))
         self._tail = deque(tail, maxlen=self._tail.maxlen)
         return tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in tail)
 

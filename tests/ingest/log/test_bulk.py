@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import random
+from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -213,20 +215,33 @@ def test_thinned_extend_keeps_what_adds_keep(
 ) -> None:
     from oomlens.ingest.log.series import Lazy
 
+    built: list[int] = []
+
+    def build(row: object) -> object:
+        built.append(cast(int, row))
+        return row
+
+    def lazies(positions: list[int], base: int) -> list[Lazy]:
+        return [Lazy(build, base + p) for p in positions]
+
+    def plain(positions: list[int], base: int) -> list[int]:
+        return [base + p for p in positions]
+
     one, many = Thinned[int](head, middle, tail), Thinned[int](head, middle, tail)
+    late = Thinned[Any](head, middle, tail)  # Lazy items only, read out once, at the end
     total = 0
     for n in sizes:
         for i in range(n):
             one.add(total + i)
-        many.extend(
-            n,
-            lambda positions, base=total: [base + p for p in positions],
-            (lambda positions, base=total: [Lazy(lambda r: r, base + p) for p in positions])
-            if lazy
-            else None,
-        )
+        many.extend(n, partial(plain, base=total), partial(lazies, base=total) if lazy else None)
+        late.extend(n, partial(lazies, base=total))
         total += n
         assert many.count == one.count and many.items() == one.items()
+    built.clear()  # what ``many``'s read-outs built
+    assert late.items() == one.items()
+    # Lazy items are built once, and only those still kept when the series is read out
+    assert sorted(built) == list(one.items())
+    assert late.items() == one.items() and len(built) == len(one.items())
 
 
 @settings(max_examples=200, deadline=None)
@@ -403,29 +418,29 @@ def test_grouped_columns_are_the_stats_of_each_group_in_order(
             assert one.freeze() == from_merge.freeze()
 
 
-def test_a_tail_item_keeps_only_its_own_ranks_rows_alive(
+def test_a_lazy_sample_keeps_only_its_own_row_alive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a rank that stops printing keeps its last items for the rest of the read: they must
-    # not hold the rows of every rank of their run
+    # unbuilt samples stay in the series for the rest of the read (a rank that stops printing
+    # keeps its tail, the middle keeps every stride-th): each must hold its own row's fields,
+    # not the rows or arrays of its run
     path = tmp_path / "dense.log"
     path.write_text(mixed_log(7, ranks=16, steps=200, odd=0.0))
-    made: list[object] = []
+    made: list[tuple[object, object]] = []
 
     class Recording(bulk_apply.Lazy):
         def __init__(self, build, row):  # type: ignore[no-untyped-def]
             super().__init__(build, row)
-            made.append(build.__self__)
+            made.append((build.__self__, row))
 
     monkeypatch.setattr(bulk_apply, "Lazy", Recording)
     runs = _runs(monkeypatch)
     facts = read_log(path, chunk_bytes=16384)
     assert runs and made
-    for columns in made:
-        pending = columns.pending or [None] * len(columns.ranks)  # type: ignore[attr-defined]
-        own = {r for r, p in zip(columns.ranks, pending, strict=True) if p is None}  # type: ignore[attr-defined]
-        assert len(own) <= 1
-        assert len(columns.numbers) <= 32  # type: ignore[attr-defined]
+    for builder, row in made:
+        assert isinstance(builder, bulk_apply._Builder)
+        assert isinstance(row, tuple) and len(row) == 12
+        assert all(v is None or isinstance(v, int | float | str) for v in row)
     assert _same(facts, _per_line(path, monkeypatch, chunk_bytes=16384))
 
 
@@ -561,3 +576,68 @@ def test_the_extensions_grouped_sums_refuse_what_they_cannot_sum() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             native._scan.grouped_sums(one, values, index)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    hits=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [bulk.MEMORY, bulk.MEMORY, bulk.CPU, bulk.FLUSH_LINE, bulk.STEP_GENERIC]
+            ),
+            st.booleans(),
+            st.integers(0, 4),
+        ),
+        max_size=80,
+    ),
+    open_before=st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_samples_close_in_the_same_order_either_way(
+    hits: list[tuple[int, bool, int]], open_before: list[bool]
+) -> None:
+    # the extension's one pass in line order and numpy's sorts: the same closed samples, in
+    # the same order, and the same samples left open
+    from oomlens.ingest.log import native
+
+    if not native.BUILT:
+        pytest.skip("the C extension is not built")
+    kind = np.asarray([k for k, _, _ in hits], dtype=np.int8)
+    # the scan consumes a CPU line read ahead with its memory line
+    consumed = np.asarray([c and k == bulk.CPU for k, c, _ in hits], dtype=bool)
+    stream = np.asarray([s for _, _, s in hits], dtype=np.int64)
+    before = np.asarray(open_before, dtype=np.int8)
+    results = []
+    for pure in (False, True):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(native, "NATIVE", not pure)
+            results.append(bulk_apply._close_order(kind, consumed, stream, before))
+    for fast, slow in zip(*results, strict=True):
+        assert fast.dtype == slow.dtype == np.int64
+        assert fast.tolist() == slow.tolist()
+    line, cpu, state = results[0]
+    # every memory line visited closes once or stays open; every sample from before closes
+    # at its stream's first visited line or stays open
+    visited = [i for i in range(len(hits)) if not consumed[i]]
+    memory = {i for i in visited if kind[i] == bulk.MEMORY}
+    assert sorted([x for x in line.tolist() if x >= 0] + [x for x in state.tolist() if x >= 0]) == (
+        sorted(memory)
+    )
+    assert all(cpu[r] < 0 or kind[cpu[r]] == bulk.CPU for r in range(len(cpu)))
+
+
+def test_close_order_refuses_streams_it_was_not_told_of() -> None:
+    from oomlens.ingest.log import native
+
+    if not native.BUILT:
+        pytest.skip("the C extension is not built")
+    assert native._scan is not None
+    one = np.asarray([bulk.MEMORY], dtype=np.int8)
+    flag = np.zeros(1, dtype=bool)
+    with pytest.raises(ValueError, match="streams from 0"):
+        native._scan.close_order(
+            one, flag, np.asarray([1], dtype=np.int64), np.zeros(1, dtype=np.int8)
+        )
+    with pytest.raises(ValueError, match="one consumed flag"):
+        native._scan.close_order(
+            one, np.zeros(2, dtype=bool), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int8)
+        )
