@@ -825,6 +825,9 @@ static PyMethodDef METHODS[] = {
     {"close_order", close_order, METH_VARARGS,
      "close_order(kind, consumed, stream, open_before): a run's memory samples in closing "
      "order, and what each stream leaves open (bulk_apply._close_order)"},
+    {"first_seen", first_seen, METH_VARARGS,
+     "first_seen(values): each distinct int64 value's first position, in order, and each "
+     "value's group (bulk_apply.first_seen)"},
     {"label_keys", label_keys, METH_VARARGS,
      "label_keys(data, begins, ends): each key's first row and each row's key (Labels.ids_of)"},
     {NULL, NULL, 0, NULL},

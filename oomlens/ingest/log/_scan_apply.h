@@ -71,3 +71,104 @@ done:
     PyBuffer_Release(&ov);
     return result;
 }
+
+/* first_seen(values): for int64 values, the position of each distinct value's first
+ * occurrence, in the order they first occur, and each value's group (the index of its value
+ * among those firsts), as int64 bytearrays: numpy's unique sorts, and the apply groups a
+ * run's lines by stream, rank and label a dozen times (runs of equal values skip the hash). */
+static PyObject *first_seen(PyObject *self, PyObject *args) {
+    Py_buffer vv;
+    if (!PyArg_ParseTuple(args, "y*", &vv)) return NULL;
+    PyObject *result = NULL, *firsts_out = NULL, *group_out = NULL;
+    const int64_t *values = vv.buf;
+    Py_ssize_t n = vv.len / (Py_ssize_t)sizeof(int64_t), size = 16, used = 0;
+    int64_t *table = NULL, *firsts = NULL;
+    if (vv.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "int64 values");
+        goto done;
+    }
+    group_out = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (group_out == NULL) goto done;
+    int64_t *group = (int64_t *)PyByteArray_AS_STRING(group_out);
+    table = malloc(size * sizeof(int64_t)); /* slot: first position of its value, -1 free */
+    firsts = malloc((size / 2) * sizeof(int64_t));
+    if (table == NULL || firsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+    int64_t last_group = -1, low = 0, high = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i == 0 || values[i] < low) low = values[i];
+        if (i == 0 || values[i] > high) high = values[i];
+    }
+    if (n > 0 && (uint64_t)high - (uint64_t)low < (1u << 16)) {
+        /* ranks, streams, keepers: a few values in a small range, each its own slot */
+        int32_t *slot_of = malloc(((uint64_t)high - (uint64_t)low + 1) * sizeof(int32_t));
+        int64_t *more = realloc(firsts, ((uint64_t)high - (uint64_t)low + 1) * sizeof(int64_t));
+        if (more) firsts = more;
+        if (slot_of == NULL || more == NULL) {
+            free(slot_of);
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (uint64_t j = 0; j <= (uint64_t)high - (uint64_t)low; j++) slot_of[j] = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t *g = &slot_of[(uint64_t)values[i] - (uint64_t)low];
+            if (*g < 0) {
+                firsts[used] = i;
+                *g = (int32_t)used++;
+            }
+            group[i] = *g;
+        }
+        free(slot_of);
+        n = 0; /* done: skip the hashed pass */
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v = values[i];
+        if (last_group >= 0 && values[firsts[last_group]] == v) {
+            group[i] = last_group;
+            continue;
+        }
+        uint64_t h = (uint64_t)v * 0x9E3779B97F4A7C15ULL;
+        Py_ssize_t slot = (Py_ssize_t)(h >> 32) & (size - 1);
+        while (table[slot] >= 0 && values[firsts[table[slot]]] != v) slot = (slot + 1) & (size - 1);
+        if (table[slot] < 0) {
+            if (2 * (used + 1) > size) { /* grow, place the groups again, then find the slot */
+                Py_ssize_t bigger = 2 * size;
+                int64_t *more_table = malloc(bigger * sizeof(int64_t));
+                int64_t *more_firsts = realloc(firsts, (bigger / 2) * sizeof(int64_t));
+                if (more_firsts) firsts = more_firsts;
+                if (more_table == NULL || more_firsts == NULL) {
+                    free(more_table);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                free(table);
+                table = more_table;
+                size = bigger;
+                for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+                for (Py_ssize_t g = 0; g < used; g++) {
+                    uint64_t hg = (uint64_t)values[firsts[g]] * 0x9E3779B97F4A7C15ULL;
+                    Py_ssize_t at = (Py_ssize_t)(hg >> 32) & (size - 1);
+                    while (table[at] >= 0) at = (at + 1) & (size - 1);
+                    table[at] = g;
+                }
+                slot = (Py_ssize_t)(h >> 32) & (size - 1);
+                while (table[slot] >= 0) slot = (slot + 1) & (size - 1);
+            }
+            firsts[used] = i;
+            table[slot] = used++;
+        }
+        group[i] = last_group = table[slot];
+    }
+    firsts_out = PyByteArray_FromStringAndSize((const char *)firsts, used * (Py_ssize_t)sizeof(int64_t));
+    if (firsts_out != NULL) result = PyTuple_Pack(2, firsts_out, group_out);
+done:
+    Py_XDECREF(firsts_out);
+    Py_XDECREF(group_out);
+    free(table);
+    free(firsts);
+    PyBuffer_Release(&vv);
+    return result;
+}

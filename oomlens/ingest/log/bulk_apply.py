@@ -22,9 +22,9 @@ would make more streams than the reader follows (the per-line path then takes it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
@@ -35,11 +35,11 @@ from oomlens.ingest.log.deepspeed import MemoryReading
 from oomlens.ingest.log.series import (
     Lazy,
     RunningStats,
+    first_seen,
     grouped_columns,
     grouped_stats,
     grouped_sums,
     small_ints,
-    unique_inverse,
 )
 from oomlens.ingest.log.state import MAX_LABELS, MemoryKeeper
 
@@ -98,10 +98,9 @@ class Run:
         self.ts = scan.ts[lo:hi]
         self.deferred = deferred
         self.rank_of_key: dict[int, int | None] = {}
-        unique, inverse = unique_inverse(self.keys)
-        self.stream_keys: list[int] = unique.tolist()
-        self.stream = inverse.ravel().astype(np.int64)
+        firsts, self.stream = first_seen(self.keys)
         """Each hit's stream: its index in ``stream_keys``."""
+        self.stream_keys: list[int] = self.keys[firsts].tolist()
         for key in self.stream_keys:
             if key == bulk.NO_KEY:
                 self.rank_of_key[key] = reader.layout_rank
@@ -110,7 +109,7 @@ class Run:
                 self.rank_of_key[key] = reader.local_to_global.get((None, "default", local), local)
             else:
                 self.rank_of_key[key] = key
-        ranks = [-1 if r is None else r for r in self.rank_of_key.values()]  # in key order
+        ranks = [-1 if r is None else r for r in self.rank_of_key.values()]  # stream order
         self.prefix_rank = np.asarray(ranks, dtype=np.int64)[self.stream]
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
@@ -181,15 +180,22 @@ def apply_run(
 
 
 def _first_occurrences(values: np.ndarray) -> list[int]:
-    _, first = np.unique(small_ints(values), return_index=True)
-    return [int(v) for v in values[np.sort(first)].tolist()]
+    """The distinct ``values``, in the order they first occur."""
+    result: list[int] = values[first_seen(values)[0]].tolist()
+    return result
 
 
 def _seen(run: Run) -> None:
     reader = run.reader
-    for key in _first_occurrences(run.keys[run.handled]):
-        reader.stream_of(stream_key(key))
-    for rank in _first_occurrences(run.prefix_rank[run.handled]):
+    # the streams of the visited lines in the order they first come, and their ranks (a
+    # prefix's rank is its stream's)
+    streams = _first_occurrences(run.stream[run.handled])
+    rank_of_stream = list(run.rank_of_key.values())
+    for s in streams:
+        reader.stream_of(stream_key(run.stream_keys[s]))
+    for rank in dict.fromkeys(rank_of_stream[s] for s in streams):
+        if rank is None:
+            continue
         if rank >= 0 and rank not in reader.ranks_seen and len(reader.ranks_seen) < MAX_STREAMS:
             reader.ranks_seen.add(rank)
     host = reader.layout_host
@@ -327,39 +333,51 @@ def _feed_keepers(
     # Each rank's keeper, made on first use up to the cap (a rank past it is dropped).
     host = reader.layout_host
     keepers: list[MemoryKeeper | None] = []
-    distinct, inverse = unique_inverse(ranks)
-    keeper_of_distinct = np.full(len(distinct), -1, dtype=np.int64)
-    position_of = {rank: p for p, rank in enumerate(distinct.tolist())}
-    for rank in _first_occurrences(ranks):
+    firsts, rank_group = first_seen(ranks)
+    keeper_of_group = np.full(len(firsts), -1, dtype=np.int64)
+    for g, rank in enumerate(ranks[firsts].tolist()):
         key = (None if rank < 0 else rank, host)
         keeper = reader.memory.get(key)
         if keeper is None and len(reader.memory) < MAX_STREAMS:
             keeper = reader.memory[key] = MemoryKeeper(key[0], host, reader.limits)
         if keeper is not None:
-            keeper_of_distinct[position_of[rank]] = len(keepers)
+            keeper_of_group[g] = len(keepers)
             keepers.append(keeper)
-    keeper_of = keeper_of_distinct[inverse]
+    keeper_of = keeper_of_group[rank_group]
     kept = keeper_of >= 0
-    columns = grouped_columns(keeper_of[kept], [values[kept, c] for c in range(3)])
+    # the kept rows by keeper, in closing order within a keeper (the dropped, -1, sort first)
+    by_keeper = np.argsort(small_ints(keeper_of), kind="stable")[rows - int(kept.sum()) :]
+    columns = grouped_columns(keeper_of, [values[:, c] for c in range(3)], by_keeper)
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
     rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
     # The rows each keeper's thinned series keeps, read out for all keepers at once.
-    by_keeper = np.argsort(small_ints(keeper_of), kind="stable")
     sizes = np.bincount(keeper_of[kept], minlength=len(keepers))
-    groups = np.split(by_keeper[rows - int(kept.sum()) :], np.cumsum(sizes)[:-1])
+    groups = np.split(by_keeper, np.cumsum(sizes)[:-1])
     plans = []
     for keeper, mine in zip(keepers, groups, strict=True):
         assert keeper is not None
-        plans.append(keeper.samples.wanted(len(mine)))
-    # each keeper's kept rows, keeper after keeper: built only if still kept at the end
-    wanted = [mine[positions] for mine, (positions, _) in zip(groups, plans, strict=True)]
-    items = rows_of.items(np.concatenate(wanted)) if wanted else []
-    at = 0
+        positions, stride = keeper.samples.wanted(len(mine))
+        plans.append((positions, stride, keeper.samples.tail_split(len(mine), positions)))
+    # the rows kept for good, keeper after keeper, then those that end in a tail: built only
+    # if still kept at the end, and a tail's read only if kept past it
+    good, tails = [], []
+    for mine, (positions, _, split) in zip(groups, plans, strict=True):
+        good.append(mine[positions[:split]])
+        tails.append(mine[positions[split:]])
+    fields = rows_of.fields(np.concatenate(good + tails)) if groups else None
+    at, tail_at = 0, sum(len(rows) for rows in good)
     for k, keeper in enumerate(keepers):
-        assert keeper is not None
-        positions, stride = plans[k]
-        keeper.samples.place(len(groups[k]), positions, stride, items[at : at + len(positions)])
-        at += len(positions)
+        assert keeper is not None and fields is not None
+        positions, stride, split = plans[k]
+        ends = tail_at + len(positions) - split
+        keeper.samples.place(
+            len(groups[k]),
+            positions,
+            stride,
+            fields.items(at, at + split),
+            fields.tail(tail_at, ends),
+        )
+        at, tail_at = at + split, ends
         keeper.allocated.merge(*columns[0][k])
         keeper.max_allocated.merge(*columns[1][k])
         keeper.reserved.merge(*columns[2][k])
@@ -369,9 +387,8 @@ def _feed_keepers(
 
 
 class _SampleRows:
-    """What a run's closed samples are made of, read out only for the samples a series keeps,
-    as ``Lazy`` items: one tuple of fields each (``_Builder.build``), most of which the series
-    drop again unbuilt as later samples come."""
+    """What a run's closed samples are made of, read out only for the samples a series keeps
+    (``fields``)."""
 
     def __init__(
         self,
@@ -385,9 +402,9 @@ class _SampleRows:
         self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
         self.labels, self.texts = labels, texts
 
-    def items(self, rows: np.ndarray) -> list[MemorySample]:
-        """The ``rows`` (of the closed samples) as items of a thinned series: ``Lazy`` ones,
-        but a sample the reader had open before the run built at once, from what it read."""
+    def fields(self, rows: np.ndarray) -> _Fields:
+        """The ``rows`` (of the closed samples) as columns of fields, a sample the reader had
+        open before the run built at once, from what it read."""
         run, scan, lo = self.run, self.run.scan, self.run.lo
         line = self.line[rows]
         i = np.maximum(line, 0)
@@ -400,8 +417,7 @@ class _SampleRows:
         time_source = run.time_source[i]
         micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk.NO_TS)
         reader, texts = run.reader, self.texts
-        builder = _Builder(reader.path, reader.layout_host, reader.last_step, reader.last_time)
-        fields = zip(
+        columns = [
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
             [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
@@ -414,18 +430,16 @@ class _SampleRows:
             has_cpu.tolist(),
             steps.tolist(),
             micros.tolist(),
-            strict=True,
-        )
-        build = builder.build
-        items = cast(list[MemorySample], [Lazy(build, row) for row in fields])
+        ]
+        built: dict[int, MemorySample] = {}
         if self.pending is not None:
-            for r, row in enumerate(rows.tolist()):
-                p = self.pending.get(row)
+            for r in np.flatnonzero(line < 0).tolist():
+                p = self.pending.get(int(rows[r]))
                 if p is not None:  # a sample the reader had open: what it read then
                     used = scan.a[c[r]] if has_cpu[r] else None
                     pct = scan.f[c[r]] if has_cpu[r] else None
                     reading = p[2]
-                    items[r] = MemorySample(
+                    built[r] = MemorySample(
                         p[0],
                         p[1],
                         reading.allocated,
@@ -437,7 +451,69 @@ class _SampleRows:
                         p[4],
                         p[3],
                     )
+        builder = _Builder(reader.path, reader.layout_host, reader.last_step, reader.last_time)
+        return _Fields(builder, columns, built)
+
+
+class _Fields:
+    """Rows of closed samples as columns of fields (``_SampleRows.fields``), and those built
+    already (by row)."""
+
+    __slots__ = ("build", "built", "columns")
+
+    def __init__(
+        self, builder: _Builder, columns: list[list[Any]], built: dict[int, MemorySample]
+    ) -> None:
+        self.build, self.columns, self.built = builder.build, columns, built
+
+    def items(self, start: int, end: int) -> list[MemorySample]:
+        """Rows ``start..end`` as ``Lazy`` items (one tuple of fields each), most of which
+        the series drop again unbuilt as later samples come."""
+        build = self.build
+        rows = zip(*(column[start:end] for column in self.columns), strict=True)
+        items = cast(list[MemorySample], [Lazy(build, row) for row in rows])
+        for r, sample in self.built.items():
+            if start <= r < end:
+                items[r - start] = sample
         return items
+
+    def tail(self, start: int, end: int) -> _TailRows:
+        """Rows ``start..end`` as a sequence of ``Lazy`` items made when read."""
+        columns = [column[start:end] for column in self.columns]
+        built = {r - start: s for r, s in self.built.items() if start <= r < end}
+        return _TailRows(self.build, columns, built)
+
+
+class _TailRows(Sequence[MemorySample]):
+    """A keeper's last rows of a run, the tail of its series: a ``Lazy`` item made for a row
+    only when the series reads it (when the next run pushes it into the middle, or the read
+    ends); the tails of a dense 1 GiB log are 123k rows, read about one in ten.  Holds its
+    own rows' fields alone, whatever the run."""
+
+    __slots__ = ("build", "built", "columns")
+
+    def __init__(
+        self,
+        build: Callable[[object], object],
+        columns: list[list[Any]],
+        built: dict[int, MemorySample],
+    ) -> None:
+        self.build, self.columns, self.built = build, columns, built
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    @overload
+    def __getitem__(self, j: int) -> MemorySample: ...
+    @overload
+    def __getitem__(self, j: slice) -> Sequence[MemorySample]: ...
+    def __getitem__(self, j: int | slice) -> MemorySample | Sequence[MemorySample]:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        found = self.built.get(j)
+        if found is not None:
+            return found
+        return cast(MemorySample, Lazy(self.build, tuple(column[j] for column in self.columns)))
 
 
 class _Builder:
@@ -485,7 +561,6 @@ def _labels(
         return
     width = int(labels.max()) + 1
     pair = keeper_of[labelled] * width + labels[labelled]
-    accepted: dict[int, tuple[RunningStats, RunningStats]] = {}
     # A keeper that follows MAX_LABELS labels takes no new one: only its own labels matter,
     # each looked up among the run's label texts (a log whose labels name the step has a new
     # text every step: looking each of those up in every keeper's labels cost a tenth of the
@@ -493,33 +568,40 @@ def _labels(
     full = np.asarray([k is not None and len(k.labels) >= MAX_LABELS for k in keepers])
     if full.any():
         ids_of_text: dict[str, list[int]] = {}
-        for i in np.unique(labels[labelled]).tolist():
+        present = labels[labelled]
+        for i in present[first_seen(present)[0]].tolist():
             ids_of_text.setdefault(texts[i], []).append(i)
         known = np.zeros((len(keepers), width), dtype=bool)
+        # keepers that met the same first labels (most ranks print the same) are looked up once
+        found_for: dict[tuple[str, ...], list[int]] = {}
         for k in np.flatnonzero(full).tolist():
-            for text in keepers[k].labels:  # type: ignore[union-attr]
-                found = ids_of_text.get(text)
-                if found is not None:
-                    known[k, found] = True
+            own = tuple(keepers[k].labels)  # type: ignore[union-attr]
+            found = found_for.get(own)
+            if found is None:
+                found = found_for[own] = [i for text in own for i in ids_of_text.get(text, ())]
+            known[k, found] = True
         wanted = ~full[keeper_of[labelled]] | known[keeper_of[labelled], labels[labelled]]
         labelled, pair = labelled[wanted], pair[wanted]
-    for combined in _first_occurrences(pair):
+    firsts, group = first_seen(pair)
+    stats_of: list[tuple[RunningStats, RunningStats] | None] = []
+    for combined in pair[firsts].tolist():
         keeper = keepers[combined // width]
         assert keeper is not None
         label = texts[combined % width]
         stats = keeper.labels.get(label)
         if stats is None and len(keeper.labels) < MAX_LABELS:
             stats = keeper.labels[label] = (RunningStats(), RunningStats())
-        if stats is not None:
-            accepted[combined] = stats
-    if not accepted:
+        stats_of.append(stats)
+    accepted = np.asarray([stats is not None for stats in stats_of], dtype=bool)
+    if not accepted.any():
         return
-    take = np.isin(pair, np.fromiter(accepted, dtype=np.int64))
-    rows, groups = labelled[take], pair[take]
+    take = accepted[group]
+    rows, groups = labelled[take], group[take]
     allocated, reserved = grouped_columns(groups, [values[rows, 0], values[rows, 2]])
-    for combined, (a, r) in accepted.items():
-        a.merge(*allocated[combined])
-        r.merge(*reserved[combined])
+    for g, stats in enumerate(stats_of):
+        if stats is not None:
+            stats[0].merge(*allocated[g])
+            stats[1].merge(*reserved[g])
 
 
 # --- cache flushes and steps ------------------------------------------------------------------
@@ -600,8 +682,10 @@ def _steps(run: Run) -> None:
     reader.last_step_sample = sample(len(at) - 1)
     # the last line of each rank: the first of the reversed order
     reverse = text_rank[::-1]
-    ranks, first_reversed = np.unique(small_ints(reverse), return_index=True)
-    last_of = dict(zip(ranks.tolist(), (len(at) - 1 - first_reversed).tolist(), strict=True))
+    first_reversed = first_seen(reverse)[0]
+    last_of = dict(
+        zip(reverse[first_reversed].tolist(), (len(at) - 1 - first_reversed).tolist(), strict=True)
+    )
     for rank in _first_occurrences(text_rank):
         key = None if rank < 0 else rank
         if key in reader.last_by_rank or len(reader.last_by_rank) < MAX_STREAMS:

@@ -57,7 +57,16 @@ class Thinned(Generic[T]):
     the items of index ``i`` with ``head <= i < count - tail`` and ``i % stride == 0``, for the
     smallest power-of-two stride that leaves at most ``middle`` of them."""
 
-    __slots__ = ("_head", "_head_max", "_middle", "_middle_max", "_stride", "_tail", "count")
+    __slots__ = (
+        "_head",
+        "_head_max",
+        "_middle",
+        "_middle_max",
+        "_stride",
+        "_tail",
+        "_tail_run",
+        "count",
+    )
 
     def __init__(self, head: int = 32, middle: int = 192, tail: int = 32) -> None:
         self._head: list[T] = []
@@ -66,7 +75,21 @@ class Thinned(Generic[T]):
         self._middle_max = max(middle, 2)
         self._stride = 1
         self._tail: deque[tuple[int, T]] = deque(maxlen=max(tail, 1))
+        self._tail_run: tuple[int, Sequence[T]] | None = None
+        """The tail as ``place`` was handed it, when it is one run of items (the first's index,
+        the items) rather than ``_tail``'s pairs: its items are made only when asked for
+        (most are pushed out again, unasked, by the next run)."""
         self.count = 0
+
+    def _tail_pairs(self) -> deque[tuple[int, T]]:
+        """The tail as pairs of index and item (made from ``_tail_run`` if need be)."""
+        if self._tail_run is not None:
+            first, run = self._tail_run
+            self._tail = deque(
+                ((first + j, run[j]) for j in range(len(run))), maxlen=self._tail.maxlen
+            )
+            self._tail_run = None
+        return self._tail
 
     def add(self, item: T) -> None:
         index = self.count
@@ -74,6 +97,7 @@ class Thinned(Generic[T]):
         if index < self._head_max:
             self._head.append(item)
             return
+        self._tail_pairs()
         if len(self._tail) == self._tail.maxlen:
             old_index, old = self._tail[0]
             if old_index % self._stride == 0:
@@ -115,18 +139,18 @@ class Thinned(Generic[T]):
         """Add ``n`` items at once, as ``n`` calls of ``add`` would; ``make(positions)`` builds
         only the items that are kept (positions 0-based among the ``n``, ascending), so that
         adding a million items costs what the few hundred kept ones cost.  With ``lazy``, the
-        items that end in the tail are ``Lazy`` ones from it, built if they are still kept when
-        the series is read out."""
+        items that end in the tail come from it (a sequence of ``Lazy`` ones, each read only
+        if it is kept past the tail), built if they are still kept when the series is read
+        out."""
         if n <= 0:
             return
         positions, stride = self.wanted(n)
         if lazy is None:
-            items: list[T] = list(make(positions))
-        else:
-            split = self.tail_split(n, positions)
-            items = list(make(positions[:split]))
-            items += cast(list[T], list(lazy(positions[split:])))
-        self.place(n, positions, stride, items)
+            self.place(n, positions, stride, list(make(positions)))
+            return
+        split = self.tail_split(n, positions)
+        tail = cast(Sequence[T], lazy(positions[split:]))
+        self.place(n, positions, stride, list(make(positions[:split])), tail)
 
     def tail_split(self, n: int, positions: list[int]) -> int:
         """How many of ``wanted(n)``'s positions are kept for good (the rest end in the tail,
@@ -134,12 +158,29 @@ class Thinned(Generic[T]):
         evicted_end = max(self._head_max, self.count + n - (self._tail.maxlen or 1))
         return bisect.bisect_left(positions, evicted_end - self.count)
 
-    def place(self, n: int, positions: list[int], stride: int, items: Sequence[T]) -> None:
+    def place(
+        self,
+        n: int,
+        positions: list[int],
+        stride: int,
+        items: Sequence[T],
+        tail: Sequence[T] | None = None,
+    ) -> None:
         """``extend``'s second half: ``items`` for the ``positions`` and ``stride`` of
-        ``wanted(n)`` (for callers that build the items of many series at once)."""
+        ``wanted(n)`` (for callers that build the items of many series at once).  With
+        ``tail``, ``items`` are those of the positions kept for good (``tail_split``) and
+        ``tail`` those of the rest, in order: a sequence whose items are read only if they are
+        kept past the tail (they are held as the sequence while it is the whole tail)."""
         head, tail_max = self._head_max, self._tail.maxlen or 1
         old, new = self.count, self.count + n
         evicted_end = max(head, new - tail_max)
+        # positions ascend: the head's, the middle's and the tail's are three slices
+        to_middle = bisect.bisect_left(positions, head - old)
+        to_tail = bisect.bisect_left(positions, evicted_end - old, lo=to_middle)
+        if len(items) + (0 if tail is None else len(tail)) != len(positions):
+            raise ValueError("place: one item per position")
+        if tail is not None and to_tail != len(items):
+            raise ValueError("place: the tail's items start where the tail does")
         middle = (
             self._middle
             if stride == self._stride
@@ -147,31 +188,44 @@ class Thinned(Generic[T]):
         )
         # the tail holds consecutive indices: the evicted ones are its first ``cut``, and
         # those of them the middle keeps every ``stride``-th from the first multiple
-        old_tail = list(self._tail)
-        first = old_tail[0][0] if old_tail else 0
-        cut = min(len(old_tail), max(0, evicted_end - first))
+        run = self._tail_run
+        if run is not None:
+            first, held = run
+            size = len(held)
+        else:
+            first = self._tail[0][0] if self._tail else 0
+            size = len(self._tail)
+        cut = min(size, max(0, evicted_end - first))
         kept_from = -(-first // stride) * stride - first
-        middle.extend(old_tail[kept_from:cut:stride])
-        tail = old_tail[cut:]
-        if len(positions) != len(items):
-            raise ValueError("place: one item per position")
-        # positions ascend: the head's, the middle's and the tail's are three slices
-        to_middle = bisect.bisect_left(positions, head - old)
-        to_tail = bisect.bisect_left(positions, evicted_end - old, lo=to_middle)
+        if run is not None:
+            middle.extend((first + j, held[j]) for j in range(kept_from, cut, stride))
+            remaining = [(first + j, held[j]) for j in range(cut, size)]
+        else:
+            old_tail = list(self._tail)
+            middle.extend(old_tail[kept_from:cut:stride])
+            remaining = old_tail[cut:]
         self._head.extend(items[:to_middle])
         middle_indices = [old + p for p in positions[to_middle:to_tail]]
         middle.extend(zip(middle_indices, items[to_middle:to_tail], strict=True))
-        tail.extend(zip([old + p for p in positions[to_tail:]], items[to_tail:], strict=True))
         self._middle = middle
         self._stride = stride
-        self._tail = deque(tail, maxlen=tail_max)
         self.count = new
+        new_tail = positions[to_tail:]
+        if tail is None:
+            tail = items[to_tail:]
+        if not remaining and new_tail:  # the new items are the whole tail: held as they are
+            self._tail = deque(maxlen=tail_max)
+            self._tail_run = (old + new_tail[0], tail)
+            return
+        remaining.extend(zip([old + p for p in new_tail], tail, strict=True))
+        self._tail = deque(remaining, maxlen=tail_max)
+        self._tail_run = None
 
     def items(self) -> tuple[T, ...]:
         """The kept items in order, ``Lazy`` ones built (once: they stay built)."""
         self._head = [_real(v) for v in self._head]
         self._middle = _real_pairs(self._middle)
-        tail = _real_pairs(list(self._tail))
+        tail = _real_pairs(list(self._tail_pairs()))
         self._tail = deque(tail, maxlen=self._tail.maxlen)
         return tuple(self._head) + tuple(v for _, v in self._middle) + tuple(v for _, v in tail)
 
@@ -202,17 +256,21 @@ def small_ints(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)``; for integers that fit in 16 bits by counting
-    rather than sorting (a dense log's run: 8 ms of sorting per 300k lines, 1 ms this way)."""
-    small = small_ints(values)
-    if small.dtype != np.int16:
-        unique, inverse = np.unique(values, return_inverse=True)
-        return unique, inverse.ravel()
-    offset = small.astype(np.int32) + (1 << 15)
-    present = np.bincount(offset, minlength=1 << 16) > 0
-    position = np.cumsum(present) - 1
-    return np.flatnonzero(present) - (1 << 15), position[offset]
+def first_seen(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For integer ``values``: where each distinct value first occurs, in the order they first
+    occur, and each value's group (the index of its value's first occurrence among those).
+    By the extension in one hashed pass where it is built (the bulk apply groups each run's
+    lines by stream, rank and label: numpy's ``unique`` sorts each time), else by numpy."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    if native.NATIVE:
+        assert native._scan is not None
+        firsts, groups = native._scan.first_seen(values)
+        return np.frombuffer(firsts, dtype=np.int64), np.frombuffer(groups, dtype=np.int64)
+    _, first, inverse = np.unique(small_ints(values), return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return first[order].astype(np.int64), rank[inverse.ravel()]
 
 
 def grouped_sums(
@@ -303,11 +361,16 @@ def grouped_stats(groups: np.ndarray, values: np.ndarray) -> dict[int, GroupStat
     return grouped_columns(groups, [values])[0]
 
 
-def grouped_columns(groups: np.ndarray, columns: list[np.ndarray]) -> list[dict[int, GroupStats]]:
-    """``grouped_stats`` of each of several value columns over the same groups (grouped once)."""
-    if len(groups) == 0:
+def grouped_columns(
+    groups: np.ndarray, columns: list[np.ndarray], order: np.ndarray | None = None
+) -> list[dict[int, GroupStats]]:
+    """``grouped_stats`` of each of several value columns over the same groups (grouped once).
+    ``order``: the rows to take, ordered by group stably (a caller that sorted them already);
+    all rows, sorted here, by default."""
+    if order is None:
+        order = np.argsort(small_ints(groups), kind="stable")
+    if len(order) == 0:
         return [{} for _ in columns]
-    order = np.argsort(small_ints(groups), kind="stable")
     g = groups[order]
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
     ends = np.append(starts[1:], len(g))

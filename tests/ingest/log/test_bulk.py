@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -179,6 +180,40 @@ def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: 
     assert bulk_apply.stream_key(key) == found.key
     if lengths[0]:
         assert len(text) - len(cleaned_rest) == lengths[0]
+
+
+def test_a_tail_handed_as_a_sequence_is_read_only_where_kept() -> None:
+    # runs of 400 items, 24k in all: each run's last 32 are the tail until the next run
+    # pushes them out, when only every stride-th is kept; the others are never read
+    reads: list[int] = []
+
+    class Run(Sequence[int]):
+        def __init__(self, base: int, positions: list[int]) -> None:
+            self.base, self.positions = base, positions
+
+        def __len__(self) -> int:
+            return len(self.positions)
+
+        def __getitem__(self, j: int) -> int:  # type: ignore[override]
+            reads.append(self.base + self.positions[j])
+            return self.base + self.positions[j]
+
+    def plain(positions: list[int], base: int) -> list[int]:
+        return [base + p for p in positions]
+
+    def lazy(positions: list[int], base: int) -> Sequence[Any]:
+        return Run(base, positions)
+
+    one, many = Thinned[int](32, 192, 32), Thinned[int](32, 192, 32)
+    for run in range(60):
+        base = run * 400
+        for i in range(400):
+            one.add(base + i)
+        many.extend(400, partial(plain, base=base), partial(lazy, base=base))
+    assert many.items() == one.items()
+    # 60 runs' tails are 1,920 items: read were those kept past the tail (the middle's, some
+    # dropped later as its stride grew), and the last tail, each once
+    assert len(reads) == len(set(reads)) < 400
 
 
 @settings(max_examples=200, deadline=None)
@@ -433,14 +468,27 @@ def test_a_lazy_sample_keeps_only_its_own_row_alive(
             super().__init__(build, row)
             made.append((build.__self__, row))
 
+    tails: list[bulk_apply._TailRows] = []
+
+    class RecordingTail(bulk_apply._TailRows):
+        def __init__(self, build, columns, built):  # type: ignore[no-untyped-def]
+            super().__init__(build, columns, built)
+            tails.append(self)
+
     monkeypatch.setattr(bulk_apply, "Lazy", Recording)
+    monkeypatch.setattr(bulk_apply, "_TailRows", RecordingTail)
     runs = _runs(monkeypatch)
     facts = read_log(path, chunk_bytes=16384)
-    assert runs and made
+    assert runs and made and tails
     for builder, row in made:
         assert isinstance(builder, bulk_apply._Builder)
         assert isinstance(row, tuple) and len(row) == 12
         assert all(v is None or isinstance(v, int | float | str) for v in row)
+    # a tail holds its keeper's last rows of a run alone (32 at most), all of one rank
+    for tail in tails:
+        assert len(tail) <= 32 and {len(column) for column in tail.columns} <= {len(tail)}
+        ranks = {rank for j, rank in enumerate(tail.columns[1]) if j not in tail.built}
+        assert len(ranks) <= 1
     assert _same(facts, _per_line(path, monkeypatch, chunk_bytes=16384))
 
 
@@ -518,20 +566,62 @@ def test_glued_prefixes_are_those_past_a_line_start(pieces: list[bytes]) -> None
 
 
 @given(
-    values=st.lists(st.one_of(st.integers(-3, 70), st.integers(-(1 << 40), 1 << 40)), max_size=300)
+    values=st.lists(
+        st.one_of(
+            st.integers(-3, 70),
+            st.integers(-(1 << 40), 1 << 40),
+            st.sampled_from([-(1 << 63), (1 << 63) - 1, 0, -1]),
+        ),
+        max_size=300,
+    ),
+    pure=st.booleans(),
 )
-def test_small_key_sorts_are_numpy_s(values: list[int]) -> None:
-    # keys as int16 where they fit (radix sorts, counting): the same order and uniques as int64
-    from oomlens.ingest.log.series import small_ints, unique_inverse
+def test_first_seen_groups_values_in_the_order_they_first_occur(
+    values: list[int], pure: bool
+) -> None:
+    # the extension's hashed pass and numpy's sorts: what a loop over the values finds
+    from oomlens.ingest.log import native
+    from oomlens.ingest.log.series import first_seen, small_ints
 
     array = np.asarray(values, dtype=np.int64)
     small = small_ints(array)
     assert small.tolist() == values
     assert np.array_equal(np.argsort(small, kind="stable"), np.argsort(array, kind="stable"))
-    unique, inverse = unique_inverse(array)
-    expected, expected_inverse = np.unique(array, return_inverse=True)
-    assert unique.tolist() == expected.tolist()
-    assert inverse.tolist() == expected_inverse.ravel().tolist()
+    expected_firsts: dict[int, int] = {}
+    for i, v in enumerate(values):
+        expected_firsts.setdefault(v, i)
+    group_of = {v: g for g, v in enumerate(expected_firsts)}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "NATIVE", native.BUILT and not pure)
+        firsts, groups = first_seen(array)
+    assert firsts.dtype == groups.dtype == np.int64
+    assert firsts.tolist() == list(expected_firsts.values())
+    assert groups.tolist() == [group_of[v] for v in values]
+
+
+def test_first_seen_grows_its_table_and_refuses_odd_bytes() -> None:
+    from oomlens.ingest.log import native
+    from oomlens.ingest.log.series import first_seen
+
+    if not native.BUILT:
+        pytest.skip("the C extension is not built")
+    assert native._scan is not None
+    rng = np.random.default_rng(3)
+    array = rng.integers(-(1 << 62), 1 << 62, 50_000)[rng.integers(0, 50_000, 200_000)]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "NATIVE", True)
+        fast = first_seen(array)
+        m.setattr(native, "NATIVE", False)
+        slow = first_seen(array)
+    assert [x.tolist() for x in fast] == [x.tolist() for x in slow]
+    # values in a range under 2**16 take a table of the range (-1..65534), the rest a hash
+    for top in (65534, 65535, 1 << 62):
+        edge = np.asarray([top, 0, 7, top, 0, -1, 7], dtype=np.int64)
+        firsts, groups = native._scan.first_seen(edge)
+        assert np.frombuffer(firsts, dtype=np.int64).tolist() == [0, 1, 2, 5]
+        assert np.frombuffer(groups, dtype=np.int64).tolist() == [0, 1, 2, 0, 1, 3, 2]
+    with pytest.raises(ValueError, match="int64"):
+        native._scan.first_seen(b"abc")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("pure", [False, True])
