@@ -8,7 +8,7 @@ here with arrays instead:
 
 * every line it visits marks its rank as seen and makes its stream; a leading timestamp
   becomes the reader's last time (and year); a step line's step its last step: carried forward
-  over the run (``_latest``);
+  over the run (``_Latest``);
 * a memory line opens its stream's pending sample (label, values, last time, last step); the
   stream's next visited line closes it, with the CPU values when that is a CPU line; a CPU line
   right after its memory line, read ahead with it (``consumed``), closes it at once.  Samples
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
@@ -65,14 +65,27 @@ def stream_key(key: int) -> tuple[object, ...]:
     return (("rank", key),)
 
 
-def _latest(mask: np.ndarray, include_self: bool) -> np.ndarray:
-    """For each position, the latest position where ``mask`` holds (at or before it with
-    ``include_self``, strictly before it otherwise); -1 for none."""
-    marks = np.where(mask, np.arange(len(mask)), -1)
-    latest = np.maximum.accumulate(marks)
-    if include_self:
-        return latest
-    return np.concatenate(([-1], latest[:-1]))
+class _Latest:
+    """For positions of a run, the latest position where a mask holds (at or before it with
+    ``include_self``, strictly before it otherwise), -1 for none: looked up for the positions
+    asked about (the few thousand samples a series keeps), not made for every line."""
+
+    __slots__ = ("_marks", "_side")
+
+    def __init__(self, mask: np.ndarray, include_self: bool) -> None:
+        self._marks = np.flatnonzero(mask)
+        self._side: Literal["left", "right"] = "right" if include_self else "left"
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        """The latest marked position for each of ``positions`` (int64 array)."""
+        if not len(self._marks):
+            return np.full(len(positions), -1, dtype=np.int64)
+        at = np.searchsorted(self._marks, positions, side=self._side) - 1
+        return np.where(at >= 0, self._marks[np.maximum(at, 0)], -1)
+
+    def at(self, position: int) -> int:
+        """``self[[position]]`` for one position."""
+        return int(self[np.asarray([position], dtype=np.int64)][0])
 
 
 class Run:
@@ -114,17 +127,17 @@ class Run:
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
         self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
-        self.time_source = _latest(self.handled & (self.ts != bulk.NO_TS), include_self=True)
+        self.time_source = _Latest(self.handled & (self.ts != bulk.NO_TS), include_self=True)
         self.step_lines = self.handled & (
             (self.kind == bulk.STEP_GENERIC) | (self.kind == bulk.STEP_DS)
         )
-        self.step_source = _latest(self.step_lines, include_self=False)
+        self.step_source = _Latest(self.step_lines, include_self=False)
         self._times: dict[int, datetime] = {}
 
     def when(self, i: int) -> datetime | None:
         """The reader's last time once line ``i``'s own timestamp is read (the matchers'
         ``line.when or reader.last_time``)."""
-        source = int(self.time_source[i])
+        source = self.time_source.at(i)
         if source < 0:
             return self.reader.last_time
         found = self._times.get(source)
@@ -134,7 +147,7 @@ class Run:
 
     def step(self, i: int) -> int | None:
         """The reader's last step when line ``i`` is read."""
-        source = int(self.step_source[i])
+        source = self.step_source.at(i)
         return self.reader.last_step if source < 0 else int(self.scan.a[self.lo + source])
 
     def ref(self, i: int, rank: int | None = None) -> SourceRef:
@@ -420,7 +433,7 @@ class _SampleRows:
         columns = [
             run.numbers[i].tolist(),
             run.rank[i].tolist(),
-            [None if label < 0 else texts[label] for label in self.labels[rows].tolist()],
+            _texts_of(texts, self.labels[rows]),
             scan.a[j].tolist(),
             scan.b[j].tolist(),
             scan.c[j].tolist(),
@@ -453,6 +466,14 @@ class _SampleRows:
                     )
         builder = _Builder(reader.path, reader.layout_host, reader.last_step, reader.last_time)
         return _Fields(builder, columns, built)
+
+
+def _texts_of(texts: list[str], ids: np.ndarray) -> list[str | None]:
+    """The label texts of ``ids`` (None for those below 0)."""
+    table = np.empty(len(texts) + 1, dtype=object)
+    table[: len(texts)] = texts
+    result: list[str | None] = table[np.where(ids < 0, len(texts), ids)].tolist()
+    return result
 
 
 class _Fields:
@@ -573,9 +594,9 @@ def _labels(
             ids_of_text.setdefault(texts[i], []).append(i)
         known = np.zeros((len(keepers), width), dtype=bool)
         # keepers that met the same first labels (most ranks print the same) are looked up once
-        found_for: dict[tuple[str, ...], list[int]] = {}
+        found_for: dict[frozenset[str], list[int]] = {}
         for k in np.flatnonzero(full).tolist():
-            own = tuple(keepers[k].labels)  # type: ignore[union-attr]
+            own = frozenset(keepers[k].labels)  # type: ignore[union-attr]
             found = found_for.get(own)
             if found is None:
                 found = found_for[own] = [i for text in own for i in ids_of_text.get(text, ())]

@@ -731,3 +731,24 @@ def test_close_order_refuses_streams_it_was_not_told_of() -> None:
         native._scan.close_order(
             one, np.zeros(2, dtype=bool), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int8)
         )
+
+
+@given(
+    mask=st.lists(st.booleans(), max_size=60),
+    include_self=st.booleans(),
+    data=st.data(),
+)
+def test_the_latest_marked_line_is_found_for_the_lines_asked_about(
+    mask: list[bool], include_self: bool, data: st.DataObject
+) -> None:
+    # what the per-line path carries forward (the last timestamp, the last step) at a line
+    latest = bulk_apply._Latest(np.asarray(mask, dtype=bool), include_self)
+    asked = data.draw(st.lists(st.integers(0, max(len(mask) - 1, 0)), max_size=20))
+    if not mask:
+        asked = []
+    expected = []
+    for i in asked:
+        marked = [j for j in range(i + 1 if include_self else i) if mask[j]]
+        expected.append(marked[-1] if marked else -1)
+    assert latest[np.asarray(asked, dtype=np.int64)].tolist() == expected
+    assert [latest.at(i) for i in asked] == expected
