@@ -60,14 +60,16 @@ and peak RSS with 1, 2, 3 batches together: dense 6.0, 4.7, 4.5 s at 162, 171, 1
 The facts are the same however batches are grouped (tested)."""
 
 
-GROUP_BATCHES = 6
+GROUP_BATCHES = 4
 GROUP_HITS = 60_000
 """With the C scan, scanned batches are applied together until they hold this many batches'
-worth of bytes (48 MiB with the default blocks) or this many anchored lines: a run's cost is
+worth of bytes (32 MiB with the default blocks) or this many anchored lines: a run's cost is
 mostly a fixed part per rank, which a group pays once, and a group's memory is mostly its
 anchored lines' arrays (about 250 bytes a line, scan and apply) and its bytes.  1 GiB 64-rank
 logs, two cores, two threads, in-process time and peak RSS: sparse 7.4 s with groups of three
-4 MiB batches, 5.1 s with these bounds; dense 10.4 s and 8.1 s, at 139 and 188 MiB."""
+4 MiB batches, 5.1 s with six 8 MiB ones; dense 10.4 s and 8.1 s, at 139 and 188 MiB.  Since
+the threads join the batches (``_joined_scan``), whose buffers their malloc arenas keep, six
+took the sparse log to 179-205 MiB; four: 155-168 MiB in the same time (2.5-3.0 s)."""
 
 
 MAX_AHEAD = 5
@@ -116,16 +118,29 @@ class _Batch:
     """A batch's bytes held once: joined for the scan, each block cut out again as it is read
     (holding the blocks and their join too doubled the memory of the batches in flight)."""
 
-    __slots__ = ("_cut", "data", "prev_tail", "starts")
+    __slots__ = ("_blocks", "_cut", "_data", "prev_tail", "starts")
 
     def __init__(self, blocks: list[bytes], prev_tail: bytes) -> None:
-        self.data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        self._blocks: list[bytes] | None = blocks
+        self._data: bytes | None = None
         self.prev_tail = prev_tail
         starts = [0]
         for block in blocks[:-1]:
             starts.append(starts[-1] + len(block))
         self.starts = starts
         self._cut: tuple[int, bytes] | None = None
+
+    @property
+    def data(self) -> bytes:
+        """The blocks' bytes, joined on first use: by the thread that scans the batch where
+        threads scan (``_joined_scan``)."""
+        data = self._data
+        if data is None:
+            blocks = self._blocks
+            assert blocks is not None
+            data = self._data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+            self._blocks = None
+        return data
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -215,6 +230,16 @@ def _scan(batch: _Batch) -> bulk.BatchScan:
     return _scan_bytes(batch.data, batch.starts, batch.prev_tail)
 
 
+def _joined_scan(
+    scan: Callable[[bytes, list[int], bytes], bulk.BatchScan], batch: _Batch
+) -> bulk.BatchScan:
+    """``scan`` of ``batch`` by a thread that joins its blocks too: ``bytes.join`` lets go of
+    the GIL, and the reading thread is the one that limits on a dense log.  1 GiB dense
+    64-rank log, two cores, three runs each way: the reading thread's CPU 3.2-3.7 s, was
+    4.1-4.5 s with the joins (its page faults too); wall 3.9-4.4 s, was 4.6-4.9 s."""
+    return scan(batch.data, batch.starts, batch.prev_tail)
+
+
 def _scan_bytes(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchScan:
     """``bulk.scan_batch`` in this process or a worker (what a worker is sent: the bytes)."""
     # The scan builds a few million small acyclic objects (Aho-Corasick's match tuples, the
@@ -254,7 +279,7 @@ def _read(reader: LogReader, jobs: int) -> int:
         # (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS 212 MiB,
         # 181 MiB with 2 threads)
         with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs, sparse=True))) as threads:
-            return _read_ahead(reader, threads, jobs, number, bulk.scan_batch)
+            return _read_ahead(reader, threads, jobs, number, bulk.scan_batch, in_threads=True)
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()
@@ -299,7 +324,10 @@ def _read_ahead(
     jobs: int,
     number: int,
     scan: Callable[[bytes, list[int], bytes], bulk.BatchScan],
+    in_threads: bool = False,
 ) -> int:
+    """Scan ahead in ``pool`` (threads of this process with ``in_threads``: they join the
+    batches' blocks too) while the reader applies the scanned groups in order."""
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
     group: list[tuple[_Batch, bulk.BatchScan]] = []
     sparse = False  # until a scan says otherwise
@@ -314,7 +342,11 @@ def _read_ahead(
         return _process_group(reader, group, number) if _group_full(group, reader) else number
 
     for batch in _batches(reader):
-        future = pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
+        future = (
+            pool.submit(_joined_scan, scan, batch)
+            if in_threads
+            else pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
+        )
         pending.append((batch, future))
         while len(pending) > ahead(jobs, sparse):
             number = take(number)

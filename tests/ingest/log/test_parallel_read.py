@@ -222,3 +222,41 @@ def test_a_third_batch_is_in_flight_only_while_batches_are_sparse(
         "dense.log": batches.NATIVE_AHEAD + 1,
         "sparse.log": batches.NATIVE_AHEAD_SPARSE + 1,
     }
+
+
+def test_a_batch_joins_its_blocks_once_and_lets_them_go() -> None:
+    blocks = [b"a\nb\n", b"cc\n", b"ddd\n"]
+    batch = batches._Batch(list(blocks), b"tail")
+    assert batch.starts == [0, 4, 7]
+    data = batch.data
+    assert data == b"".join(blocks) and batch.data is data
+    assert batch._blocks is None  # the blocks are let go of once joined
+    assert [batch.block(b) for b in range(3)] == blocks
+    assert batch.tail_before(0) == b"tail" and batch.tail_before(2) == b"cc\n"
+
+
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+def test_the_scanning_threads_join_the_batches(
+    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the reader's thread, the one that limits, leaves the joins to the threads that scan
+    import threading
+
+    monkeypatch.setattr(native, "NATIVE", True)
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 2)
+    joined_by: list[str] = []
+    original = batches._Batch.data
+
+    def recording(self):  # type: ignore[no-untyped-def]
+        if self._data is None:
+            joined_by.append(threading.current_thread().name)
+        return original.fget(self)
+
+    monkeypatch.setattr(batches._Batch, "data", property(recording))
+    path = tmp_path / "ranks.log"
+    path.write_text(mixed_log(5, ranks=8, steps=60, odd=0.05))
+    one = _facts(path, chunk_bytes=8192)
+    joined_by.clear()
+    assert _facts(path, chunk_bytes=8192, jobs=2) == one
+    assert len(joined_by) > 2
+    assert threading.main_thread().name not in joined_by
