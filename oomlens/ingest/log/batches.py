@@ -90,6 +90,14 @@ cores, the collector paused for the pass: dense, peak RSS 189-202 MiB with 3 in 
 162-164 MiB with 2; sparse 179 MiB and 4.6-4.9 s with 3, 172-177 MiB and 5.3-5.4 s with 2."""
 
 
+SCAN_THREADS = 2
+"""Threads that scan with the C scan, at most: each keeps a malloc arena of its own, where the
+batches it joins stay (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS
+212 MiB, 181 MiB with 2 threads; with the joins in the threads, 3 threads: 176-191 MiB), and
+the reader's in-order pass is what limits past two (16 cores, three runs: dense 2.0-2.3 s with
+2 threads, 1.8-2.4 s with 3; sparse 1.3-1.5 s and 1.4-1.5 s)."""
+
+
 def ahead(jobs: int, sparse: bool = False) -> int:
     """How many batches are scanned ahead of the reader with ``jobs`` workers: enough that
     they have work while the reader applies the group it waited for; ``sparse``: the last
@@ -275,10 +283,7 @@ def _read(reader: LogReader, jobs: int) -> int:
         # 13.3 s with two worker processes, 4.3 s of it in the kernel passing batches and
         # arrays; 10.4 s with two threads, 1.7 s in the kernel)
         native.prepare()
-        # no more threads than batches in flight: each would keep a malloc arena of its own
-        # (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS 212 MiB,
-        # 181 MiB with 2 threads)
-        with ThreadPoolExecutor(max_workers=min(jobs, ahead(jobs, sparse=True))) as threads:
+        with ThreadPoolExecutor(max_workers=min(jobs, SCAN_THREADS)) as threads:
             return _read_ahead(reader, threads, jobs, number, bulk.scan_batch, in_threads=True)
     import multiprocessing
 

@@ -260,3 +260,26 @@ def test_the_scanning_threads_join_the_batches(
     assert _facts(path, chunk_bytes=8192, jobs=2) == one
     assert len(joined_by) > 2
     assert threading.main_thread().name not in joined_by
+
+
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+def test_no_more_scanning_threads_than_scan_threads_whatever_the_jobs(
+    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each thread keeps the batches it joined in a malloc arena of its own: memory grows with
+    # the threads, speed does not past two
+    monkeypatch.setattr(native, "NATIVE", True)
+    workers: list[int] = []
+    real = batches.ThreadPoolExecutor
+
+    def record(max_workers: int) -> object:
+        workers.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(batches, "ThreadPoolExecutor", record)
+    path = tmp_path / "ranks.log"
+    path.write_text(mixed_log(4, ranks=8, steps=30, odd=0.05))
+    one = _facts(path, chunk_bytes=8192)
+    for jobs in (2, 8, 64):
+        assert _facts(path, chunk_bytes=8192, jobs=jobs) == one
+    assert workers == [min(2, batches.SCAN_THREADS), batches.SCAN_THREADS, batches.SCAN_THREADS]
