@@ -129,8 +129,9 @@ class Run:
                 self.rank_of_key[key] = reader.local_to_global.get((None, "default", local), local)
             else:
                 self.rank_of_key[key] = key
-        ranks = [-1 if r is None else r for r in self.rank_of_key.values()]  # stream order
-        self.prefix_rank = np.asarray(ranks, dtype=np.int64)[self.stream]
+        self.stream_ranks = [-1 if r is None else r for r in self.rank_of_key.values()]
+        """Each stream's rank (-1: none), in ``stream_keys``'s order."""
+        self.prefix_rank = np.asarray(self.stream_ranks, dtype=np.int64)[self.stream]
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
         self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
@@ -210,12 +211,9 @@ def _seen(run: Run) -> None:
     # the streams of the visited lines in the order they first come, and their ranks (a
     # prefix's rank is its stream's)
     streams = _first_occurrences(run.stream[run.handled])
-    rank_of_stream = list(run.rank_of_key.values())
     for s in streams:
         reader.stream_of(stream_key(run.stream_keys[s]))
-    for rank in dict.fromkeys(rank_of_stream[s] for s in streams):
-        if rank is None:
-            continue
+    for rank in dict.fromkeys(run.stream_ranks[s] for s in streams):
         if rank >= 0 and rank not in reader.ranks_seen and len(reader.ranks_seen) < MAX_STREAMS:
             reader.ranks_seen.add(rank)
     host = reader.layout_host
@@ -385,7 +383,7 @@ def _feed_keepers(
         good.append(mine[positions[:split]])
         tails.append(mine[positions[split:]])
     fields = rows_of.fields(np.concatenate(good + tails)) if groups else None
-    at, tail_at = 0, sum(len(rows) for rows in good)
+    at, tail_at = 0, sum(len(part) for part in good)
     for k, keeper in enumerate(keepers):
         assert keeper is not None and fields is not None
         positions, stride, split = plans[k]

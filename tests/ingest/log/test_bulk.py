@@ -489,6 +489,10 @@ def test_a_lazy_sample_keeps_only_its_own_row_alive(
         assert len(tail) <= 32 and {len(column) for column in tail.columns} <= {len(tail)}
         ranks = {rank for j, rank in enumerate(tail.columns[1]) if j not in tail.built}
         assert len(ranks) <= 1
+    # a tail reads as a sequence: by index or by slice, the same rows
+    longest = max(tails, key=len)
+    by_slice = [getattr(item, "row", item) for item in longest[1:3]]
+    assert by_slice == [getattr(longest[j], "row", longest[j]) for j in (1, 2)]
     assert _same(facts, _per_line(path, monkeypatch, chunk_bytes=16384))
 
 
@@ -752,3 +756,20 @@ def test_the_latest_marked_line_is_found_for_the_lines_asked_about(
         expected.append(marked[-1] if marked else -1)
     assert latest[np.asarray(asked, dtype=np.int64)].tolist() == expected
     assert [latest.at(i) for i in asked] == expected
+
+
+def test_place_refuses_items_that_do_not_fit_the_positions() -> None:
+    series = Thinned[int](2, 4, 2)
+    series.extend(10, lambda positions: positions)
+    positions, stride = series.wanted(10)
+    split = series.tail_split(10, positions)
+    with pytest.raises(ValueError, match="one item per position"):
+        series.place(10, positions, stride, list(positions[:-1]))
+    with pytest.raises(ValueError, match="one item per position"):
+        series.place(10, positions, stride, list(positions[:split]), [0])
+    with pytest.raises(ValueError, match="start where the tail does"):
+        series.place(10, positions, stride, list(positions[: split - 1]), positions[split - 1 :])
+    before = series.items()
+    assert series.count == 10  # refused before anything changed
+    series.place(10, positions, stride, list(positions[:split]), positions[split:])
+    assert series.count == 20 and series.items() != before
