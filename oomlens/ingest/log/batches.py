@@ -68,7 +68,7 @@ mostly a fixed part per rank, which a group pays once, and a group's memory is m
 anchored lines' arrays (about 250 bytes a line, scan and apply) and its bytes.  1 GiB 64-rank
 logs, two cores, two threads, in-process time and peak RSS: sparse 7.4 s with groups of three
 4 MiB batches, 5.1 s with six 8 MiB ones; dense 10.4 s and 8.1 s, at 139 and 188 MiB.  Since
-the threads join the batches (``_joined_scan``), whose buffers their malloc arenas keep, six
+the threads join the batches (``_scan``), whose buffers their malloc arenas keep, six
 took the sparse log to 179-205 MiB; four: 155-168 MiB in the same time (2.5-3.0 s)."""
 
 
@@ -141,7 +141,7 @@ class _Batch:
     @property
     def data(self) -> bytes:
         """The blocks' bytes, joined on first use: by the thread that scans the batch where
-        threads scan (``_joined_scan``)."""
+        threads scan (``_scan``)."""
         data = self._data
         if data is None:
             blocks = self._blocks
@@ -234,18 +234,15 @@ def _batches(reader: LogReader) -> Iterator[_Batch]:
         yield _Batch(blocks, previous_tail)
 
 
-def _scan(batch: _Batch) -> bulk.BatchScan:
-    return _scan_bytes(batch.data, batch.starts, batch.prev_tail)
-
-
-def _joined_scan(
-    scan: Callable[[bytes, list[int], bytes], bulk.BatchScan], batch: _Batch
+def _scan(
+    batch: _Batch, scan: Callable[[bytes, list[int], bytes], bulk.BatchScan] | None = None
 ) -> bulk.BatchScan:
-    """``scan`` of ``batch`` by a thread that joins its blocks too: ``bytes.join`` lets go of
-    the GIL, and the reading thread is the one that limits on a dense log.  1 GiB dense
-    64-rank log, two cores, three runs each way: the reading thread's CPU 3.2-3.7 s, was
-    4.1-4.5 s with the joins (its page faults too); wall 3.9-4.4 s, was 4.6-4.9 s."""
-    return scan(batch.data, batch.starts, batch.prev_tail)
+    """``scan`` (``_scan_bytes`` by default) of ``batch``, joining its blocks first.  Where
+    threads scan, they call it (``bytes.join`` lets go of the GIL, and the reading thread is
+    the one that limits on a dense log).  1 GiB dense 64-rank log, two cores, three runs each
+    way: the reading thread's CPU 3.2-3.7 s, was 4.1-4.5 s with the joins (its page faults
+    too); wall 3.9-4.4 s, was 4.6-4.9 s."""
+    return (scan or _scan_bytes)(batch.data, batch.starts, batch.prev_tail)
 
 
 def _scan_bytes(data: bytes, starts: list[int], prev_tail: bytes) -> bulk.BatchScan:
@@ -348,7 +345,7 @@ def _read_ahead(
 
     for batch in _batches(reader):
         future = (
-            pool.submit(_joined_scan, scan, batch)
+            pool.submit(_scan, batch, scan)
             if in_threads
             else pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
         )

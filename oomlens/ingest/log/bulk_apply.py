@@ -117,19 +117,19 @@ class Run:
         self.numbers = scan.hit_line[lo:hi] + first_line
         self.ts = scan.ts[lo:hi]
         self.deferred = deferred
-        self.rank_of_key: dict[int, int | None] = {}
+        ranks: list[int | None] = []
         firsts, self.stream = first_seen(self.keys)
         """Each hit's stream: its index in ``stream_keys``."""
         self.stream_keys: list[int] = self.keys[firsts].tolist()
         for key in self.stream_keys:
             if key == bulk.NO_KEY:
-                self.rank_of_key[key] = reader.layout_rank
+                ranks.append(reader.layout_rank)
             elif key >= bulk.DEFAULT_ROLE:
                 local = key - bulk.DEFAULT_ROLE
-                self.rank_of_key[key] = reader.local_to_global.get((None, "default", local), local)
+                ranks.append(reader.local_to_global.get((None, "default", local), local))
             else:
-                self.rank_of_key[key] = key
-        self.stream_ranks = [-1 if r is None else r for r in self.rank_of_key.values()]
+                ranks.append(key)
+        self.stream_ranks = [-1 if r is None else r for r in ranks]
         """Each stream's rank (-1: none), in ``stream_keys``'s order."""
         self.prefix_rank = np.asarray(self.stream_ranks, dtype=np.int64)[self.stream]
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
@@ -183,7 +183,7 @@ def apply_run(
     the scan left to the reader.  False, and nothing changed, when the run would need more
     streams than the reader follows."""
     run = Run(reader, scan, lo, hi, first_line, deferred)
-    new = [k for k in run.rank_of_key if stream_key(k) not in reader.streams]
+    new = [k for k in run.stream_keys if stream_key(k) not in reader.streams]
     if len(reader.streams) + len(new) > MAX_STREAMS:
         return False
     _seen(run)
