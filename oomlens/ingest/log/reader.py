@@ -66,6 +66,7 @@ from oomlens.facts.log import (
     StepSample,
     WorldSize,
 )
+from oomlens.gcpause import gc_paused
 from oomlens.ingest.ds_config import parse_config_dump
 from oomlens.ingest.log import batches, deepspeed, paste, steps, torch_oom, torchrun
 from oomlens.ingest.log.bits import (
@@ -235,13 +236,18 @@ class LogReader:
     # --- the pass -------------------------------------------------------------------------
 
     def run(self) -> LogFacts:
-        number = batches.read(self, self.jobs)
-        self.source.stats.lines = number - 1
-        self.tail = self._tail(number)
-        self._close_all(at_end=True)
-        fold_summary_ooms(self.oom, self.summary_ooms)
-        self.oom.items.sort(key=lambda e: e.source.line or 0)
-        return log_facts(self)
+        # The collector waits past the facts too: they are built from the pass's survivors
+        # (thousands of kept samples at once), which hold no cycles; collecting as they were
+        # built, and once over the whole pass's survivors as it ended, cost 0.14 s of a dense
+        # 1 GiB 64-rank log's 4 s.
+        with gc_paused():
+            number = batches.read(self, self.jobs)
+            self.source.stats.lines = number - 1
+            self.tail = self._tail(number)
+            self._close_all(at_end=True)
+            fold_summary_ooms(self.oom, self.summary_ooms)
+            self.oom.items.sort(key=lambda e: e.source.line or 0)
+            return log_facts(self)
 
     def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
         """The last ``TAIL_LINES`` lines of the input, from its last 16 KiB (of however many
