@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-import regex
+from oomlens.lazyregex import lazy_regex
 
 MEMORY_ANCHORS: tuple[bytes, ...] = (b"Max_MA ",)
 CPU_ANCHORS: tuple[bytes, ...] = (b"CPU Virtual Memory",)
@@ -59,27 +59,27 @@ ANCHORS: tuple[bytes, ...] = (
 
 _GIB = 1024**3
 
-_LOGGER = regex.compile(
+_LOGGER = lazy_regex(
     r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[(?P<level>[A-Z]{1,10})\] "
     r"\[(?P<file>[^\]:\n]{1,120}):(?P<lineno>\d{1,7}):(?P<func>[^\]\n]{1,120})\] ?"
 )
-_RANK_TAG = regex.compile(r"\[Rank (?P<rank>-?\d{1,6})\] ")
-_MEMORY = regex.compile(
+_RANK_TAG = lazy_regex(r"\[Rank (?P<rank>-?\d{1,6})\] ")
+_MEMORY = lazy_regex(
     r"MA (?P<ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}Max_MA (?P<max_ma>\d{1,9}(?:\.\d{1,6})?) GB\s{1,"
     r"40}"
     r"CA (?P<ca>\d{1,9}(?:\.\d{1,6})?) GB\s{1,40}Max_CA (?P<max_ca>\d{1,9}(?:\.\d{1,6})?) GB"
 )
-_CPU = regex.compile(
+_CPU = lazy_regex(
     r"CPU Virtual Memory:\s{1,10}used = (?P<used>\d{1,9}(?:\.\d{1,6})?) GB, percent = (?P<pct>\d{"
     r"1,3}(?:\.\d{1,6})?)%"
 )
-_CACHE_FLUSH = regex.compile(r"(?P<n>\d{1,12}) pytorch allocator cache flushes since last step")
-_BATCH = regex.compile(
+_CACHE_FLUSH = lazy_regex(r"(?P<n>\d{1,12}) pytorch allocator cache flushes since last step")
+_BATCH = lazy_regex(
     r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
     r"gradient_acc_step \* world_size ?(?P<tb>[\d.]{1,20}) != (?P<mb>[\d.]{1,20}) \* (?P<ga>[\d.]"
     r"{1,20}) \* (?P<ws>[\d.]{1,20})"
 )
-_CONFIG_ERRORS = regex.compile(
+_CONFIG_ERRORS = lazy_regex(
     r"DeepSpeedConfig: \w{1,60} is not defined|Either train_batch_size or train_micro_batch_size_"
     r"per_gpu "
     r"needs to be provided|Please correct the following DeepSpeed config values that mismatch "
@@ -89,17 +89,17 @@ _CONFIG_ERRORS = regex.compile(
     r" [\d.]{1,20} has to be greater than 0|"
     r"Train batch size must be divisible by micro-batch data parallelism"
 )
-_EXIT = regex.compile(r"exits with return code = (?P<rc>-?\d{1,6})")
-_CMD_LOCAL_RANK = regex.compile(r"--local_rank=(?P<lr>\d{1,6})")
-_KILLING = regex.compile(r"Killing subprocess (?P<pid>\d{1,10})")
-_SPAWNED = regex.compile(r"process (?P<pid>\d{1,10}) spawned with command: ")
-_WORLD_INFO = regex.compile(r"WORLD INFO DICT: (?P<dict>\{.{0,20000}\})")
-_DIST_WORLD = regex.compile(r"dist_world_size=(?P<n>\d{1,7})")
-_CONFIG_WORLD = regex.compile(
+_EXIT = lazy_regex(r"exits with return code = (?P<rc>-?\d{1,6})")
+_CMD_LOCAL_RANK = lazy_regex(r"--local_rank=(?P<lr>\d{1,6})")
+_KILLING = lazy_regex(r"Killing subprocess (?P<pid>\d{1,10})")
+_SPAWNED = lazy_regex(r"process (?P<pid>\d{1,10}) spawned with command: ")
+_WORLD_INFO = lazy_regex(r"WORLD INFO DICT: (?P<dict>\{.{0,20000}\})")
+_DIST_WORLD = lazy_regex(r"dist_world_size=(?P<n>\d{1,7})")
+_CONFIG_WORLD = lazy_regex(
     r"Config mesh_device \S{1,200} world_size = (?P<n>\d{1,7}(?:\.\d{1,4})?)"
 )
-_DUMP_ENTRY = regex.compile(r"  (?P<key>[A-Za-z_][\w]{0,80}) (?:\.{1,40} |\s)(?P<value>.*)")
-_INT_LIST = regex.compile(r"\[(?P<items>[\d,\s]{0,20000})\]")
+_DUMP_ENTRY = lazy_regex(r"  (?P<key>[A-Za-z_][\w]{0,80}) (?:\.{1,40} |\s)(?P<value>.*)")
+_INT_LIST = lazy_regex(r"\[(?P<items>[\d,\s]{0,20000})\]")
 
 
 @dataclass(frozen=True, slots=True)

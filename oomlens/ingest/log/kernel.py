@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-import regex
-
 from oomlens.facts import SourceRef
 from oomlens.facts.kernel import (
     FatalSignalKind,
@@ -26,6 +24,7 @@ from oomlens.facts.kernel import (
 )
 from oomlens.ingest.log import timestamps
 from oomlens.ingest.textstream import open_text
+from oomlens.lazyregex import lazy_regex
 
 ANCHORS: tuple[bytes, ...] = (
     b"Killed",
@@ -41,36 +40,36 @@ ANCHORS: tuple[bytes, ...] = (
 """Literals one of which every line ``parse_kernel_line`` understands holds (no anchor starts
 with a common byte such as a space: the multi-pattern search stays fast)."""
 
-_UPTIME = regex.compile(r"\[\s{0,12}(\d{1,10}\.\d{1,9})\] ")
-_DMESG_T = regex.compile(r"\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] ")
-_DMESG_ISO = regex.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? ")
-_JOURNAL = regex.compile(
+_UPTIME = lazy_regex(r"\[\s{0,12}(\d{1,10}\.\d{1,9})\] ")
+_DMESG_T = lazy_regex(r"\[\w{3} \w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}\] ")
+_DMESG_ISO = lazy_regex(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d{1,9}(?:[+-]\d\d:?\d\d|Z)? ")
+_JOURNAL = lazy_regex(
     r"(?:\w{3} {1,2}\d{1,2} \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:[+-]"
     r"\d\d:?\d\d|Z)?) "
     r"\S{1,255} kernel: (?:\[\s{0,12}\d{1,10}\.\d{1,9}\] )?"
 )
-_KILLED = regex.compile(
+_KILLED = lazy_regex(
     r"(?P<cg>Memory cgroup out of memory: )?(?:Out of memory(?: \(oom_kill_allocating_task\))?: )?"
     r"Killed process (?P<pid>\d{1,10}) \((?P<name>[^)\n]{0,64})\)"
     r"(?:,? total-vm:(?P<vm>\d{1,15})kB, anon-rss:(?P<anon>\d{1,15})kB, file-rss:(?P<file>\d{1,15"
     r"})kB"
     r"(?:, shmem-rss:(?P<shmem>\d{1,15})kB)?)?"
 )
-_CONSTRAINT = regex.compile(r"oom-kill:constraint=(?P<constraint>\w{1,40})(?P<rest>[^\n]{0,2000})")
-_KV = regex.compile(r",(oom_memcg|task|pid)=([^,\s]{0,500})")
-_INVOKED = regex.compile(r"(?P<name>\S{1,64}) invoked oom-killer: ")
-_SLURM_EVENTS = regex.compile(
+_CONSTRAINT = lazy_regex(r"oom-kill:constraint=(?P<constraint>\w{1,40})(?P<rest>[^\n]{0,2000})")
+_KV = lazy_regex(r",(oom_memcg|task|pid)=([^,\s]{0,500})")
+_INVOKED = lazy_regex(r"(?P<name>\S{1,64}) invoked oom-killer: ")
+_SLURM_EVENTS = lazy_regex(
     r"Detected (?P<n>\d{1,9}) oom[-_]kill events?(?:\(s\))? in (?:step |StepId=)?"
     r"(?P<step>[\w+-]{1,40}(?:\.[\w+-]{1,40}){0,3})"
 )
-_SRUN_TASK = regex.compile(
+_SRUN_TASK = lazy_regex(
     r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
 )
-_BUS = regex.compile(r"(?:^|\s|:)Bus error\b")
-_SHELL_KILLED = regex.compile(r"(?:^|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
-_ABORTED = regex.compile(r"(?:^|: |\d )Aborted(?: \(core dumped\))?(?:\s|\Z)")
-_SEGV = regex.compile(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s|\Z)")
-_SHM = regex.compile(
+_BUS = lazy_regex(r"(?:^|\s|:)Bus error\b")
+_SHELL_KILLED = lazy_regex(r"(?:^|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
+_ABORTED = lazy_regex(r"(?:^|: |\d )Aborted(?: \(core dumped\))?(?:\s|\Z)")
+_SEGV = lazy_regex(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s|\Z)")
+_SHM = lazy_regex(
     r"insufficient shared memory|shared memory segment /dev/shm|/dev/shm[^\n]{0,120}No space left"
     r" on device|"
     r"No space left on device[^\n]{0,120}/dev/shm|"

@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import regex
+from oomlens.lazyregex import lazy_regex
 
 ANCHORS: tuple[bytes, ...] = (b"parameters", b"params")
 
-_NUM_ELEMS = regex.compile(r"num_elems = (?P<n>[0-9]{1,6}(?:\.[0-9]{1,4})?)B\b")
-_OLD_DS = regex.compile(
+_NUM_ELEMS = lazy_regex(r"num_elems = (?P<n>[0-9]{1,6}(?:\.[0-9]{1,4})?)B\b")
+_OLD_DS = lazy_regex(
     r"finished initializing model with (?P<n>[0-9]{1,6}(?:\.[0-9]{1,4})?)B parameters"
 )
-_HF = regex.compile(r"Number of (?P<t>trainable )?parameters = (?P<n>[0-9][0-9,]{0,20})")
-_PEFT = regex.compile(
+_HF = lazy_regex(r"Number of (?P<t>trainable )?parameters = (?P<n>[0-9][0-9,]{0,20})")
+_PEFT = lazy_regex(
     r"trainable params: (?P<t>[0-9][0-9,]{0,20}) \|\| all params: (?P<n>[0-9][0-9,]{0,20})"
 )
-_FREE = regex.compile(
+_FREE = lazy_regex(
     r"(?<![\w.])(?P<n>[0-9]{1,6}(?:\.[0-9]{1,4})?)\s?(?P<u>[KMBT])\s(?:trainable\s)?"
     r"param(?:eter)?s\b"
 )
-_LIGHTNING = regex.compile(
+_LIGHTNING = lazy_regex(
     r"\s{0,4}Total params:? {1,40}(?P<n>[0-9][0-9,]{0,20}(?:\.[0-9]{1,4})?) ?(?P<u>[KMBT])?"
     r"\s{0,80}\Z"
 )

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import regex
-
 from oomlens.ingest.log.torchrun import signal_name
+from oomlens.lazyregex import lazy_regex
 from oomlens.units import parse_size
 
-_QUOTE = regex.compile(r"(?:> ?){1,8}(?!>)")
-_FENCE = regex.compile(r"\s{0,3}(?:`{3,}|~{3,})[\w+.-]{0,40}\s{0,8}\Z")
-_HTML_WRAPPER = regex.compile(
+_QUOTE = lazy_regex(r"(?:> ?){1,8}(?!>)")
+_FENCE = lazy_regex(r"\s{0,3}(?:`{3,}|~{3,})[\w+.-]{0,40}\s{0,8}\Z")
+_HTML_WRAPPER = lazy_regex(
     r"\s{0,8}</?(?:details|summary)\b[^>]{0,200}>(?:[^<]{0,200}</summary>)?\s{0,8}\Z"
 )
 
@@ -38,14 +37,14 @@ def unquote(text: str) -> str:
 
 _LOGGER_PREFIXES = (
     # docker compose: "vllm-1  | "
-    regex.compile(r"[\w.-]{1,60} {1,20}\| "),
+    lazy_regex(r"[\w.-]{1,60} {1,20}\| "),
     # vLLM's logger: "ERROR 11-18 18:07:28 engine.py:366] "
-    regex.compile(
+    lazy_regex(
         r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
         r"[\w./-]{1,100}:\d{1,6}\] ?"
     ),
     # journald / syslog: "Jun 10 16:45:05 host bash[107468]: " (also a CJK month, "6月 10")
-    regex.compile(
+    lazy_regex(
         r"(?:[A-Z][a-z]{2}|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d [\w.-]{1,64} "
         r"[\w./@-]{1,64}(?:\[\d{1,10}\])?: "
     ),
@@ -67,14 +66,14 @@ def strip_logger(text: str) -> str:
     return text
 
 
-_STANDALONE = regex.compile(
+_STANDALONE = lazy_regex(
     r"(?P<cls>(?:[A-Za-z_][\w]{0,100}\.){0,8}[A-Za-z_]\w{0,100}?"
     r"(?:Error|Exception|Interrupt|Failure|Fault|Exit))(?::(?: (?P<msg>.{0,8000}))?)?\s{0,8}\Z"
 )
 _NOT_CLASSES = frozenset({"Error", "Exception", "Failure", "Fault", "Exit", "ERROR"})
 
 
-_FAILED_LINE = regex.compile(r"(?P<cls>Failed|FAILED|Fatal error|FATAL): \S")
+_FAILED_LINE = lazy_regex(r"(?P<cls>Failed|FAILED|Fatal error|FATAL): \S")
 
 
 def standalone_exception_class(text: str) -> str | None:
@@ -105,16 +104,16 @@ def standalone_exception_class(text: str) -> str | None:
 
 
 _COMPLETION = (
-    ("launcher_success", regex.compile(r"Process \d{1,10} exits successfully")),
-    ("agent_finished", regex.compile(r"[Ww]orker group finished")),
-    ("hf_train_runtime", regex.compile(r"['\"]train_runtime['\"]: ?\d")),
+    ("launcher_success", lazy_regex(r"Process \d{1,10} exits successfully")),
+    ("agent_finished", lazy_regex(r"[Ww]orker group finished")),
+    ("hf_train_runtime", lazy_regex(r"['\"]train_runtime['\"]: ?\d")),
     (
         "lightning_fit_stopped",
-        regex.compile(r"`Trainer\.fit` stopped: `(?:max_steps|max_epochs|max_time)"),
+        lazy_regex(r"`Trainer\.fit` stopped: `(?:max_steps|max_epochs|max_time)"),
     ),
     (
         "script",
-        regex.compile(
+        lazy_regex(
             r"(?i:^\W{0,4}(?:training|train) (?:finished|completed?|done)\b|"
             r"\bfinished training\b|\btraining (?:is )?(?:finished|completed)\b)"
         ),
@@ -130,12 +129,12 @@ def parse_completion(text: str) -> str | None:
     return None
 
 
-_WSL = regex.compile(r"microsoft-standard-WSL|\bWSL2?\b|/mnt/[c-h]/|/usr/lib/wsl/|\bwsl\b")
-_CONTAINER = regex.compile(
+_WSL = lazy_regex(r"microsoft-standard-WSL|\bWSL2?\b|/mnt/[c-h]/|/usr/lib/wsl/|\bwsl\b")
+_CONTAINER = lazy_regex(
     r"\broot@[0-9a-f]{12}\b|^/workspace/|[\s\"'(]/workspace/|\bdocker\b|\bDocker\b|\bkubernetes\b"
 )
-_NOTEBOOK = regex.compile(r"(?:^|[\s\"'(])/(?:content|kaggle)/|\bColab\b|/kaggle/")
-_WINDOWS = regex.compile(r"\b[A-Z]:\\\\?(?:Users|Program|Python|ProgramData|anaconda|Anaconda)")
+_NOTEBOOK = lazy_regex(r"(?:^|[\s\"'(])/(?:content|kaggle)/|\bColab\b|/kaggle/")
+_WINDOWS = lazy_regex(r"\b[A-Z]:\\\\?(?:Users|Program|Python|ProgramData|anaconda|Anaconda)")
 
 
 def parse_platform(text: str) -> str | None:
@@ -159,18 +158,16 @@ class SignalLine:
     pid: int | None = None
 
 
-_SIGNALS = regex.compile(r"<Signals\.(?P<name>SIG[A-Z0-9]{1,10}): (?P<num>\d{1,3})>")
-_EXIT_STATUS = regex.compile(
+_SIGNALS = lazy_regex(r"<Signals\.(?P<name>SIG[A-Z0-9]{1,10}): (?P<num>\d{1,3})>")
+_EXIT_STATUS = lazy_regex(
     r"(?:non-zero exit status|exit code|exitcode|exit status)\s{0,4}:?\s{0,4}(?P<code>-?\d{1,4})"
     r"(?:\s{0,4}\(pid: (?P<pid>\d{1,10})\))?"
 )
-_RECEIVED = regex.compile(
-    r"Signal (?P<num>\d{1,3}) \((?P<name>SIG[A-Z0-9]{1,10})\) received by PID"
-)
-_BY_SIGNAL = regex.compile(
+_RECEIVED = lazy_regex(r"Signal (?P<num>\d{1,3}) \((?P<name>SIG[A-Z0-9]{1,10})\) received by PID")
+_BY_SIGNAL = lazy_regex(
     r"(?:killed|terminated) by signal (?:(?P<name>SIG[A-Z0-9]{1,10})|(?P<num>\d{1,3}))"
 )
-_FATAL = regex.compile(
+_FATAL = lazy_regex(
     r"Fatal Python error: (?P<what>Bus error|Segmentation fault|Aborted)|"
     r"\[\d{1,4}\] {1,8}(?:\+ )?\d{1,10} (?P<job>killed|bus error|segmentation fault|abort) "
 )
@@ -222,12 +219,12 @@ def parse_signal_line(text: str) -> SignalLine | None:
     return None
 
 
-_SUMMARY_DEVICE = regex.compile(r"memory summary, device ID (?P<dev>\d{1,4})")
-_SUMMARY_OOMS = regex.compile(
+_SUMMARY_DEVICE = lazy_regex(r"memory summary, device ID (?P<dev>\d{1,4})")
+_SUMMARY_OOMS = lazy_regex(
     r"(?:CUDA|XPU|HIP)? ?OOMs: ?(?P<ooms>\d{1,12})\s{0,40}\|?\s{0,40}"
     r"(?:cudaMalloc retries: ?(?P<retries>\d{1,12}))?"
 )
-_SUMMARY_ROW = regex.compile(
+_SUMMARY_ROW = lazy_regex(
     r"\|\s{0,8}(?P<name>Allocated memory|GPU reserved memory)\s{0,40}\|\s{0,20}"
     r"(?P<cur>\d{1,15}(?:\.\d{1,6})?\s?[KMGT]?i?B)\s{0,20}\|\s{0,20}"
     r"(?P<peak>\d{1,15}(?:\.\d{1,6})?\s?[KMGT]?i?B)"
@@ -278,18 +275,18 @@ class GpuProcessRow:
     used: int | None
 
 
-_SMI_NAME_ROW = regex.compile(r"\|\s{1,8}(?P<gpu>\d{1,3})\s{1,8}[A-Za-z][^|]{0,60}\|")
-_SMI_GPU_ROW = regex.compile(
+_SMI_NAME_ROW = lazy_regex(r"\|\s{1,8}(?P<gpu>\d{1,3})\s{1,8}[A-Za-z][^|]{0,60}\|")
+_SMI_GPU_ROW = lazy_regex(
     r"\|?\s{0,8}(?:N/A|\d{1,3}%)\s{1,8}-?\d{1,3}C\s{1,8}\S{1,8}\s{1,12}(?:\d{1,5}W|N/A)\s{0,4}/"
     r"\s{0,4}(?:\d{1,5}W|N/A)\s{1,8}\|\s{0,12}(?P<used>\d{1,9})MiB\s{0,4}/\s{0,4}"
     r"(?P<total>\d{1,9})MiB\s{0,4}\|"
 )
-_SMI_PROCESS_ROW = regex.compile(
+_SMI_PROCESS_ROW = lazy_regex(
     r"\|\s{1,8}(?P<gpu>\d{1,3})\s{1,12}(?:(?:N/A|\d{1,6})\s{1,12}(?:N/A|\d{1,6})\s{1,12})?"
     r"(?P<pid>\d{1,10})\s{1,12}(?P<kind>C\+G|C|G)\s{1,12}(?P<name>\S[^|]{0,200}?)\s{1,40}"
     r"(?P<mem>\d{1,9}MiB|N/A)\s{0,4}\|"
 )
-_FREE_OF = regex.compile(
+_FREE_OF = lazy_regex(
     r"(?P<free>\d{1,9}(?:\.\d{1,4})?) ?(?P<fu>MiB|GiB|MB|GB) free of (?P<total>\d{1,9}"
     r"(?:\.\d{1,4})?) ?(?P<tu>MiB|GiB|MB|GB)"
 )

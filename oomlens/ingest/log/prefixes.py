@@ -20,18 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import regex
+from oomlens.lazyregex import lazy_regex
 
-_HOST = regex.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
-_MPI = regex.compile(r"\[(\d{1,6}),(\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?")
-_ROLE = regex.compile(r"\[([A-Za-z_][A-Za-z_-]{0,30}?)(\d{1,6})\]: ?")
-_RAY = regex.compile(
+_HOST = lazy_regex(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
+_MPI = lazy_regex(r"\[(\d{1,6}),(\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?")
+_ROLE = lazy_regex(r"\[([A-Za-z_][A-Za-z_-]{0,30}?)(\d{1,6})\]: ?")
+_RAY = lazy_regex(
     r"\((?:([A-Za-z_][\w.-]{0,60}) )?(?:rank=(\d{1,6}),? )?pid=(\d{1,10})(?:, ip=[0-9A-Fa-f.:]{1,"
     r"45})?\) "
 )
-_SRUN = regex.compile(r" {0,4}(\d{1,5}): ")
-_STREAM = regex.compile(r"(?:stderr|stdout): ")
-_KNOWN_NEXT = regex.compile(
+_SRUN = lazy_regex(r" {0,4}(\d{1,5}): ")
+_STREAM = lazy_regex(r"(?:stderr|stdout): ")
+_KNOWN_NEXT = lazy_regex(
     r"\[(?:\d{1,6},\d{1,6}\]<|[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]:|\d{4}-\d\d-\d\d )|\d{1,5}: "
 )
 
@@ -103,7 +103,7 @@ def _looks_like_host(name: str) -> bool:
     return any(ch.isdigit() or ch == "-" for ch in name)
 
 
-_FAST = regex.compile(r"\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?")
+_FAST = lazy_regex(r"\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?")
 _FAST_CACHE: dict[str, LinePrefix] = {}
 
 

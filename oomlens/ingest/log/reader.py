@@ -35,7 +35,6 @@ from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
-import regex
 
 from oomlens.errors import InputError
 from oomlens.facts import SourceRef
@@ -101,6 +100,7 @@ from oomlens.ingest.textstream import (
     TextSource,
     open_text,
 )
+from oomlens.lazyregex import lazy_regex
 
 MAX_STREAMS = 4096
 MAX_PARTIAL_TRACEBACKS = 16
@@ -115,11 +115,9 @@ _WORLD_PRIORITY = {
 }
 
 
-_GLUED = regex.compile(r"\[(?:rank|default)\d{1,6}\]:")
-_TERMINATE = regex.compile(
-    r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'"
-)
-_EXCEPTION_CLASS = regex.compile(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
+_GLUED = lazy_regex(r"\[(?:rank|default)\d{1,6}\]:")
+_TERMINATE = lazy_regex(r"terminate called after throwing an instance of '(?P<cls>[^'\n]{1,200})'")
+_EXCEPTION_CLASS = lazy_regex(r"(?P<cls>[A-Za-z_][\w.]{0,200}(?:Error|Exception))\s{0,4}:")
 
 
 LINE_BY_LINE_BYTES = 1 << 20

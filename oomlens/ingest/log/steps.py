@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import regex
 
+from oomlens.lazyregex import lazy_regex
+
 ANCHORS: tuple[bytes, ...] = (
     b", skipped=",
     b"global_step",
@@ -29,28 +31,28 @@ TQDM_ANCHORS: tuple[bytes, ...] = (b"it/s]", b"s/it]")
 
 _GIB = 1024**3
 _FLOAT = r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,4})?|nan|inf"
-_DS_STEP = regex.compile(r"\bstep=(?P<step>\d{1,12}), skipped=(?P<skipped>\d{1,12})")
-_THROUGHPUT = regex.compile(
+_DS_STEP = lazy_regex(r"\bstep=(?P<step>\d{1,12}), skipped=(?P<skipped>\d{1,12})")
+_THROUGHPUT = lazy_regex(
     r"global_step=(?P<step>\d{1,12})[^\n]{0,400}?MemAllocated=(?P<mem>[\d.]{1,20})GB, MaxMemAlloc"
     r"ated=(?P<max>[\d.]{1,20})GB"
 )
-_OLD_THROUGHPUT = regex.compile(
+_OLD_THROUGHPUT = lazy_regex(
     r"(?P<step>\d{1,12})/(?P<total>\d{1,12}), SamplesPerSec=[^\n]{0,100}?MemAllocated=(?P<mem>[\d"
     r".]{1,20})GB, MaxMemAllocated=(?P<max>[\d.]{1,20})GB"
 )
-_HF = regex.compile(
+_HF = lazy_regex(
     r"\{'loss': '?(?P<loss>" + _FLOAT + r")'?,[^\n]{0,2000}?'epoch': '?(?P<epoch>" + _FLOAT + r")'?"
 )
-_TQDM = regex.compile(
+_TQDM = lazy_regex(
     r"\|\s{0,4}(?P<step>\d{1,12})/(?P<total>\d{1,12}) \[(?:\d{1,4}:)?\d{1,4}:\d\d[<,]"
 )
-_GENERIC_STEP = regex.compile(
+_GENERIC_STEP = lazy_regex(
     r"\b(?:global[_ ]step|step|iteration|iter)\b\s{0,3}[:=#]?\s{0,3}\[?(?P<step>\d{1,12})(?:\s{0,"
     r"2}/\s{0,2}(?P<total>\d{1,12}))?",
     regex.IGNORECASE,
 )
-_RANK_IN_TEXT = regex.compile(r"\brank[ =:]{0,2}(\d{1,6})\b", regex.IGNORECASE)
-_GENERIC_LOSS = regex.compile(
+_RANK_IN_TEXT = lazy_regex(r"\brank[ =:]{0,2}(\d{1,6})\b", regex.IGNORECASE)
+_GENERIC_LOSS = lazy_regex(
     r"\bloss\b['\"]?\s{0,3}[:=]?\s{0,3}'?(?P<loss>" + _FLOAT + ")", regex.IGNORECASE
 )
 

@@ -32,9 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-import regex
-
 from oomlens.facts.log import Frame
+from oomlens.lazyregex import lazy_regex
 
 HEADER_TEXT = "Traceback (most recent call last)"
 
@@ -62,36 +61,36 @@ class LineShape:
     """For ``PATH_START``: the box line's content, to prepend to the next one."""
 
 
-_PY_FRAME = regex.compile(
+_PY_FRAME = lazy_regex(
     r'\s{0,12}File "(?P<file>[^"\n]{1,1000})", line (?P<line>\d{1,9}), in (?P<func>\S{1,300})'
 )
-_RICH_HEADER = regex.compile(r"╭[─━]{0,300} ?Traceback \(most recent call last\) ?[─━]{0,300}╮?")
-_IPY_HEADER = regex.compile(
+_RICH_HEADER = lazy_regex(r"╭[─━]{0,300} ?Traceback \(most recent call last\) ?[─━]{0,300}╮?")
+_IPY_HEADER = lazy_regex(
     r"(?P<cls>[A-Za-z_][\w.]{0,200}?)\s{1,120}Traceback \(most recent call last\)\s{0,4}\Z"
 )
-_RICH_FRAME = regex.compile(
+_RICH_FRAME = lazy_regex(
     r"(?P<file>[^\s│][^│\n]{0,1000}?):(?P<line>\d{1,9}) in (?P<func>[^\s│]{1,300})\s{0,400}\Z"
 )
-_RICH_FRAME_NO_FILE = regex.compile(r"in (?P<func>[^\s│:]{1,300}):(?P<line>\d{1,9})\s{0,400}\Z")
-_RICH_PATH_START = regex.compile(r"(?:/|~|[A-Za-z]:\\|\.\.?/)[^\s│]{1,1000}\Z")
-_IPY_FRAME = regex.compile(
+_RICH_FRAME_NO_FILE = lazy_regex(r"in (?P<func>[^\s│:]{1,300}):(?P<line>\d{1,9})\s{0,400}\Z")
+_RICH_PATH_START = lazy_regex(r"(?:/|~|[A-Za-z]:\\|\.\.?/)[^\s│]{1,1000}\Z")
+_IPY_FRAME = lazy_regex(
     r"File (?P<file>(?:~|/|[A-Za-z]:\\|\.\.?/|<)[^\n]{0,1000}?):(?P<line>\d{1,9}), in "
     r"(?P<func>[^\s(]{1,300})"
 )
-_IPY_CELL = regex.compile(
+_IPY_CELL = lazy_regex(
     r"(?:Cell In ?\[(?P<cell>\d{1,7})\], line (?P<line>\d{1,9})|"
     r"Input In \[(?P<cell2>\d{1,7})\], in (?P<func2><cell line: \d{1,9}>|[\w.]{1,300})\()"
 )
-_IPY_OLD_FRAME = regex.compile(
+_IPY_OLD_FRAME = lazy_regex(
     r"(?P<file>(?:/|~|[A-Za-z]:\\|<ipython-input-)[^\n]{0,1000}?) in (?P<func>[\w<>.]{1,300}?)"
     r"(?:\(|\Z)"
 )
-_COLAB_FRAME = regex.compile(
+_COLAB_FRAME = lazy_regex(
     r"\[(?P<file>[^\]\n]{1,1000})\]\([^)\n]{0,300}\) in (?P<func>[\w<>.: ]{1,300}?)(?:\(|\Z)"
 )
-_IPY_OLD_START = regex.compile(r"(?:/|~|<ipython-input-)[^\s]{0,1000}\Z")
-_IPY_SOURCE = regex.compile(r"(?:-{1,12}> ?|->|\s{1,12})\s{0,12}\d{1,7}(?:\s|\Z)")
-_ELISION = regex.compile(
+_IPY_OLD_START = lazy_regex(r"(?:/|~|<ipython-input-)[^\s]{0,1000}\Z")
+_IPY_SOURCE = lazy_regex(r"(?:-{1,12}> ?|->|\s{1,12})\s{0,12}\d{1,7}(?:\s|\Z)")
+_ELISION = lazy_regex(
     r"\s{0,40}(?:\.\.\. \d{1,7} frames? hidden \.\.\.|\[\.\.\. skipping [^\]]{0,80}\]|"
     r"\d{1,5} frames?|\.{3,20}|\[\.\.\.\])\s{0,40}\Z"
 )

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import regex
+from oomlens.lazyregex import lazy_regex
 
-_ISO = regex.compile(r"\[?(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,9}))?")
-_GLOG = regex.compile(r"\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
-_DMESG_T = regex.compile(r"\[(?:\w{3}) (\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
-_SYSLOG = regex.compile(r"(\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
+_ISO = lazy_regex(r"\[?(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,9}))?")
+_GLOG = lazy_regex(r"\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+_DMESG_T = lazy_regex(r"\[(?:\w{3}) (\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
+_SYSLOG = lazy_regex(r"(\w{3}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
 _MONTHS = {
     m: i
     for i, m in enumerate(

@@ -31,6 +31,7 @@ from itertools import islice
 import regex
 
 from oomlens.facts.log import OomKind, OomMessage, ProcessMemory
+from oomlens.lazyregex import lazy_regex
 from oomlens.units import parse_size
 
 MAX_MESSAGE_CHARS = 4000
@@ -98,28 +99,28 @@ _BACKENDS = (
     r"(?P<backend>CUDA|HIP|XPU|NPU|MPS|MUSA|MLU|GCU|DPCPP|HPU|ROCm|"
     r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9]{1,7})"
 )
-_SQ_START = regex.compile(_BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)")
-_SQ_TRIED = regex.compile(r"Triedtoallocate(?:(?P<eb>morethan1EBmemory)|" + _SZ + ")")
-_SQ_NEW_DEVICE = regex.compile(
+_SQ_START = lazy_regex(_BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)")
+_SQ_TRIED = lazy_regex(r"Triedtoallocate(?:(?P<eb>morethan1EBmemory)|" + _SZ + ")")
+_SQ_NEW_DEVICE = lazy_regex(
     r"(?:GPU|XPU|NPU|device)(?P<dev>\d{1,4}|[\x00-\x08\x0b\x0c\x0e-\x1f])?hasatotalcapac"
     r"(?P<typo>i?)tyof" + _SZ
 )
-_SQ_TRUNCATED_AFTER_GPU = regex.compile(
+_SQ_TRUNCATED_AFTER_GPU = lazy_regex(
     r"Triedtoallocate\d[\d.]{0,30}[A-Za-z]{1,5}\.(?:GPU|XPU)[\x00-\x1f]{0,4}\Z"
 )
-_SQ_FREE_NEW = regex.compile(r"ofwhich" + _SZ + r"isfree")
-_SQ_OTHER_PROCESS = regex.compile(r"Process(\d{1,10})has" + _SZ + r"memoryinuse")
-_SQ_THIS_PROCESS = regex.compile(r"thisprocesshas" + _SZ + r"memoryinuse")
-_SQ_ALLOWED = regex.compile(_SZ + r"allowed;")
-_SQ_ALLOCATED_NEW = regex.compile(r"Oftheallocatedmemory" + _SZ + r"isallocatedbyPyTorch")
-_SQ_PRIVATE_POOLS = regex.compile(r"with" + _SZ + r"allocatedinprivatepools")
-_SQ_RESERVED_UNALLOCATED = regex.compile(r"and" + _SZ + r"isreservedbyPyTorchbutunallocated")
-_SQ_LEGACY_OPEN = regex.compile(r"\((?P<devname>GPU|NPU|XPU|MLU|GCU|MUSA)(?P<dev>\d{1,4});")
-_SQ_LEGACY_CLAUSE = regex.compile(
+_SQ_FREE_NEW = lazy_regex(r"ofwhich" + _SZ + r"isfree")
+_SQ_OTHER_PROCESS = lazy_regex(r"Process(\d{1,10})has" + _SZ + r"memoryinuse")
+_SQ_THIS_PROCESS = lazy_regex(r"thisprocesshas" + _SZ + r"memoryinuse")
+_SQ_ALLOWED = lazy_regex(_SZ + r"allowed;")
+_SQ_ALLOCATED_NEW = lazy_regex(r"Oftheallocatedmemory" + _SZ + r"isallocatedbyPyTorch")
+_SQ_PRIVATE_POOLS = lazy_regex(r"with" + _SZ + r"allocatedinprivatepools")
+_SQ_RESERVED_UNALLOCATED = lazy_regex(r"and" + _SZ + r"isreservedbyPyTorchbutunallocated")
+_SQ_LEGACY_OPEN = lazy_regex(r"\((?P<devname>GPU|NPU|XPU|MLU|GCU|MUSA)(?P<dev>\d{1,4});")
+_SQ_LEGACY_CLAUSE = lazy_regex(
     _SZ + r"(?P<label>totalcapacity|alreadyallocated|free|allowed|reservedintotalbyPyTorch|"
     r"cached|currentactive)"
 )
-_SQ_MESSAGE_START = regex.compile(
+_SQ_MESSAGE_START = lazy_regex(
     _BACKENDS + r"outofmemory(?=\.|\Z|Tried|\(GPU)|Triedtoallocate(?!\d[\d.]{0,30}[A-Za-z]{1,5}"
     r"on(?:private|shared)pool)|\((?:GPU|NPU|XPU|MLU|GCU|MUSA)\d{1,4};\d|"
     r"(?:GPU|XPU|NPU)(?:\d{1,4})?hasatotalcapac|"
@@ -127,41 +128,41 @@ _SQ_MESSAGE_START = regex.compile(
     r"(?:totalcapacity|alreadyallocated|reservedintotalbyPyTorch);"
 )
 """Where an allocator message (or what is left of it in a paste that starts mid-way) begins."""
-_SQ_LIST_GOES_ON = regex.compile(r"\.(?:Of|Includ|\d|If|Please|See)")
+_SQ_LIST_GOES_ON = lazy_regex(r"\.(?:Of|Includ|\d|If|Please|See)")
 SELF_TOLERANCE = 16 * 1024 * 1024
 """Sizes are printed with two decimals: a process' X and PyTorch's reserved memory compared
 with this much slack."""
 
-_SQ_ASYNC_START = regex.compile(r"Allocationondevice(?P<dev>\d{1,4})wouldexceedallowedmemory")
-_SQ_ASYNC_FIELD = regex.compile(
+_SQ_ASYNC_START = lazy_regex(r"Allocationondevice(?P<dev>\d{1,4})wouldexceedallowedmemory")
+_SQ_ASYNC_FIELD = lazy_regex(
     r"(?P<label>Currentlyallocated|Requested|Devicelimit|Free\(accordingtoCUDA\)|"
     r"PyTorchlimit\(setbyuser-suppliedmemoryfraction\)):" + _SZ
 )
-_MPS_FIELDS = regex.compile(r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE)
-_MPS_TRIED = regex.compile(r"Tried to allocate " + _SIZE + r" on (?:private|shared) pool")
-_NVML_ASSERT = regex.compile(
+_MPS_FIELDS = lazy_regex(r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE)
+_MPS_TRIED = lazy_regex(r"Tried to allocate " + _SIZE + r" on (?:private|shared) pool")
+_NVML_ASSERT = lazy_regex(
     r"NVML_SUCCESS == [^\n]{0,300}?INTERNAL ASSERT FAILED at [^\n]{0,200}?CUDACachingAllocator"
 )
-_HOST = regex.compile(
+_HOST = lazy_regex(
     r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d{1,24}) bytes"
 )
-_CUBLAS = regex.compile(r"CUBLAS_STATUS_(ALLOC_FAILED|NOT_INITIALIZED)")
-_CUDNN = regex.compile(
+_CUBLAS = lazy_regex(r"CUBLAS_STATUS_(ALLOC_FAILED|NOT_INITIALIZED)")
+_CUDNN = lazy_regex(
     r"CUDNN_STATUS_(ALLOC_FAILED|NOT_INITIALIZED|INTERNAL_ERROR)|Unable to find a valid cuDNN alg"
     r"orithm"
 )
-_CUSOLVER = regex.compile(r"(?i:cusolver_status_alloc_failed)")
-_NCCL_CALLOC = regex.compile(r"Failed to CUDA calloc (?:async )?(\d{1,24}) bytes")
-_NCCL_CUDA_FAILURE = regex.compile(r"Cuda failure (?:\d{1,4} )?'out of memory'")
-_NCCL_ERROR = regex.compile(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
-_DRIVER = regex.compile(
+_CUSOLVER = lazy_regex(r"(?i:cusolver_status_alloc_failed)")
+_NCCL_CALLOC = lazy_regex(r"Failed to CUDA calloc (?:async )?(\d{1,24}) bytes")
+_NCCL_CUDA_FAILURE = lazy_regex(r"Cuda failure (?:\d{1,4} )?'out of memory'")
+_NCCL_ERROR = lazy_regex(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
+_DRIVER = lazy_regex(
     r"(?P<backend>CUDA|HIP|cuda) (?:driver )?error: out of memory|hipErrorOutOfMemory|"
     r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES|"
     # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
     r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
 )
-_THC = regex.compile(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
-_EXCEPTION_BEFORE = regex.compile(
+_THC = lazy_regex(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
+_EXCEPTION_BEFORE = lazy_regex(
     r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z"
 )
 
@@ -266,7 +267,7 @@ def _clip(text: str, start: int) -> str:
 
 
 _SQUEEZE_TABLE = dict.fromkeys(map(ord, _SQUEEZED_OUT))
-_KEPT_RUN = regex.compile("[^" + regex.escape("".join(sorted(_SQUEEZED_OUT))) + "]+")
+_KEPT_RUN = lazy_regex("[^" + regex.escape("".join(sorted(_SQUEEZED_OUT))) + "]+")
 
 
 class Kept:
@@ -337,10 +338,10 @@ def has_allocator_start(squeezed: str) -> bool:
     return _SQ_MESSAGE_START.search(squeezed) is not None
 
 
-_SQ_NEXT_MESSAGE = regex.compile(
+_SQ_NEXT_MESSAGE = lazy_regex(
     _BACKENDS + r"outofmemory(?=\.|\Z|Tried)|(?<!memory\.)Triedtoallocate"
 )
-_SQ_CLASS_BEFORE = regex.compile(r"[A-Za-z_][\w.]{0,120}?(?:Error|Exception):['\"]?\Z")
+_SQ_CLASS_BEFORE = lazy_regex(r"[A-Za-z_][\w.]{0,120}?(?:Error|Exception):['\"]?\Z")
 
 
 _START_LITERALS = (
@@ -734,11 +735,11 @@ def _parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
     return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
 
 
-_SQ_XLA = regex.compile(
+_SQ_XLA = lazy_regex(
     r"(?i:resource_?exhausted):?Outofmemorywhiletryingtoallocate(?P<n>\d{1,24})bytes"
 )
-_SQ_TF = regex.compile(r"OOMwhenallocatingtensor(?:withshape\[[^\]]{0,400}\])?")
-_SQ_MXNET = regex.compile(r"cudaMalloc(?:retry)?failed:outofmem")
+_SQ_TF = lazy_regex(r"OOMwhenallocatingtensor(?:withshape\[[^\]]{0,400}\])?")
+_SQ_MXNET = lazy_regex(r"cudaMalloc(?:retry)?failed:outofmem")
 
 
 def _parse_framework(text: str, exception_class: str | None) -> OomMessage | None:
@@ -765,9 +766,7 @@ def _parse_framework(text: str, exception_class: str | None) -> OomMessage | Non
 
 
 _CUT_FORMS = tuple(f"{backend}outofmemory" for backend in ("CUDA", "HIP", "XPU", "NPU", "MPS"))
-_CLASS_ONLY = regex.compile(
-    r"\s{0,8}(?P<cls>(?:torch\.)?(?:cuda\.)?OutOfMemoryError)\s{0,4}(?::|\Z)"
-)
+_CLASS_ONLY = lazy_regex(r"\s{0,8}(?P<cls>(?:torch\.)?(?:cuda\.)?OutOfMemoryError)\s{0,4}(?::|\Z)")
 
 
 def _parse_class_only(text: str, exception_class: str | None) -> OomMessage | None:

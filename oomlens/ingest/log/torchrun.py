@@ -17,12 +17,11 @@ import signal as _signal
 from dataclasses import dataclass
 from datetime import datetime
 
-import regex
-
 from oomlens.facts import SourceRef
 from oomlens.facts.log import FailureSummary, ProcessFailure
 from oomlens.ingest.log import timestamps
 from oomlens.ingest.log.torch_oom import parse_oom_message
+from oomlens.lazyregex import lazy_regex
 
 AGENT_ANCHORS: tuple[bytes, ...] = (b"failed (exitcode", b"closing signal", b"terminated with")
 SUMMARY_ANCHORS: tuple[bytes, ...] = (b"ChildFailedError",)
@@ -41,38 +40,38 @@ PEER_ANCHORS: tuple[bytes, ...] = (
 )
 ANCHORS: tuple[bytes, ...] = AGENT_ANCHORS + SUMMARY_ANCHORS + PEER_ANCHORS
 
-_AGENT_FAILED = regex.compile(
+_AGENT_FAILED = lazy_regex(
     r"failed \(exitcode: (?P<code>-?\d{1,6})\) local_rank: (?P<lr>\d{1,6}) \(pid: (?P<pid>\d{1,10"
     r"})\)"
 )
-_CLOSING = regex.compile(
+_CLOSING = lazy_regex(
     r"Sending process (?P<pid>\d{1,10}) closing signal (?P<sig>SIG[A-Z0-9]{1,10})"
 )
-_SPAWN = regex.compile(
+_SPAWN = lazy_regex(
     r"process (?P<idx>\d{1,6}) terminated with (?:signal (?P<sig>SIG[A-Z0-9]{1,10})|exit code (?P"
     r"<code>-?\d{1,6}))"
 )
 _PEER = (
-    ("watchdog_timeout", regex.compile(r"Watchdog caught collective operation timeout")),
+    ("watchdog_timeout", lazy_regex(r"Watchdog caught collective operation timeout")),
     (
         "watchdog_exception",
-        regex.compile(r"detected by watchdog|watchdog got stuck|Heartbeat monitor timed out"),
+        lazy_regex(r"detected by watchdog|watchdog got stuck|Heartbeat monitor timed out"),
     ),
     (
         "terminate_dist_backend",
-        regex.compile(r"terminate called after throwing an instance of 'c10::DistBackendError'"),
+        lazy_regex(r"terminate called after throwing an instance of 'c10::DistBackendError'"),
     ),
     (
         "connection_lost",
-        regex.compile(
+        lazy_regex(
             r"Connection reset by peer|Broken pipe|remote process exited|closed by peer|ncclRemot"
             r"eError|"
             r"DistNetworkError|DistStoreError"
         ),
     ),
-    ("nccl_error", regex.compile(r"NCCL communicator was aborted|DistBackendError")),
+    ("nccl_error", lazy_regex(r"NCCL communicator was aborted|DistBackendError")),
 )
-_RANK_IN_TEXT = regex.compile(r"\bRank (\d{1,6})\]")
+_RANK_IN_TEXT = lazy_regex(r"\bRank (\d{1,6})\]")
 
 
 def signal_name(exitcode: int | None) -> str | None:
@@ -128,19 +127,19 @@ def parse_peer_failure(text: str) -> tuple[str, int | None] | None:
     return None
 
 
-_RULE = regex.compile(r"[=]{10,}\s*\Z")
-_SECTION = regex.compile(r"[-]{10,}\s*\Z")
-_ENTRY = regex.compile(r"\[(\d{1,6})\]:\s*\Z")
-_FIELD = regex.compile(r"  (time|host|rank|exitcode|error_file|traceback)\s{0,12}: ?(.*)\Z")
-_RANK_FIELD = regex.compile(r"(-?\d{1,6}) \(local_rank: (-?\d{1,6})\)")
-_EXIT_FIELD = regex.compile(r"(-?\d{1,6}) \(pid: (\d{1,10})\)")
-_SIGNAL_TEXT = regex.compile(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{1,10}|<N/A>)\) received by PID")
+_RULE = lazy_regex(r"[=]{10,}\s*\Z")
+_SECTION = lazy_regex(r"[-]{10,}\s*\Z")
+_ENTRY = lazy_regex(r"\[(\d{1,6})\]:\s*\Z")
+_FIELD = lazy_regex(r"  (time|host|rank|exitcode|error_file|traceback)\s{0,12}: ?(.*)\Z")
+_RANK_FIELD = lazy_regex(r"(-?\d{1,6}) \(local_rank: (-?\d{1,6})\)")
+_EXIT_FIELD = lazy_regex(r"(-?\d{1,6}) \(pid: (\d{1,10})\)")
+_SIGNAL_TEXT = lazy_regex(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{1,10}|<N/A>)\) received by PID")
 MAX_BLOCK_LINES = 4000
 MAX_FAILURES = 1024
 MAX_TRACEBACK_LINES = 400
 
 
-_TABLE_START = regex.compile(
+_TABLE_START = lazy_regex(
     r"\s{0,8}(?:Root Cause \(first observed failure\):|[\w./-]{1,200} FAILED)\s{0,8}\Z"
 )
 

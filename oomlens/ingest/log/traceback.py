@@ -21,8 +21,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-import regex
-
 from oomlens.facts import SourceRef
 from oomlens.facts.log import Frame, Phase, Traceback
 from oomlens.ingest.log.tb_shapes import (
@@ -39,6 +37,7 @@ from oomlens.ingest.log.torch_oom import (
     looks_like_oom,
     squeezed_text,
 )
+from oomlens.lazyregex import lazy_regex
 
 HEADER = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -60,16 +59,16 @@ STALE_AFTER_LINES = 400
 """An open traceback whose stream printed nothing for this many lines of the file is closed:
 its process stopped writing (killed) and other streams go on."""
 
-_EXCEPTION_LINE = regex.compile(
+_EXCEPTION_LINE = lazy_regex(
     r"(?P<cls>[A-Za-z_][\w]{0,100}(?:\.[A-Za-z_][\w]{0,100}){0,12})(?::(?: (?P<msg>.*))?)?\Z"
 )
-_EXCEPTION_NAME = regex.compile(
+_EXCEPTION_NAME = lazy_regex(
     r"(?:Error|Exception|Interrupt|Exit|Warning|Iteration|Failure|Fault|Timeout|Abort(?:ed)?|"
     r"Killed|Cancell?ed|Exhausted)\s*\Z"
 )
 """How the classes of exceptions end (Python's own and the libraries'), for an exception line
 printed without a message."""
-_LOG_RECORD = regex.compile(r"\[\d{4}-\d\d-\d\d[ T]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} ")
+_LOG_RECORD = lazy_regex(r"\[\d{4}-\d\d-\d\d[ T]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,8 +393,8 @@ class TracebackAssembler:
         self._frames_tail.append(frame)
 
 
-_RICH_CURRENT = regex.compile(r"❱\s{0,8}\d{1,7}\s{0,4}[│┃|]\s{0,200}(?P<code>\S.{0,300})")
-_IPY_CURRENT = regex.compile(r"-{1,12}>\s{0,12}\d{1,7}\s{1,40}(?P<code>\S.{0,300})")
+_RICH_CURRENT = lazy_regex(r"❱\s{0,8}\d{1,7}\s{0,4}[│┃|]\s{0,200}(?P<code>\S.{0,300})")
+_IPY_CURRENT = lazy_regex(r"-{1,12}>\s{0,12}\d{1,7}\s{1,40}(?P<code>\S.{0,300})")
 _CARET_CHARS = frozenset("^~ \t")
 
 
@@ -513,7 +512,7 @@ _EVAL_FUNCS = frozenset(
         "_predict_step",
     }
 )
-_EVAL_NAME = regex.compile(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
+_EVAL_NAME = lazy_regex(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
 _INIT_FUNCS = frozenset(
     {
         "_post_init_method",
@@ -747,7 +746,7 @@ def deciding_frame(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, Fram
     return phase, frame
 
 
-_CALL = regex.compile(r"(?P<name>[A-Za-z_]\w{0,100})\s{0,4}\(")
+_CALL = lazy_regex(r"(?P<name>[A-Za-z_]\w{0,100})\s{0,4}\(")
 
 
 def classify_traceback(traceback: Traceback) -> tuple[Phase, str | None, SourceRef | None]:
