@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomlens.errors import InputError
 from oomlens.ingest.textstream import Compression, open_text, read_head
@@ -137,3 +139,41 @@ def test_read_head_keeps_what_a_cut_stream_decompressed(tmp_path: Path, compress
     target.write_bytes(data[: len(data) // 2])
     head = read_head(target)
     assert len(head) > 8192 and text.startswith(head)
+
+
+@given(
+    lines=st.lists(st.integers(min_value=0, max_value=5000), min_size=1, max_size=40),
+    chunk=st.integers(min_value=4096, max_value=9000),  # reads are 4 KiB at least
+    ends_mid_line=st.booleans(),
+)
+@settings(max_examples=80, deadline=None)
+def test_blocks_end_at_the_last_newline_of_each_read_and_come_in_parts(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[int], chunk: int, ends_mid_line: bool
+) -> None:
+    # the reader's batches join blocks' parts; its facts depend on where the blocks end
+    content = b"".join(b"x" * n + b"\n" for n in lines) + (b"tail" if ends_mid_line else b"")
+    path = tmp_path_factory.mktemp("blocks") / "log"
+    path.write_bytes(content)
+    source = open_text(path, chunk_bytes=chunk, max_line_bytes=1 << 20)
+    parts = list(source.block_parts())
+    joined = [b"".join(p) for _, p in parts]
+    assert b"".join(joined) == content
+    ends = {content.rfind(b"\n", 0, m) + 1 for m in range(chunk, len(content) + chunk, chunk)}
+    expected = sorted((ends | {len(content)}) - {0})
+    assert [sum(map(len, joined[: k + 1])) for k in range(len(joined))] == expected
+    assert [b.data for b in open_text(path, chunk_bytes=chunk).blocks()] == joined
+    assert [first for first, _ in parts] == [
+        1 + b"".join(joined[:k]).count(b"\n") for k in range(len(joined))
+    ]
+    assert source.stats.lines == len(lines) + ends_mid_line
+    assert source.stats.ended_mid_line == ends_mid_line
+
+
+def test_a_long_line_cut_in_parts_is_one_block_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"a\n" + b"y" * 5000 + b"\nb\nc")
+    source = open_text(path, chunk_bytes=1024, max_line_bytes=2000)
+    blocks = [(first, b"".join(p)) for first, p in source.block_parts()]
+    assert (2, b"y" * 2000 + b"\n") in blocks
+    assert b"".join(data for _, data in blocks) == b"a\n" + b"y" * 2000 + b"\nb\nc"
+    assert source.stats.long_lines == 1 and source.stats.lines == 4

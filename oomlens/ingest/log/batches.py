@@ -33,6 +33,9 @@ from oomlens.ingest.log.bulk_apply import stream_key
 if TYPE_CHECKING:
     from oomlens.ingest.log.reader import LogReader
 
+Parts = tuple[bytes | memoryview, ...]
+"""A block as ``TextSource.block_parts`` gives it: the pieces whose join is its bytes."""
+
 BATCH_BLOCKS = 8 if native.NATIVE else 4
 """Blocks scanned at once.  The C scan's: 8 (8 MiB with the default 1 MiB blocks): its batches
 cost little beyond their bytes (see ``GROUP_BATCHES``).  The pure path's: 4, large enough that
@@ -126,28 +129,30 @@ class _Batch:
     """A batch's bytes held once: joined for the scan, each block cut out again as it is read
     (holding the blocks and their join too doubled the memory of the batches in flight)."""
 
-    __slots__ = ("_blocks", "_cut", "_data", "prev_tail", "starts")
+    __slots__ = ("_cut", "_data", "_parts", "prev_tail", "starts")
 
-    def __init__(self, blocks: list[bytes], prev_tail: bytes) -> None:
-        self._blocks: list[bytes] | None = blocks
+    def __init__(self, blocks: list[Parts], prev_tail: bytes) -> None:
+        self._parts: list[bytes | memoryview] | None = [part for block in blocks for part in block]
         self._data: bytes | None = None
         self.prev_tail = prev_tail
         starts = [0]
         for block in blocks[:-1]:
-            starts.append(starts[-1] + len(block))
+            starts.append(starts[-1] + sum(len(part) for part in block))
         self.starts = starts
         self._cut: tuple[int, bytes] | None = None
 
     @property
     def data(self) -> bytes:
-        """The blocks' bytes, joined on first use: by the thread that scans the batch where
-        threads scan (``_scan``)."""
+        """The blocks' bytes, joined on first use (their parts, ``TextSource.block_parts``:
+        each byte copied once): by the thread that scans the batch where threads scan
+        (``_scan``)."""
         data = self._data
         if data is None:
-            blocks = self._blocks
-            assert blocks is not None
-            data = self._data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-            self._blocks = None
+            parts = self._parts
+            assert parts is not None
+            only = parts[0] if len(parts) == 1 else None
+            data = self._data = only if isinstance(only, bytes) else b"".join(parts)
+            self._parts = None
         return data
 
     def __len__(self) -> int:
@@ -218,20 +223,33 @@ class _Merged:
 
 
 def _batches(reader: LogReader) -> Iterator[_Batch]:
-    blocks: list[bytes] = []
+    blocks: list[Parts] = []
     size = 0
     previous_tail = b""
     limit = BATCH_BLOCKS * reader.source.chunk_bytes
-    for block in reader.source.blocks(number_lines=False):
-        blocks.append(block.data)
-        size += len(block.data)
+    for _, parts in reader.source.block_parts(number_lines=False):
+        blocks.append(parts)
+        size += sum(len(part) for part in parts)
         if size >= limit:
             batch = _Batch(blocks, previous_tail)
-            previous_tail = blocks[-1][-TAIL_BYTES:]
+            previous_tail = _last_bytes(blocks[-1], TAIL_BYTES)
             blocks, size = [], 0  # before the yield: the batch holds the bytes now
             yield batch
     if blocks:
         yield _Batch(blocks, previous_tail)
+
+
+def _last_bytes(parts: Parts, count: int) -> bytes:
+    """The last ``count`` bytes of the join of ``parts`` (all of it when shorter), copying
+    only those."""
+    taken: list[bytes] = []
+    for part in reversed(parts):
+        piece = part[-count:] if len(part) > count else part
+        taken.append(bytes(piece))
+        count -= len(piece)
+        if count <= 0:
+            break
+    return b"".join(reversed(taken))
 
 
 def _scan(
@@ -313,7 +331,7 @@ def _read_line_by_line(reader: LogReader) -> int:
         if reader.every_line and reader.source.stats.bytes_read > LINE_BY_LINE_MAX_TEXT:
             reader.every_line = False
         data = bulk.plain_spaces(block.data) if reader.every_line else block.data
-        batch = _Batch([data], tail)
+        batch = _Batch([(data,)], tail)
         scan = bulk.scan_batch(data, batch.starts, tail, paste=reader.every_line)
         number = _process(reader, batch, scan, number)
         tail = data[-TAIL_BYTES:]

@@ -369,12 +369,21 @@ def test_reading_a_dense_log_leaves_pandas_unimported(tmp_path: Path) -> None:
 @given(
     blocks=st.lists(st.binary(min_size=1, max_size=40000), min_size=1, max_size=5),
     prev=st.binary(max_size=20000),
+    cuts=st.lists(st.integers(min_value=0, max_value=40000), min_size=5, max_size=5),
 )
 @settings(max_examples=50, deadline=None)
-def test_a_batch_gives_back_its_blocks_and_tails(blocks: list[bytes], prev: bytes) -> None:
-    # a batch keeps one joined copy of its blocks and cuts each block out again when read
-    batch = batches._Batch(list(blocks), prev)
+def test_a_batch_gives_back_its_blocks_and_tails(
+    blocks: list[bytes], prev: bytes, cuts: list[int]
+) -> None:
+    # a batch keeps one joined copy of its blocks, given in parts (a carried line, a view of
+    # the read: TextSource.block_parts), and cuts each block out again when read
+    parts = [
+        (block[: cut % len(block)], memoryview(block)[cut % len(block) :]) if cut else (block,)
+        for block, cut in zip(blocks, cuts, strict=False)
+    ]
+    batch = batches._Batch(parts, prev)
     assert batch.data == b"".join(blocks) and len(batch) == len(blocks)
+    assert batches._last_bytes(parts[-1], batches.TAIL_BYTES) == blocks[-1][-batches.TAIL_BYTES :]
     for b in (*range(len(blocks)), 0):
         assert batch.block(b) == blocks[b]
         expected = prev if b == 0 else blocks[b - 1][-batches.TAIL_BYTES :]

@@ -226,11 +226,11 @@ def test_a_third_batch_is_in_flight_only_while_batches_are_sparse(
 
 def test_a_batch_joins_its_blocks_once_and_lets_them_go() -> None:
     blocks = [b"a\nb\n", b"cc\n", b"ddd\n"]
-    batch = batches._Batch(list(blocks), b"tail")
+    batch = batches._Batch([(b"a\n", memoryview(b"b\n")), (b"cc\n",), (b"ddd\n",)], b"tail")
     assert batch.starts == [0, 4, 7]
     data = batch.data
     assert data == b"".join(blocks) and batch.data is data
-    assert batch._blocks is None  # the blocks are let go of once joined
+    assert batch._parts is None  # the blocks' parts are let go of once joined
     assert [batch.block(b) for b in range(3)] == blocks
     assert batch.tail_before(0) == b"tail" and batch.tail_before(2) == b"cc\n"
 
