@@ -13,7 +13,12 @@ print a digest of the facts: the same digest for every ``--jobs`` (checked here)
 ``bench/snapshot_bench.py`` (100 MB and 1 GB, corpus shape, stacks='all'), its table as is.
 
     python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--rounds 3] [--skip-snapshots]
-                                 [--dir /tmp]
+                                 [--dir /tmp] [--shapes dense sparse] [--cores 2 4 8]
+
+``--cores``: each table again with every command held to that many of the machine's cores
+(``sched_setaffinity``; grep too), to tell what a target needs where it is not met on two.
+The package is byte-compiled first, as an installed one is: the rows time the reading, not the
+compiling of modules changed since their bytecode was written.
 
 Targets (issue 15): dense <= 3x grep, sparse <= 2x grep (wall), peak RSS <= 200 MiB;
 snapshot <= 1.3x a bare ``pickle.load``, peak <= 1.2x.
@@ -22,6 +27,7 @@ snapshot <= 1.3x a bare ``pickle.load``, peak <= 1.2x.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -62,14 +68,20 @@ print(f"lines={facts.lines} memory_samples={sum(s.total_samples for s in facts.m
 TIME = shutil.which("time", path="/usr/bin:/bin")
 
 
-def _measure(command: list[str]) -> dict[str, Any]:
-    """Wall and CPU seconds (the command and the children it waited for) and peak RSS.  A
-    process's peak RSS survives exec and starts at its parent's at fork, so the peak comes from
-    GNU time where there is one (a small parent) rather than from this process's ``wait4``."""
+def _measure(command: list[str], cpus: set[int] | None = None) -> dict[str, Any]:
+    """Wall and CPU seconds (the command and the children it waited for) and peak RSS, the
+    command held to ``cpus`` if given.  A process's peak RSS survives exec and starts at its
+    parent's at fork, so the peak comes from GNU time where there is one (a small parent)
+    rather than from this process's ``wait4``."""
     start = time.perf_counter()
     with tempfile.TemporaryFile() as sink, tempfile.NamedTemporaryFile("r") as peak:
         timed = [TIME, "-f", "%M", "-o", peak.name, *command] if TIME else command
-        process = subprocess.Popen(timed, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            timed,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+        )
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - start
         sink.seek(0)
@@ -94,11 +106,22 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def _cpu_sets(cores: list[int] | None) -> list[tuple[str, set[int] | None]]:
+    """(title, CPUs) for each ``--cores`` count (the first that many this process may use),
+    or the whole machine once."""
+    if not cores:
+        return [("", None)]
+    mine = sorted(os.sched_getaffinity(0))
+    return [(f", held to {n} cores", set(mine[:n])) for n in cores if n <= len(mine)]
+
+
 def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
     summary: list[str] = []
     pattern = "|".join(_ere(a) for a in ANCHORS)
     grep = shutil.which("grep") or "grep"
     for shape, target in (("dense", 3.0), ("sparse", 2.0)):
+        if shape not in args.shapes:
+            continue
         path = workdir / f"{shape}.log"
         start = time.perf_counter()
         # generated in a child: a child's peak RSS counts its parent's memory at fork time
@@ -120,40 +143,54 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
         for jobs in args.jobs:
             commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
             commands[f"oomlens --jobs {jobs}"].append(str(jobs))
-        # interleaved rounds, medians: on a shared machine a load spike hits one round of
-        # every row rather than every round of one row
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
-        for _ in range(args.rounds):
-            for name, command in commands.items():
-                runs[name].append(_measure(command))
-        rows = {name: _median(measured) for name, measured in runs.items()}
-        print(f"  {args.rounds} round(s), medians; load average {os.getloadavg()[0]:.1f} after")
-        base = rows["grep -c -E"]
-        print(f"{'':<20}{'wall s':>8}{'cpu s':>8}{'MB/s':>7}{'peak MiB':>10}{'wall/grep':>11}")
-        for name, row in rows.items():
-            print(
-                f"{name:<20}{row['wall']:>8.2f}{row['cpu']:>8.2f}"
-                f"{counts['bytes'] / MiB / row['wall']:>7.0f}{row['rss']:>10.0f}"
-                f"{row['wall'] / base['wall']:>10.2f}x"
-            )
-        digests = set()
-        for name, row in rows.items():
-            if name.startswith("oomlens"):
-                print(f"    {name}: {row['out']}")
-                digests.add(str(row["out"]).rsplit("digest=", 1)[-1])
-        ours = [row for name, row in rows.items() if name.startswith("oomlens")]
-        best = min(ours, key=lambda row: float(row["wall"]))
-        verdict = "met" if best["wall"] <= target * base["wall"] else "not met"
-        peak = max(float(row["rss"]) for row in ours)
-        summary.append(
-            f"{shape} log {counts['bytes'] / MiB:.0f} MiB: best {best['wall']:.2f} s vs grep "
-            f"{base['wall']:.2f} s = {best['wall'] / base['wall']:.2f}x (target <= {target:g}x: "
-            f"{verdict}), peak RSS {peak:.0f} MiB; facts identical across --jobs: "
-            f"{len(digests) == 1}"
-        )
+        for title, cpus in _cpu_sets(args.cores):
+            summary.append(_table(args, shape, target, counts, commands, title, cpus))
         if not args.keep:
             path.unlink()
     return summary
+
+
+def _table(
+    args: argparse.Namespace,
+    shape: str,
+    target: float,
+    counts: dict[str, int],
+    commands: dict[str, list[str]],
+    title: str,
+    cpus: set[int] | None,
+) -> str:
+    """The rounds of ``commands`` on ``cpus``, their table printed; the summary line."""
+    # interleaved rounds, medians: on a shared machine a load spike hits one round of
+    # every row rather than every round of one row
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
+    for _ in range(args.rounds):
+        for name, command in commands.items():
+            runs[name].append(_measure(command, cpus))
+    rows = {name: _median(measured) for name, measured in runs.items()}
+    print(f"  {args.rounds} round(s), medians{title}; load average {os.getloadavg()[0]:.1f} after")
+    base = rows["grep -c -E"]
+    print(f"{'':<20}{'wall s':>8}{'cpu s':>8}{'MB/s':>7}{'peak MiB':>10}{'wall/grep':>11}")
+    for name, row in rows.items():
+        print(
+            f"{name:<20}{row['wall']:>8.2f}{row['cpu']:>8.2f}"
+            f"{counts['bytes'] / MiB / row['wall']:>7.0f}{row['rss']:>10.0f}"
+            f"{row['wall'] / base['wall']:>10.2f}x"
+        )
+    digests = set()
+    for name, row in rows.items():
+        if name.startswith("oomlens"):
+            print(f"    {name}: {row['out']}")
+            digests.add(str(row["out"]).rsplit("digest=", 1)[-1])
+    ours = [row for name, row in rows.items() if name.startswith("oomlens")]
+    best = min(ours, key=lambda row: float(row["wall"]))
+    verdict = "met" if best["wall"] <= target * base["wall"] else "not met"
+    peak = max(float(row["rss"]) for row in ours)
+    return (
+        f"{shape} log {counts['bytes'] / MiB:.0f} MiB{title}: best {best['wall']:.2f} s vs grep "
+        f"{base['wall']:.2f} s = {best['wall'] / base['wall']:.2f}x (target <= {target:g}x: "
+        f"{verdict}), peak RSS {peak:.0f} MiB; facts identical across --jobs: "
+        f"{len(digests) == 1}"
+    )
 
 
 def main() -> None:
@@ -166,7 +203,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
     parser.add_argument("--snapshot-mb", type=float, nargs="+", default=[100.0, 1000.0])
+    shapes = ["dense", "sparse"]
+    parser.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
+    parser.add_argument("--cores", type=int, nargs="+", default=None, help="held to that many")
     args = parser.parse_args()
+    # as pip leaves an installed package: its modules' bytecode written
+    compileall.compile_dir(ROOT / "oomlens", quiet=2)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="oomlens-bench-", dir=args.dir))
     try:
