@@ -34,6 +34,7 @@ cli.add_command(whatif_command)
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; turn every oomlens error into one line on stderr and its exit code."""
+    _one_blas_thread()
     try:
         code = cli.main(args=argv, prog_name="oomlens", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -63,6 +64,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - never a traceback: one line and a documented code
         _internal_error(exc)
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+def _one_blas_thread() -> None:
+    """numpy's OpenBLAS, unless told otherwise, starts a thread per core when numpy is first
+    imported (the commands import it later, not ``oomlens.cli``), and they spin for a while:
+    2.3 s of CPU on a 16-core node for an import and a second's sleep, 0.42 s with one.  No
+    command does linear algebra, and the SLURM epilog runs on nodes of 128 cores that must not
+    pay for it.  A setting of the user's own is kept; children (triage's workers) inherit it."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 _WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
