@@ -55,7 +55,8 @@ counts = generate(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], ranks=int(sy
 print(" ".join(f"{{k}}={{v}}" for k, v in counts.items()))
 """
 READER = """
-import hashlib, sys
+import hashlib, os, sys
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as oomlens.cli.main sets it
 from oomlens.ingest.log import read_log
 facts = read_log(sys.argv[1], jobs=int(sys.argv[2]))
 digest = hashlib.sha256(repr(facts).replace(sys.argv[1], "LOG").encode()).hexdigest()[:16]
