@@ -83,22 +83,10 @@ limits the speed, not the scans.  Before batches were applied together (``MERGE`
 9.2 s with 15 and 30, at 216, 268 and 370 MiB of peak RSS."""
 
 
-DENSE_BATCH_FACTOR = 2
-"""With the C scan, a batch is cut this many times ``BATCH_BLOCKS`` blocks long after one
-that would fill a group so (``_dense``: ``GROUP_HITS`` anchored lines): such a batch is a
-group of its own, applied without ``bulk.merge_scans`` copying two batches' arrays into one
-(0.25 s of the reading thread per dense GiB), and one of them ahead (``NATIVE_AHEAD_DENSE``)
-keeps as many bytes in flight as two of 8 MiB.  1 GiB dense 64-rank log, two cores, three
-runs each way, interleaved: 4.35-4.46 s at 149-173 MiB, against 4.91-5.07 s at 163-170 MiB
-with 8 MiB batches, two ahead (8 MiB batches, one ahead: 5.37-6.07 s).  Other batches stay at
-8 MiB: at 16, their buffers, left in the scanning threads' malloc arenas, took the sparse log
-(7.3k anchored lines per 8 MiB) to 204-233 MiB however few were ahead."""
 NATIVE_AHEAD = 2
 NATIVE_AHEAD_SPARSE = 3
-NATIVE_AHEAD_DENSE = 1
 """Batches in flight at most with the C scan: it scans four times faster than the reader
-applies, so two or three keep the threads busy, or one of twice the size
-(``DENSE_BATCH_FACTOR``).  Each holds 8 MiB of bytes and, when scanned,
+applies, so two or three keep the threads busy.  Each holds 8 MiB of bytes and, when scanned,
 its anchored lines' arrays: about as much again on a dense log, little on a sparse one, so a
 third is in flight only while the batches are sparse (``_sparse``).  1 GiB 64-rank logs, two
 cores, the collector paused for the pass: dense, peak RSS 189-202 MiB with 3 in flight,
@@ -113,23 +101,13 @@ the reader's in-order pass is what limits past two (16 cores, three runs: dense 
 2 threads, 1.8-2.4 s with 3; sparse 1.3-1.5 s and 1.4-1.5 s)."""
 
 
-def ahead(jobs: int, sparse: bool = False, dense: bool = False) -> int:
+def ahead(jobs: int, sparse: bool = False) -> int:
     """How many batches are scanned ahead of the reader with ``jobs`` workers: enough that
     they have work while the reader applies the group it waited for; ``sparse``: the last
-    batch scanned had few anchored lines (the C scan's arrays small); ``dense``: it had so
-    many that the batches are cut longer (``DENSE_BATCH_FACTOR``)."""
+    batch scanned had few anchored lines (the C scan's arrays small)."""
     if native.NATIVE:
-        most = NATIVE_AHEAD_DENSE if dense else NATIVE_AHEAD_SPARSE if sparse else NATIVE_AHEAD
-        return min(2 * jobs, most)
+        return min(2 * jobs, NATIVE_AHEAD_SPARSE if sparse else NATIVE_AHEAD)
     return min(2 * jobs + MERGE - 1, MAX_AHEAD)
-
-
-def _dense(scan: bulk.BatchScan) -> bool:
-    """Whether the next batch is cut ``DENSE_BATCH_FACTOR`` times longer: with the C scan, when
-    this batch's anchored lines, so many times over, fill a group."""
-    return (
-        native.NATIVE and bulk.AVAILABLE and len(scan.hit_line) * DENSE_BATCH_FACTOR >= GROUP_HITS
-    )
 
 
 def _sparse(batch: _Batch, scan: bulk.BatchScan) -> bool:
@@ -244,9 +222,7 @@ class _Merged:
         return batch.tail_of(own)
 
 
-def _batches(reader: LogReader, dense: Callable[[], bool]) -> Iterator[_Batch]:
-    """The input's batches of ``BATCH_BLOCKS`` blocks' worth of bytes, or ``DENSE_BATCH_FACTOR``
-    times that while ``dense()`` (asked as each batch is cut)."""
+def _batches(reader: LogReader) -> Iterator[_Batch]:
     blocks: list[Parts] = []
     size = 0
     previous_tail = b""
@@ -254,7 +230,7 @@ def _batches(reader: LogReader, dense: Callable[[], bool]) -> Iterator[_Batch]:
     for _, parts in reader.source.block_parts(number_lines=False):
         blocks.append(parts)
         size += sum(len(part) for part in parts)
-        if size >= limit * (DENSE_BATCH_FACTOR if dense() else 1):
+        if size >= limit:
             batch = _Batch(blocks, previous_tail)
             previous_tail = _last_bytes(blocks[-1], TAIL_BYTES)
             blocks, size = [], 0  # before the yield: the batch holds the bytes now
@@ -311,11 +287,8 @@ def _read(reader: LogReader, jobs: int) -> int:
         return _read_line_by_line(reader)
     if jobs <= 1:
         group: list[tuple[_Batch, bulk.BatchScan]] = []
-        dense = False
-        # late binding wanted: each batch is cut by what the scan before it found
-        for batch in _batches(reader, lambda: dense):  # noqa: B023
+        for batch in _batches(reader):
             group.append((batch, _scan(batch)))
-            dense = _dense(group[-1][1])
             if _group_full(group, reader):
                 number = _process_group(reader, group, number)  # empties the group
         return _process_group(reader, group, number) if group else number
@@ -377,25 +350,25 @@ def _read_ahead(
     batches' blocks too) while the reader applies the scanned groups in order."""
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
     group: list[tuple[_Batch, bulk.BatchScan]] = []
-    sparse = dense = False  # until a scan says otherwise
+    sparse = False  # until a scan says otherwise
 
     def take(number: int) -> int:
         """The oldest scan into the group; the group applied once full."""
-        nonlocal sparse, dense
+        nonlocal sparse
         batch, future = pending.popleft()
         group.append((batch, future.result()))
         del future  # the group holds the scan now, and lets go of it once merged
-        sparse, dense = _sparse(*group[-1]), _dense(group[-1][1])
+        sparse = _sparse(*group[-1])
         return _process_group(reader, group, number) if _group_full(group, reader) else number
 
-    for batch in _batches(reader, lambda: dense):
+    for batch in _batches(reader):
         future = (
             pool.submit(_scan, batch, scan)
             if in_threads
             else pool.submit(scan, batch.data, batch.starts, batch.prev_tail)
         )
         pending.append((batch, future))
-        while len(pending) > ahead(jobs, sparse, dense):
+        while len(pending) > ahead(jobs, sparse):
             number = take(number)
     while pending:
         number = take(number)

@@ -224,45 +224,6 @@ def test_a_third_batch_is_in_flight_only_while_batches_are_sparse(
     }
 
 
-@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
-def test_batches_that_fill_a_group_are_cut_longer_and_applied_alone(
-    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # with the C scan, after a batch whose anchored lines would fill a group twice over, the
-    # batches are cut DENSE_BATCH_FACTOR times longer, one ahead: each a group of its own,
-    # applied without merging scans
-    monkeypatch.setattr(native, "NATIVE", True)
-    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
-    monkeypatch.setattr(batches, "GROUP_HITS", 100)  # a 4 KiB block holds about 117 lines
-    path = tmp_path / "dense.log"  # every line a step line
-    path.write_text("".join(f"[rank{s % 16}]: step {s} loss 1.{s:04d}\n" for s in range(12000)))
-    one_pass = _facts(path, chunk_bytes=4096)
-    merged: list[int] = []
-    merge = batches.bulk.merge_scans
-    monkeypatch.setattr(
-        batches.bulk,
-        "merge_scans",
-        lambda scans, sizes: merged.append(len(scans)) or merge(scans, sizes),
-    )
-    cut: list[int] = []
-    make = batches._batches
-
-    def recording(reader, dense):  # type: ignore[no-untyped-def]
-        for batch in make(reader, dense):
-            cut.append(len(batch.data))
-            yield batch
-
-    monkeypatch.setattr(batches, "_batches", recording)
-    pool = _SyncPool()
-    facts = _read_with(pool, monkeypatch, path, chunk_bytes=4096, jobs=16)
-    assert facts == one_pass
-    longer = batches.DENSE_BATCH_FACTOR * 4096
-    first = batches.ahead(16) + 1  # the batches cut before the first scan is taken
-    assert len(cut) > 20 and min(cut[first:-1]) >= longer  # never cut shorter once dense
-    assert merged == []
-    assert max(pool.in_flight[first:]) == batches.NATIVE_AHEAD_DENSE + 1
-
-
 def test_a_batch_joins_its_blocks_once_and_lets_them_go() -> None:
     blocks = [b"a\nb\n", b"cc\n", b"ddd\n"]
     batch = batches._Batch([(b"a\n", memoryview(b"b\n")), (b"cc\n",), (b"ddd\n",)], b"tail")
