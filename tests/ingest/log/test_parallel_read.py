@@ -109,9 +109,18 @@ class _Taken:
 
 
 def _read_with(
-    pool: _SyncPool, monkeypatch: pytest.MonkeyPatch, path: Path, **kwargs: object
+    pool: _SyncPool,
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    in_threads: bool = False,
+    **kwargs: object,
 ) -> str:
+    """The facts read with ``pool`` as the processes that scan (``_read_ahead``), or with
+    ``in_threads`` as the threads that read and scan (``_read_in_threads``)."""
+
     def read_with_pool(reader, jobs):  # type: ignore[no-untyped-def]
+        if in_threads:
+            return batches._read_in_threads(reader, pool, jobs, 1)
         return batches._read_ahead(reader, pool, jobs, 1, batches.bulk.scan_batch)
 
     with monkeypatch.context() as m:
@@ -196,8 +205,9 @@ def test_a_corpus_log_reads_alike_with_batches_applied_together(
 
 
 @pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+@pytest.mark.parametrize("in_threads", [True, False], ids=["threads read", "processes"])
 def test_a_third_batch_is_in_flight_only_while_batches_are_sparse(
-    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, in_threads: bool, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # with the C scan, a batch's arrays are as large as its bytes on a dense log: two in flight
     # there, three where anchored lines are few
@@ -215,7 +225,7 @@ def test_a_third_batch_is_in_flight_only_while_batches_are_sparse(
     peaks = {}
     for path in (dense, sparse):
         pool = _SyncPool()
-        facts = _read_with(pool, monkeypatch, path, chunk_bytes=4096, jobs=16)
+        facts = _read_with(pool, monkeypatch, path, in_threads, chunk_bytes=4096, jobs=16)
         assert facts == _facts(path, chunk_bytes=4096)
         peaks[path.name] = max(pool.in_flight)
     assert peaks == {
@@ -283,3 +293,83 @@ def test_no_more_scanning_threads_than_scan_threads_whatever_the_jobs(
     for jobs in (2, 8, 64):
         assert _facts(path, chunk_bytes=8192, jobs=jobs) == one
     assert workers == [min(2, batches.SCAN_THREADS), batches.SCAN_THREADS, batches.SCAN_THREADS]
+
+
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+def test_the_scanning_threads_read_the_input(
+    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the reader's thread, the one that limits once there are cores to spare, applies the
+    # scans and leaves reading the input to the threads that scan
+    import threading
+
+    monkeypatch.setattr(native, "NATIVE", True)
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    read_by: list[str] = []
+    original = batches._batches
+
+    def recording(reader):  # type: ignore[no-untyped-def]
+        for batch in original(reader):
+            read_by.append(threading.current_thread().name)
+            yield batch
+
+    monkeypatch.setattr(batches, "_batches", recording)
+    path = tmp_path / "ranks.log"
+    path.write_text(mixed_log(6, ranks=8, steps=60, odd=0.05))
+    one = _facts(path, chunk_bytes=8192)
+    read_by.clear()
+    assert _facts(path, chunk_bytes=8192, jobs=2) == one
+    assert len(read_by) > 4
+    assert threading.main_thread().name not in read_by
+
+
+def test_batches_are_taken_in_input_order_whichever_thread_runs_a_task() -> None:
+    # tasks submitted in order to a first-in-first-out pool get the batches in order, however
+    # their threads are scheduled
+    import random
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    def batches_slowly():  # type: ignore[no-untyped-def]
+        for k in range(60):
+            time.sleep(random.random() / 2000)
+            yield k
+
+    turns = batches._InTurn(batches_slowly())
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        taken = [pool.submit(turns.take, k) for k in range(64)]
+        assert [future.result(timeout=30) for future in taken] == [*range(60), *[None] * 4]
+
+
+def test_a_failure_to_read_is_raised_by_its_task_and_the_later_tasks_end() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oomlens.errors import InputError
+
+    def failing():  # type: ignore[no-untyped-def]
+        yield 0
+        yield 1
+        raise InputError("run.log", "cannot be read", "check the file")
+
+    turns = batches._InTurn(failing())
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        taken = [pool.submit(turns.take, k) for k in range(6)]
+        assert [taken[k].result(timeout=30) for k in (0, 1)] == [0, 1]
+        with pytest.raises(InputError, match="cannot be read"):
+            taken[2].result(timeout=30)
+        assert [future.result(timeout=30) for future in taken[3:]] == [None] * 3
+
+
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
+def test_a_log_that_cannot_be_decompressed_fails_as_in_one_pass_with_threads(
+    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the first read fails in a thread that scans: the reader raises it, nothing hangs
+    from oomlens.errors import InputError
+
+    monkeypatch.setattr(native, "NATIVE", True)
+    path = tmp_path / "run.log.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 64)
+    for jobs in (1, 2):
+        with pytest.raises(InputError, match="cannot be decompressed"):
+            read_log(path, jobs=jobs)
