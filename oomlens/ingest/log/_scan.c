@@ -316,6 +316,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int64_t *walk_key = NULL;
     int64_t *block_first = NULL;
     Out o[19] = {{0}};
+    Memo memo = {0}; /* the tails seen before, over all windows (_scan_anchors.h) */
     if (m == NULL) goto done;
     int use_pivots = pivots && HAVE_PIVOT_SEARCH && m->pivots_usable && pivot_search_works();
 
@@ -463,6 +464,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
      * finds what a search of the whole batch would.  A hit's CPU line (pass 4) may be the next
      * window's first hit: the last hit of a window waits for it. */
     Py_ssize_t hits = 0, settled = 0;
+    if (use_pivots && memo_init(&memo, m) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t first = 0; first < lines && !failed;) {
         Py_ssize_t last = first + 1;
@@ -470,8 +475,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_ssize_t from = starts.v[first], to = last < lines ? starts.v[last] : n;
         /* 2. anchors, leftmost-first (ahocorasick_rs's LeftmostFirst) */
         hit_off.n = hit_bits.n = 0;
-        if ((use_pivots ? search_pivots : search_hashed)(m, d + from, to - from, &hit_off,
-                                                          &hit_bits) < 0) {
+        if ((use_pivots ? search_pivots(m, d + from, to - from, &hit_off, &hit_bits, &memo)
+                        : search_hashed(m, d + from, to - from, &hit_off, &hit_bits)) < 0) {
             failed = 1;
             break;
         }
@@ -548,6 +553,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
 done:
     for (int j = 0; j < 19; j++) Py_XDECREF(o[j].obj);
+    memo_free(&memo);
     free(starts.v);
     free(dirty_v.v);
     free(bar_at.v);

@@ -25,6 +25,8 @@ typedef struct {
     int32_t *pair_start; /* 65536 + 1 offsets into pair_list */
     int32_t *pair_list;  /* anchor indices, ascending within a pair */
     int pivots_usable;   /* every pivot byte is ASCII */
+    int32_t max_pivot;   /* the largest pivot: an occurrence whose pivot is at p starts at or
+                          * after p - max_pivot */
 } Matcher;
 
 static inline uint32_t load4(const uint8_t *p) {
@@ -117,6 +119,7 @@ static PyObject *make_matcher(PyObject *self, PyObject *args) {
             return NULL;
         }
         m->pivot[i] = (int32_t)pivot;
+        if (pivot > m->max_pivot) m->max_pivot = (int32_t)pivot;
         hashes[i] = hash4(load4(m->text[i]));
         m->filter[hashes[i] >> 3] |= (uint8_t)(1u << (hashes[i] & 7));
         m->bucket_start[hashes[i] + 1]++;
@@ -198,6 +201,98 @@ static int search_hashed(const Matcher *m, const uint8_t *d, Py_ssize_t n, Vec *
     return 0;
 }
 
+/* ---- line tails seen before (the pivot search's memo)
+ *
+ * Logs repeat long lines whose ends are the same text: ZeRO-3's cache-flush warning is 560
+ * bytes, 470 of them the same on every rank and step, and most of a dense log's bytes.  The
+ * occurrences whose pivot lies at or past an occurrence's start s plus the largest pivot start
+ * at or after s, and (anchors hold no newline) end before the line's newline nl: they are
+ * fixed by the bytes from s to nl.  So, per anchor, the last such tail [s, nl] is kept with
+ * those occurrences; a line whose tail after an occurrence of that anchor is the same bytes
+ * takes them from the memo and the search goes on past its newline.  An anchor whose tails
+ * differ (numbers, short lines) stops being tried after MEMO_MISSES misses in a row. */
+
+#define MEMO_MIN 96          /* shorter tails are searched: the lookup would cost as much */
+#define MEMO_MAX 4096        /* longer ones too: their copy is kept per anchor */
+#define MEMO_MISSES 16
+#define MEMO_PENDING 8       /* tails of one line recorded at its end, at most */
+
+typedef struct {
+    uint8_t *text; /* the tail, newline included */
+    Py_ssize_t len;
+    int64_t *occ; /* per occurrence: start - s, anchor, pivot position - s; in start order */
+    Py_ssize_t nocc, cap;
+    int misses;
+} MemoEntry;
+
+typedef struct {
+    MemoEntry *entry; /* one per anchor */
+    Py_ssize_t count;
+} Memo;
+
+static int memo_init(Memo *memo, const Matcher *m) {
+    memo->count = m->count;
+    memo->entry = calloc(m->count ? m->count : 1, sizeof(MemoEntry));
+    return memo->entry == NULL ? -1 : 0;
+}
+
+static void memo_free(Memo *memo) {
+    for (Py_ssize_t a = 0; memo->entry != NULL && a < memo->count; a++) {
+        free(memo->entry[a].text);
+        free(memo->entry[a].occ);
+    }
+    free(memo->entry);
+    memo->entry = NULL;
+}
+
+/* Inserts occurrence (s, a) into starts/which, kept sorted by start, then anchor. */
+static int push_occurrence(Vec *starts, Vec *which, Py_ssize_t s, int32_t a) {
+    if (vec_push(starts, s) < 0 || vec_push(which, a) < 0) return -1;
+    Py_ssize_t j = starts->n - 1;
+    while (j > 0 && (starts->v[j - 1] > s || (starts->v[j - 1] == s && which->v[j - 1] > a))) {
+        starts->v[j] = starts->v[j - 1];
+        which->v[j] = which->v[j - 1];
+        j--;
+    }
+    starts->v[j] = s;
+    which->v[j] = a;
+    return 0;
+}
+
+/* Keeps the tail [s, nl] of anchor a's occurrence at s with the occurrences found whose pivot
+ * lies in [s + max_pivot, nl): all of them, once the search has passed nl. */
+static int memo_record(const Matcher *m, Memo *memo, const uint8_t *d, Py_ssize_t s,
+                       int32_t a, Py_ssize_t nl, const Vec *starts, const Vec *which) {
+    MemoEntry *e = &memo->entry[a];
+    Py_ssize_t len = nl - s + 1, first = starts->n;
+    while (first > 0 && starts->v[first - 1] >= s) first--;
+    uint8_t *text = realloc(e->text, len);
+    if (text == NULL) return -1;
+    e->text = text;
+    memcpy(text, d + s, len);
+    e->len = len;
+    e->nocc = 0;
+    for (Py_ssize_t k = first; k < starts->n; k++) {
+        int32_t b = (int32_t)which->v[k];
+        Py_ssize_t pivot_at = starts->v[k] + m->pivot[b];
+        if (pivot_at < s + m->max_pivot || pivot_at >= nl) continue;
+        if (e->nocc + 3 > e->cap) {
+            Py_ssize_t cap = e->cap ? 2 * e->cap : 24;
+            int64_t *occ = realloc(e->occ, cap * sizeof(int64_t));
+            if (occ == NULL) {
+                e->len = 0;
+                return -1;
+            }
+            e->occ = occ;
+            e->cap = cap;
+        }
+        e->occ[e->nocc++] = starts->v[k] - s;
+        e->occ[e->nocc++] = b;
+        e->occ[e->nocc++] = pivot_at - s;
+    }
+    return 0;
+}
+
 /* Every occurrence of the anchors whose pivot pair is at offset q, into (start, anchor)
  * pairs kept sorted by start, then anchor (occurrences come in pivot order, which is at most
  * an anchor's length from start order). */
@@ -207,15 +302,7 @@ static int occurrences_of(const Matcher *m, const uint8_t *d, Py_ssize_t n, Py_s
         int32_t a = m->pair_list[k];
         Py_ssize_t s = q - m->pivot[a];
         if (s < 0 || m->len[a] > n - s || memcmp(d + s, m->text[a], m->len[a]) != 0) continue;
-        if (vec_push(starts, s) < 0 || vec_push(which, a) < 0) return -1;
-        Py_ssize_t j = starts->n - 1;
-        while (j > 0 && (starts->v[j - 1] > s || (starts->v[j - 1] == s && which->v[j - 1] > a))) {
-            starts->v[j] = starts->v[j - 1];
-            which->v[j] = which->v[j - 1];
-            j--;
-        }
-        starts->v[j] = s;
-        which->v[j] = a;
+        if (push_occurrence(starts, which, s, a) < 0) return -1;
     }
     return 0;
 }
@@ -242,11 +329,49 @@ __attribute__((target("ssse3"))) static inline __m128i in_set(__m128i v, __m128i
 
 __attribute__((target("ssse3"))) static int pivot_candidates(const Matcher *m, const uint8_t *d,
                                                              Py_ssize_t n, Vec *starts,
-                                                             Vec *which) {
+                                                             Vec *which, Memo *memo) {
     const __m128i first = _mm_loadu_si128((const __m128i *)m->first_nibbles);
     const __m128i second = _mm_loadu_si128((const __m128i *)m->second_nibbles);
+    /* the tail being tried (armed: the memo is looked at once the search reaches s +
+     * max_pivot), the next one to try (the latest occurrence found meanwhile), the tails of
+     * the current line to record once the search is past its newline, and the start of the
+     * last occurrence tried (each is tried once) */
+    int armed = 0, waiting = 0, recs = 0;
+    Py_ssize_t arm_s = 0, arm_nl = 0, next_s = 0, tried_s = -1, rec_nl = -1;
+    int32_t arm_a = 0, next_a = 0;
+    Py_ssize_t rec_s[MEMO_PENDING];
+    int32_t rec_a[MEMO_PENDING];
     Py_ssize_t q = 0;
-    for (; q + 17 <= n; q += 16) {
+    while (q + 17 <= n) {
+        if (recs && q > rec_nl) {
+            for (int r = 0; r < recs; r++)
+                if (memo_record(m, memo, d, rec_s[r], rec_a[r], rec_nl, starts, which) < 0)
+                    return -1;
+            recs = 0;
+        }
+        if (armed && q >= arm_s + m->max_pivot) {
+            armed = 0;
+            MemoEntry *e = &memo->entry[arm_a];
+            if (q < arm_nl && e->len == arm_nl - arm_s + 1 &&
+                memcmp(e->text, d + arm_s, e->len) == 0) {
+                for (Py_ssize_t k = 0; k < e->nocc; k += 3)
+                    if (e->occ[k + 2] >= q - arm_s &&
+                        push_occurrence(starts, which, arm_s + e->occ[k], (int32_t)e->occ[k + 1]) < 0)
+                        return -1;
+                e->misses = 0;
+                waiting = 0;
+                tried_s = arm_nl;
+                q = arm_nl + 1;
+                continue;
+            }
+            e->misses++;
+            if (recs < MEMO_PENDING && (recs == 0 || rec_nl == arm_nl)) {
+                rec_s[recs] = arm_s;
+                rec_a[recs++] = arm_a;
+                rec_nl = arm_nl;
+            }
+        }
+        Py_ssize_t found_before = starts->n;
         __m128i a = _mm_loadu_si128((const __m128i *)(d + q));
         __m128i b = _mm_loadu_si128((const __m128i *)(d + q + 1));
         uint32_t miss = (uint32_t)_mm_movemask_epi8(_mm_or_si128(in_set(a, first), in_set(b, second)));
@@ -255,7 +380,32 @@ __attribute__((target("ssse3"))) static int pivot_candidates(const Matcher *m, c
             if (occurrences_at(m, d, n, q + __builtin_ctz(mask), starts, which) < 0) return -1;
             mask &= mask - 1;
         }
+        q += 16;
+        if (memo == NULL) continue;
+        if (starts->n > found_before && starts->v[starts->n - 1] > tried_s) {
+            waiting = 1;
+            next_s = starts->v[starts->n - 1];
+            next_a = (int32_t)which->v[starts->n - 1];
+        }
+        if (waiting && !armed) {
+            waiting = 0;
+            tried_s = next_s;
+            MemoEntry *e = &memo->entry[next_a];
+            if (e->misses >= MEMO_MISSES) continue;
+            Py_ssize_t most = n - next_s < MEMO_MAX ? n - next_s : MEMO_MAX;
+            const uint8_t *newline = memchr(d + next_s, '\n', most);
+            if (newline == NULL || newline - (d + next_s) + 1 < MEMO_MIN) {
+                e->misses++;
+                continue;
+            }
+            armed = 1;
+            arm_s = next_s;
+            arm_a = next_a;
+            arm_nl = newline - d;
+        }
     }
+    /* the end of the window: what is pending is not recorded (the next window's memo would
+     * only be told tails already found) */
     for (; q + 1 < n; q++)
         if (occurrences_at(m, d, n, q, starts, which) < 0) return -1;
     return 0;
@@ -265,7 +415,7 @@ static int pivot_search_works(void) { return __builtin_cpu_supports("ssse3"); }
 #else
 #define HAVE_PIVOT_SEARCH 0
 static int pivot_candidates(const Matcher *m, const uint8_t *d, Py_ssize_t n, Vec *starts,
-                            Vec *which) {
+                            Vec *which, Memo *memo) {
     return -1;
 }
 static int pivot_search_works(void) { return 0; }
@@ -275,9 +425,9 @@ static int pivot_search_works(void) { return 0; }
  * order (then the table's order), each one that starts at or after the end of the last one
  * taken. */
 static int search_pivots(const Matcher *m, const uint8_t *d, Py_ssize_t n, Vec *offsets,
-                         Vec *bits) {
+                         Vec *bits, Memo *memo) {
     Vec starts = {0}, which = {0};
-    int failed = pivot_candidates(m, d, n, &starts, &which) < 0;
+    int failed = pivot_candidates(m, d, n, &starts, &which, memo) < 0;
     Py_ssize_t after = 0;
     for (Py_ssize_t k = 0; k < starts.n && !failed; k++) {
         if (starts.v[k] < after) continue;

@@ -257,6 +257,51 @@ def test_anchors_overlapping_and_cut_are_found_alike(words: list[bytes]) -> None
     assert _differences(one, pure) == [] and _differences(other, pure) == []
 
 
+_NO_NEWLINE = st.binary(max_size=12).map(lambda b: b.replace(b"\n", b" "))
+
+
+@needs_extension
+@settings(max_examples=150, deadline=None)
+@given(
+    heads=st.lists(_NO_NEWLINE, min_size=1, max_size=4),
+    words=st.lists(
+        st.one_of(
+            st.sampled_from(ANCHORS),
+            st.sampled_from([a[:k] for a in ANCHORS for k in (2, 5)]),
+            _NO_NEWLINE,
+            st.just(b"x" * 120),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    changes=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 10**6), st.integers(1, 127))),
+    window=st.sampled_from([1, 700, native.WINDOW_BYTES]),
+)
+def test_long_tails_seen_before_are_found_alike(
+    heads: list[bytes],
+    words: list[bytes],
+    changes: list[tuple[int, int, int]],
+    window: int,
+) -> None:
+    # the pivot search takes the occurrences in a line's tail from the last tail of the same
+    # anchor with the same bytes (the memo): lines that share a long tail after an anchor,
+    # behind different heads, some with a byte changed, give what the pure path and the hash
+    # filter find
+    tail = b"".join(words)
+    lines = [
+        bytearray(heads[i % len(heads)] + ANCHORS[i % 3] + tail + b"\n") for i in range(200)
+    ]
+    for line, at, byte in changes:
+        target = lines[line % len(lines)]
+        if len(target) > 1 and byte != 10:
+            target[at % (len(target) - 1)] = byte
+    data = b"".join(lines)
+    with pytest.MonkeyPatch.context() as m:
+        memo, pure = _scan_both(data, [0], b"", m, True, window)
+        hashed, _ = _scan_both(data, [0], b"", m, False, window)
+    assert _differences(memo, pure) == [] and _differences(hashed, pure) == []
+
+
 @needs_extension
 @pytest.mark.parametrize("seed", range(6))
 def test_the_fuzzers_mutated_logs_scan_alike(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
