@@ -589,3 +589,32 @@ def test_a_repeated_oom_line_is_searched_for_more_messages_once(
     facts = read_log(_write(tmp_path, [message] * 3000))
     assert len(facts.oom_events) > 0
     assert calls < 30  # was one per copy: ~3,000
+
+
+def test_the_reader_imports_neither_process_pools_nor_the_config_parser_until_needed(
+    tmp_path: Path,
+) -> None:
+    # every process that reads a log pays for what the reader imports up front (the SLURM
+    # epilog and triage's workers too): the pure path's process pools and the config dump's
+    # parser come in only when a read needs them
+    import subprocess
+    import sys
+
+    log = tmp_path / "run.log"
+    log.write_text("[rank0]: step 1/10 loss 2.5\n")
+    probe = (
+        "import sys; from oomlens.ingest.log import read_log; "
+        "late = ('multiprocessing', 'oomlens.ingest.ds_config'); "
+        "before = sorted(m for m in late if m in sys.modules); "
+        "read_log(sys.argv[1]); "
+        "print(before, sorted(m for m in late if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(log)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    )
+    assert done.stdout.split("\n")[0] == "[] []"

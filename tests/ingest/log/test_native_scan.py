@@ -288,9 +288,7 @@ def test_long_tails_seen_before_are_found_alike(
     # behind different heads, some with a byte changed, give what the pure path and the hash
     # filter find
     tail = b"".join(words)
-    lines = [
-        bytearray(heads[i % len(heads)] + ANCHORS[i % 3] + tail + b"\n") for i in range(200)
-    ]
+    lines = [bytearray(heads[i % len(heads)] + ANCHORS[i % 3] + tail + b"\n") for i in range(200)]
     for line, at, byte in changes:
         target = lines[line % len(lines)]
         if len(target) > 1 and byte != 10:

@@ -180,14 +180,19 @@ def test_both_workers_read_alike(
         pytest.skip("the C extension is not built")
     monkeypatch.setattr(native, "NATIVE", threads)
     monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    import concurrent.futures
+
     started: list[str] = []
-    for pool in (batches.ThreadPoolExecutor, batches.ProcessPoolExecutor):
+    for module, pool in (
+        (batches, batches.ThreadPoolExecutor),
+        (concurrent.futures, concurrent.futures.ProcessPoolExecutor),
+    ):
 
         def record(*args, _pool=pool, **kwargs):  # type: ignore[no-untyped-def]
             started.append(_pool.__name__)
             return _pool(*args, **kwargs)
 
-        monkeypatch.setattr(batches, pool.__name__, record)
+        monkeypatch.setattr(module, pool.__name__, record)
     path = tmp_path / "ranks.log"
     path.write_text(mixed_log(9, ranks=16, steps=40, odd=0.05))
     one = _facts(path, chunk_bytes=8192)
