@@ -251,33 +251,6 @@ def test_a_batch_joins_its_blocks_once_and_lets_them_go() -> None:
 
 
 @pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
-def test_the_scanning_threads_join_the_batches(
-    tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the reader's thread, the one that limits, leaves the joins to the threads that scan
-    import threading
-
-    monkeypatch.setattr(native, "NATIVE", True)
-    monkeypatch.setattr(batches, "BATCH_BLOCKS", 2)
-    joined_by: list[str] = []
-    original = batches._Batch.data
-
-    def recording(self):  # type: ignore[no-untyped-def]
-        if self._data is None:
-            joined_by.append(threading.current_thread().name)
-        return original.fget(self)
-
-    monkeypatch.setattr(batches._Batch, "data", property(recording))
-    path = tmp_path / "ranks.log"
-    path.write_text(mixed_log(5, ranks=8, steps=60, odd=0.05))
-    one = _facts(path, chunk_bytes=8192)
-    joined_by.clear()
-    assert _facts(path, chunk_bytes=8192, jobs=2) == one
-    assert len(joined_by) > 2
-    assert threading.main_thread().name not in joined_by
-
-
-@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
 def test_no_more_scanning_threads_than_scan_threads_whatever_the_jobs(
     tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,31 +274,40 @@ def test_no_more_scanning_threads_than_scan_threads_whatever_the_jobs(
 
 
 @pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
-def test_the_scanning_threads_read_the_input(
+def test_the_scanning_threads_read_and_join_the_batches(
     tmp_path: Path, as_large_logs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the reader's thread, the one that limits once there are cores to spare, applies the
-    # scans and leaves reading the input to the threads that scan
+    # scans and leaves reading the input and joining each batch's blocks to the threads
     import threading
 
     monkeypatch.setattr(native, "NATIVE", True)
-    monkeypatch.setattr(batches, "BATCH_BLOCKS", 1)
+    monkeypatch.setattr(batches, "BATCH_BLOCKS", 2)
     read_by: list[str] = []
-    original = batches._batches
+    joined_by: list[str] = []
+    batches_of = batches._batches
+    data_of = batches._Batch.data
 
-    def recording(reader):  # type: ignore[no-untyped-def]
-        for batch in original(reader):
+    def reading(reader):  # type: ignore[no-untyped-def]
+        for batch in batches_of(reader):
             read_by.append(threading.current_thread().name)
             yield batch
 
-    monkeypatch.setattr(batches, "_batches", recording)
+    def joining(self):  # type: ignore[no-untyped-def]
+        if self._data is None:
+            joined_by.append(threading.current_thread().name)
+        return data_of.fget(self)
+
+    monkeypatch.setattr(batches, "_batches", reading)
+    monkeypatch.setattr(batches._Batch, "data", property(joining))
     path = tmp_path / "ranks.log"
     path.write_text(mixed_log(6, ranks=8, steps=60, odd=0.05))
     one = _facts(path, chunk_bytes=8192)
     read_by.clear()
+    joined_by.clear()
     assert _facts(path, chunk_bytes=8192, jobs=2) == one
-    assert len(read_by) > 4
-    assert threading.main_thread().name not in read_by
+    assert len(read_by) > 4 and len(joined_by) > 4
+    assert threading.main_thread().name not in read_by + joined_by
 
 
 def test_batches_are_taken_in_input_order_whichever_thread_runs_a_task() -> None:
