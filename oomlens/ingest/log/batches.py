@@ -287,12 +287,10 @@ def _read(reader: LogReader, jobs: int) -> int:
     if reader.every_line:
         return _read_line_by_line(reader)
     if jobs <= 1:
-        group: list[tuple[_Batch, bulk.BatchScan]] = []
+        groups = _Groups(reader, number)
         for batch in _batches(reader):
-            group.append((batch, _scan(batch)))
-            if _group_full(group, reader):
-                number = _process_group(reader, group, number)  # empties the group
-        return _process_group(reader, group, number) if group else number
+            groups.add(batch, _scan(batch))
+        return groups.finish()
     if native.NATIVE and bulk.AVAILABLE:
         # The C scan lets go of the GIL for all its passes: threads scan in parallel with the
         # reader and nothing is copied between processes (1 GiB dense 64-rank log, two cores:
@@ -310,6 +308,33 @@ def _read(reader: LogReader, jobs: int) -> int:
     processes = concurrent.futures.ProcessPoolExecutor
     with processes(max_workers=min(jobs, MAX_AHEAD), mp_context=context) as pool:
         return _read_ahead(reader, pool, jobs, number, _scan_bytes)
+
+
+class _Groups:
+    """Scanned batches, in input order, gathered into groups and each group applied once full
+    (``_group_full``); ``number``: the line number after the last applied."""
+
+    __slots__ = ("_group", "number", "reader", "sparse")
+
+    def __init__(self, reader: LogReader, number: int) -> None:
+        self.reader = reader
+        self.number = number
+        self._group: list[tuple[_Batch, bulk.BatchScan]] = []
+        self.sparse = False
+        """Whether the last batch added was sparse (``_sparse``); False until one is."""
+
+    def add(self, batch: _Batch, scan: bulk.BatchScan) -> None:
+        """The next scanned batch; its group applied if it is full now."""
+        self._group.append((batch, scan))
+        self.sparse = _sparse(batch, scan)
+        if _group_full(self._group, self.reader):
+            self.number = _process_group(self.reader, self._group, self.number)
+
+    def finish(self) -> int:
+        """Apply what is left; the number of the line after the last."""
+        if self._group:
+            self.number = _process_group(self.reader, self._group, self.number)
+        return self.number
 
 
 def _group_full(group: list[tuple[_Batch, bulk.BatchScan]], reader: LogReader) -> bool:
@@ -352,25 +377,20 @@ def _read_ahead(
     """Scan ahead in ``pool`` (worker processes, sent each batch's bytes) while the reader
     reads the input and applies the scanned groups in order."""
     pending: deque[tuple[_Batch, Future[bulk.BatchScan]]] = deque()
-    group: list[tuple[_Batch, bulk.BatchScan]] = []
-    sparse = False  # until a scan says otherwise
+    groups = _Groups(reader, number)
 
-    def take(number: int) -> int:
-        """The oldest scan into the group; the group applied once full."""
-        nonlocal sparse
+    def take() -> None:
+        """The oldest scan into the groups."""
         batch, future = pending.popleft()
-        group.append((batch, future.result()))
-        del future  # the group holds the scan now, and lets go of it once merged
-        sparse = _sparse(*group[-1])
-        return _process_group(reader, group, number) if _group_full(group, reader) else number
+        groups.add(batch, future.result())
 
     for batch in _batches(reader):
         pending.append((batch, pool.submit(scan, batch.data, batch.starts, batch.prev_tail)))
-        while len(pending) > ahead(jobs, sparse):
-            number = take(number)
+        while len(pending) > ahead(jobs, groups.sparse):
+            take()
     while pending:
-        number = take(number)
-    return _process_group(reader, group, number) if group else number
+        take()
+    return groups.finish()
 
 
 _T = TypeVar("_T")
@@ -419,11 +439,10 @@ def _read_in_threads(reader: LogReader, threads: Executor, jobs: int, number: in
         return None if batch is None else (batch, _scan(batch, bulk.scan_batch))
 
     pending: deque[Future[tuple[_Batch, bulk.BatchScan] | None]] = deque()
-    group: list[tuple[_Batch, bulk.BatchScan]] = []
-    sparse = False  # until a scan says otherwise
+    groups = _Groups(reader, number)
     submitted, ended = 0, False
     while True:
-        while not ended and len(pending) <= ahead(jobs, sparse):
+        while not ended and len(pending) <= ahead(jobs, groups.sparse):
             pending.append(threads.submit(read_and_scan, submitted))
             submitted += 1
         if not pending:
@@ -432,12 +451,9 @@ def _read_in_threads(reader: LogReader, threads: Executor, jobs: int, number: in
         if scanned is None:
             ended = True  # the tasks after it find no batch either
             continue
-        group.append(scanned)
+        groups.add(*scanned)
         del scanned  # the group holds the scan now, and lets go of it once merged
-        sparse = _sparse(*group[-1])
-        if _group_full(group, reader):
-            number = _process_group(reader, group, number)
-    return _process_group(reader, group, number) if group else number
+    return groups.finish()
 
 
 def _process_group(
