@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 
 from oomlens.gcpause import gc_paused
-from oomlens.ingest.log import bulk, bulk_apply, native
+from oomlens.ingest.log import bulk, bulk_apply, heap, native
 from oomlens.ingest.log.bulk_apply import stream_key
 
 if TYPE_CHECKING:
@@ -95,10 +95,11 @@ cores, the collector paused for the pass: dense, peak RSS 189-202 MiB with 3 in 
 
 
 SCAN_THREADS = 2
-"""Threads that scan with the C scan, at most: each keeps a malloc arena of its own, where the
-batches it joins stay (16 cores, dense 1 GiB log, 8 threads and 3 batches in flight: peak RSS
-212 MiB, 181 MiB with 2 threads; with the joins in the threads, 3 threads: 176-191 MiB), and
-the reader's in-order pass is what limits past two (16 cores, three runs: dense 2.0-2.3 s with
+"""Threads that scan with the C scan, at most: each kept a malloc arena of its own, where the
+batches it joined stayed, until the pass shared one (``heap.steady_heap``) (16 cores, dense
+1 GiB log, 8 threads and 3 batches in flight: peak RSS 212 MiB, 181 MiB with 2 threads; with
+the joins in the threads, 3 threads: 176-191 MiB), and the reader's in-order pass is what
+limits past two (16 cores, three runs: dense 2.0-2.3 s with
 2 threads, 1.8-2.4 s with 3; sparse 1.3-1.5 s and 1.4-1.5 s)."""
 
 
@@ -279,13 +280,14 @@ def read(reader: LogReader, jobs: int = 1) -> int:
     # (a 150 MiB log of tracebacks and OOM messages read the per-line way left 322 objects in
     # cycles), and collecting once a batch cost the dense 1 GiB log 0.8 s of its 6.5 s
     with gc_paused():
-        return _read(reader, jobs)
+        if reader.every_line:
+            return _read_line_by_line(reader)
+        with heap.steady_heap():
+            return _read(reader, jobs)
 
 
 def _read(reader: LogReader, jobs: int) -> int:
     number = 1
-    if reader.every_line:
-        return _read_line_by_line(reader)
     if jobs <= 1:
         groups = _Groups(reader, number)
         for batch in _batches(reader):
