@@ -199,7 +199,9 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--dir", default=None, help="where the logs are written (then removed)")
+    parser.add_argument(
+        "--dir", default=None, help="where the logs are written (made if missing; then removed)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved; medians reported")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
@@ -211,6 +213,8 @@ def main() -> None:
     # as pip leaves an installed package: its modules' bytecode written
     compileall.compile_dir(ROOT / "oomlens", quiet=2)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
+    if args.dir is not None:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="oomlens-bench-", dir=args.dir))
     try:
         summary = _logs(args, workdir)
