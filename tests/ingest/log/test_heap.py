@@ -51,16 +51,21 @@ _FAULTS = textwrap.dedent(
 )
 
 
-def _faults(mode: str) -> int:
+def _printed(script: str, *args: str) -> list[str]:
+    """What ``script`` printed, run in a fresh process (glibc's settings are per process)."""
     done = subprocess.run(
-        [sys.executable, "-c", _FAULTS, mode],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    return int(done.stdout)
+    return done.stdout.split()
+
+
+def _faults(mode: str) -> int:
+    return int(_printed(_FAULTS, mode)[0])
 
 
 @needs_glibc
@@ -100,15 +105,7 @@ _RSS = textwrap.dedent(
 
 @needs_glibc
 def test_what_a_pass_frees_is_kept_until_the_last_pass_leaves() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _RSS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    kept, after = (float(x) for x in done.stdout.split())
+    kept, after = (float(x) for x in _printed(_RSS))
     assert kept >= 40, "freed while a pass was on: kept for the next batch"
     assert after <= 8, "the last pass left: given back"
 
