@@ -1,7 +1,8 @@
 """The vocabulary of a report: diagnoses, the evidence they cite and the fixes they propose.
 
-Rules (``oomlens.rules``) produce these objects, the report (``oomlens.report``) carries them
-and re-exports this vocabulary, and renderers read it from there.  A diagnosis says what killed
+Rules (``oomlens.rules``) produce these objects and the verdict, the report
+(``oomlens.report``) carries them and re-exports this vocabulary, and renderers read it from
+there.  A diagnosis says what killed
 the run, how sure oomlens is (``confidence`` 0..1), cites every piece of evidence it rests on,
 says what evidence is missing, and proposes fixes that are never already in force.
 """
@@ -14,6 +15,23 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from oomlens.facts import SourceRef
+
+
+class Verdict(StrEnum):
+    """What happened to the run, decided before why (``oomlens.rules.verdict``)."""
+
+    GPU_OOM = "gpu_oom"
+    """The GPU (or another accelerator) ran out of memory."""
+    HOST_OOM = "host_oom"
+    """Host RAM ran out: the kernel or the scheduler killed a rank, or a host allocation failed."""
+    CONFIG_ERROR = "config_error"
+    """The job was rejected by its own configuration before or while starting."""
+    OTHER_FAILURE = "other_failure"
+    """The run failed for a reason other than memory."""
+    NO_FAILURE = "no_failure"
+    """The inputs show no failure."""
+    UNKNOWN = "unknown"
+    """The inputs cannot tell (nothing readable, or a log cut before any sign)."""
 
 
 class Severity(IntEnum):

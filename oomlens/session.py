@@ -9,8 +9,8 @@ a ``WhatIfReport``.  Every report goes to the same renderers (``oomlens.render.r
 
 Each step of an analysis is one call: the inputs are collected and read kind by kind
 (``oomlens.ingest.run`` over the registry of input kinds), each input's facts digested as soon
-as it is read (``oomlens.analysis.run.Digest``), the run's facts derived once
-(``oomlens.analysis.run.derive_run``), and the report assembled (``oomlens.report.assemble``:
+as it is read (``oomlens.derive.run.Digest``), the run's facts derived once
+(``oomlens.derive.run.derive_run``), and the report assembled (``oomlens.report.assemble``:
 the rules, the verdict).  Bad inputs never raise: each becomes an ``InputReport`` with its
 problem, and the rest is still analyzed.  Only when nothing at all could be read does it raise
 ``NoUsableInputError``.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomlens.analysis.preflight import preflight
-from oomlens.analysis.run import Digest, RunHints, derive_run
+from oomlens.derive.run import Digest, RunHints, derive_run
 from oomlens.errors import InputError, NoUsableInputError, UsageError
 from oomlens.facts.inputs import InputFacts
 from oomlens.facts.run import InputReport, RunFacts

@@ -1,6 +1,6 @@
 """What the inputs of one run say, slot by slot, before anything is derived from it.
 
-Each input kind (``oomlens.ingest.kinds``) fills one slot; ``oomlens.analysis.run`` derives the
+Each input kind (``oomlens.ingest.kinds``) fills one slot; ``oomlens.derive.run`` derives the
 run's facts (``RunFacts``) from these.  A kind whose slot has no field here yet still works:
 its facts are kept in ``other`` under the slot's name.
 """

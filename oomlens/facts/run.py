@@ -1,6 +1,6 @@
 """Everything known about one run: the facts of every input plus the facts derived from them.
 
-``RunFacts`` is what rules read.  It is derived once by ``oomlens.analysis.run`` and never
+``RunFacts`` is what rules read.  It is derived once by ``oomlens.derive.run`` and never
 changed.
 Helper methods answer the questions several rules ask (the OOM events of every input, the
 memory limit in force, the world size...), so that no rule re-derives them differently.
@@ -23,9 +23,11 @@ from oomlens.facts.log import (
     MemorySeries,
     OomEvent,
     OomKind,
+    StepSample,
 )
 from oomlens.facts.memory_model import MemoryModelFacts
 from oomlens.facts.ranks import RankPicture
+from oomlens.facts.signals import Signals
 from oomlens.facts.snapshot import DeviceAnalysis, SnapshotAnalysis
 
 _SIGKILL_CODES = frozenset({-9, 137, 247})
@@ -107,6 +109,8 @@ class RunFacts:
     """Facts of input kinds whose slot has no field of its own, by slot name."""
     captures: tuple[RankCapture, ...] = ()
     """What an oomlens capture recorded, per process (``oomlens.facts.capture``)."""
+    signals: Signals = field(default_factory=Signals)
+    """The signals derived from all of the above, once (``oomlens.facts.signals``)."""
 
     # ----------------------------------------------------------------- questions rules ask
 
@@ -238,6 +242,25 @@ class RunFacts:
             or any(s.kind != "tqdm" for s in log.steps.samples)
             for log in self.logs
         )
+
+    def step_before(self, rank: int | None, ref: SourceRef | None) -> StepSample | None:
+        """The last training step printed before a failure at ``ref`` (by ``rank``): that
+        rank's last progress line, else the log's, not after the failure's line in the same
+        file."""
+        best: StepSample | None = None
+        for log in self.logs:
+            candidates = [
+                s for s in log.steps.last_by_rank if rank is not None and s.source.rank == rank
+            ]
+            sample = candidates[0] if candidates else log.steps.last
+            if sample is None or sample.step is None:
+                continue
+            if ref is not None and sample.source.path == ref.path and ref.line is not None:
+                if sample.source.line is not None and sample.source.line > ref.line:
+                    continue
+            if best is None or sample.step > (best.step or 0):
+                best = sample
+        return best
 
     def has_failure_evidence(self) -> bool:
         """Anything that says the run did not finish cleanly: an error, a kill, a failed exit,

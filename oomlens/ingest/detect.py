@@ -1,7 +1,8 @@
 """Tell what an input is by its content, and find the inputs of a run directory.
 
 ``detect_kind(path)`` looks at a bounded head of the file (decompressed when compressed) and
-asks every registered kind (``oomlens.ingest.kinds``) in its precedence order; it returns a
+asks the registered kinds (``oomlens.ingest.kinds``) in their precedence order (the binary
+kinds first; a JSON object only the JSON kinds, whatever the others' precedence); it returns a
 ``Detection``: the kind with the reason, or none with what the file looked like instead.  Names
 are never trusted.  A text file shaped like a document (Markdown prose, TOML, Python source,
 a CSV table: ``ingest.documents``) is no input, whatever error it quotes.  ``accept`` is the
@@ -135,15 +136,20 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
     if sample.json_problem is not None:
         return Detection(shown, None, compression, sample.json_problem)
     json_kinds = [k for k in ordered if k.json_document]
-    if sample.json_object is None:
-        document = document_kind(sample.lines)
-        if document is not None:
-            # an error quoted in prose (a README, the training script) is not a crash
-            return Detection(shown, None, compression, f"{document}, not a log")
+    if sample.json_object is not None:
+        # A JSON object is decided among the kinds whose files are JSON documents, whatever
+        # the precedence of the text kinds: none of those may claim it.
+        for candidate in json_kinds:
+            reason = candidate.recognise(sample)
+            if reason is not None:
+                return Detection(shown, candidate, compression, reason)
+        labels = " nor ".join(sorted(k.label for k in json_kinds))
+        return Detection(shown, None, compression, f"JSON, but neither {labels}")
+    document = document_kind(sample.lines)
+    if document is not None:
+        # an error quoted in prose (a README, the training script) is not a crash
+        return Detection(shown, None, compression, f"{document}, not a log")
     for candidate in (k for k in ordered if not k.binary):
-        if not candidate.json_document and sample.json_object is not None:
-            labels = " nor ".join(sorted(k.label for k in json_kinds))
-            return Detection(shown, None, compression, f"JSON, but neither {labels}")
         reason = candidate.recognise(sample)
         if reason is not None:
             return Detection(shown, candidate, compression, reason)

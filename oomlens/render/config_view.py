@@ -5,15 +5,14 @@ ZeRO memory model's budget, bounded like the rest of the view."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oomlens.facts.config import ConfigValue, show_value
-from oomlens.facts.memory_model import CapacityVerdict, ConfigPatch, Device
+from oomlens.facts.memory_model import Device
 from oomlens.render.bounded import MAX_SHORT_TEXT, Capped, Fact, cap, plain, text, where
 from oomlens.render.charts import Part
-from oomlens.report import Report, Verdict
+from oomlens.report import CapacityReading, Report
 from oomlens.units import format_size
 
 MAX_BUDGET_ROWS = 30
@@ -242,26 +241,14 @@ def zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
         f"{budget.model.total_params:,} parameters ({text(budget.model.source, 100)}), "
         f"{budget.topology.world_size} rank(s), {budget.topology.ranks_per_host} per host"
     )
+    reading = report.budget
     verdicts = tuple(
         Fact(
-            f"{v.kind} capacity {format_size(v.capacity_bytes)} ({text(v.capacity_source, 100)})",
-            (
-                _ran_out(report, v)
-                if v.fits and _died_of(report, v.kind)
-                else f"fits: peak {format_size(v.required_bytes)} ({text(v.peak_phase, 60)}), "
-                f"{format_size(v.headroom_bytes)} left"
-                if v.fits
-                else f"does not fit: peak {format_size(v.required_bytes)}, "
-                f"{format_size(v.overflow_bytes)} over"
-                + (f" from {text(v.overflow_phase, 60)}" if v.overflow_phase else "")
-                + (
-                    f" ({text(v.overflow_component.name, 120)})"
-                    if v.overflow_component is not None
-                    else ""
-                )
-            ),
+            f"{c.verdict.kind} capacity {format_size(c.verdict.capacity_bytes)} "
+            f"({text(c.verdict.capacity_source, 100)})",
+            _capacity_words(c),
         )
-        for v in model.verdicts
+        for c in (reading.capacities if reading is not None else ())
     )
     patches = tuple(
         Fact(
@@ -275,7 +262,7 @@ def zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
                 if part
             ),
         )
-        for p in _own_fix_first(report, model.patches)[:6]
+        for p in (reading.patches if reading is not None else model.patches)[:6]
     )
     return (
         ZeroBudget(
@@ -293,63 +280,23 @@ def zero_budget(report: Report) -> tuple[ZeroBudget | None, str]:
     )
 
 
-def _died_of(report: Report, kind: str) -> bool:
-    """The run failed for lack of the memory a capacity verdict is about."""
-    if kind == "gpu":
-        return report.verdict is Verdict.GPU_OOM
-    return report.verdict is Verdict.HOST_OOM
-
-
-def _ran_out(report: Report, v: CapacityVerdict) -> str:
-    """A verdict the crash contradicts, said without contradicting it: the model's peak fits,
-    yet the run ran out, so what the model does not count took the rest."""
-    budget = report.facts.memory_model.budget if report.facts.memory_model else None
-    uncounted: list[str] = []
-    if v.kind == "gpu":
-        if budget is None or budget.activations is None:
-            uncounted.append("activations and temporaries (not modelled)")
-        else:
-            uncounted.append("activations and temporaries beyond the estimate")
-        assumptions = budget.assumptions if budget is not None else ()
-        if any("module being gathered is not counted" in a for a in assumptions):
-            uncounted.append("the module being gathered (its size is unknown)")
-        event = report.facts.first_gpu_oom()
-        stuck = event.message.reserved_unallocated if event is not None else None
-        if stuck:
-            uncounted.append(f"{format_size(stuck)} the allocator held unused at the OOM")
-        uncounted.append("library workspaces")
-    else:
-        uncounted += [
-            "other processes and the page cache",
-            "data-loader workers",
-            "host copies the model does not list",
-        ]
+def _capacity_words(c: CapacityReading) -> str:
+    v = c.verdict
+    if c.ran_out:
+        # The model's peak fits, yet the run ran out: said without contradicting the crash.
+        return (
+            f"the run ran out of it: the model's peak of {format_size(v.required_bytes)} "
+            f"({text(v.peak_phase, 60)}) leaves {format_size(v.headroom_bytes)}, which what the "
+            f"model does not count took: {', '.join(c.uncounted)}"
+        )
+    if v.fits:
+        return (
+            f"fits: peak {format_size(v.required_bytes)} ({text(v.peak_phase, 60)}), "
+            f"{format_size(v.headroom_bytes)} left"
+        )
     return (
-        f"the run ran out of it: the model's peak of {format_size(v.required_bytes)} "
-        f"({text(v.peak_phase, 60)}) leaves {format_size(v.headroom_bytes)}, which what the "
-        f"model does not count took: {', '.join(uncounted)}"
+        f"does not fit: peak {format_size(v.required_bytes)}, "
+        f"{format_size(v.overflow_bytes)} over"
+        + (f" from {text(v.overflow_phase, 60)}" if v.overflow_phase else "")
+        + (f" ({text(v.overflow_component.name, 120)})" if v.overflow_component is not None else "")
     )
-
-
-def _own_fix_first(report: Report, patches: Sequence[ConfigPatch]) -> list[ConfigPatch]:
-    """The model's patches, those that change what the top diagnosis' own fix changes first
-    (then most memory saved first, the model's order)."""
-    top = report.top
-    keys: set[str] = set()
-    for fix in top.fixes if top is not None else ():
-        keys.update(_leaf_keys(fix.config_patch or {}))
-    if not keys:
-        return list(patches)
-    return sorted(
-        patches,
-        key=lambda p: not any(c.key_path.rsplit(".", 1)[-1] in keys for c in p.changes),
-    )
-
-
-def _leaf_keys(patch: object) -> set[str]:
-    if not isinstance(patch, dict):
-        return set()
-    found: set[str] = set()
-    for key, value in patch.items():
-        found |= _leaf_keys(value) if isinstance(value, dict) else {str(key)}
-    return found

@@ -11,18 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
-from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count
 from oomlens.facts.log import BatchAssertion, Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    allocator_oom,
-    oom_evidence,
-    phase,
-    quote,
-    size,
-)
+from oomlens.facts.signals import ConfigRejection, Rejection
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import oom_evidence, quote, size
+from oomlens.rules.common.message import allocator_oom
+from oomlens.rules.common.timeline import phase
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -98,7 +94,7 @@ class AccumulationMismatchRule(Rule):
             if log.batch_assertions:
                 yield self._assertion(log.batch_assertions[0])
                 return
-        batch = [r for r in config_rejections(facts.logs) if r.kind is Rejection.BATCH]
+        batch = [r for r in facts.signals.config_rejections if r.kind is Rejection.BATCH]
         if batch:
             yield self._rejected(batch[0])
             return
@@ -203,7 +199,7 @@ class AccumulationMismatchRule(Rule):
         if micro < 2:
             return
         event = allocator_oom(facts)
-        if event is None or phase(event) not in (Phase.FORWARD, Phase.BACKWARD):
+        if event is None or phase(facts, event) not in (Phase.FORWARD, Phase.BACKWARD):
             return
         source = facts.config.reading.effective.source
         evidence = [
@@ -223,15 +219,17 @@ class AccumulationMismatchRule(Rule):
             ),
             oom_evidence(
                 event,
-                f"the {phase(event).value} pass with micro batch {micro} ran out of GPU memory",
+                f"the {phase(facts, event).value} pass with micro batch {micro} ran out of GPU "
+                "memory",
             ),
         ]
         half = micro // 2
         yield SPEC.diagnose(
-            confidence=0.85 if phase(event) is Phase.FORWARD else 0.75,
+            confidence=0.85 if phase(facts, event) is Phase.FORWARD else 0.75,
             summary=(
                 f"DeepSpeed derived a micro batch of {micro} per GPU from train_batch_size "
-                f"{train} on {world} GPUs, and the {phase(event).value} pass ran out of memory "
+                f"{train} on {world} GPUs, and the {phase(facts, event).value} pass ran out of "
+                f"memory "
                 f"({size(event.message.allocated_by_pytorch)} allocated)"
             ),
             evidence=tuple(evidence),

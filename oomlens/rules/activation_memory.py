@@ -9,36 +9,39 @@ from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, 
 from oomlens.facts.log import OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
-from oomlens.rules._common import (
-    CAPTURE_SNAPSHOT,
-    MODEL_STATE_CATEGORIES,
-    SnapshotOom,
-    allocator_oom,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_SNAPSHOT
+from oomlens.rules.common.evidence import (
     capacity_evidence,
-    category_share,
-    demand_exceeds_card,
-    effective_config,
-    failed_before_training,
     frame_site,
-    fullness,
-    little_stuck,
-    live_bytes,
-    message_balance,
-    near_full,
     oom_evidence,
     oom_figures,
-    others_dominate,
     oversized_evidence,
-    phase,
     phase_evidence,
-    request_fills_card,
     size,
     snapshot_evidence,
-    snapshot_oom_evidence,
-    snapshot_ooms,
+)
+from oomlens.rules.common.message import (
+    allocator_oom,
+    demand_exceeds_card,
+    fullness,
+    little_stuck,
+    message_balance,
+    near_full,
+    others_dominate,
+    request_fills_card,
     zero3_gather_frame,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.model_states import (
+    MODEL_STATE_CATEGORIES,
+    SnapshotOom,
+    category_share,
+    effective_config,
+    live_bytes,
+    snapshot_oom_evidence,
+    snapshot_ooms,
+)
+from oomlens.rules.common.timeline import failed_before_training, phase
 from oomlens.rules.thresholds import Thresholds
 
 
@@ -134,8 +137,8 @@ class ActivationMemoryRule(Rule):
             return
         n = event.message
         b = message_balance(n, thresholds)
-        evidence = [e for e in (phase_evidence(event),) if e is not None]
-        if phase(event) in (Phase.FORWARD, Phase.BACKWARD):
+        evidence = [e for e in (phase_evidence(facts, event),) if e is not None]
+        if phase(facts, event) in (Phase.FORWARD, Phase.BACKWARD):
             confidence = 0.35
             if n.kind is OomKind.DRIVER:
                 # The driver, not the caching allocator, failed: memory outside the
@@ -148,7 +151,7 @@ class ActivationMemoryRule(Rule):
                 evidence.insert(0, capacity_evidence(event, n))
             else:
                 evidence.insert(0, oom_evidence(event))
-        elif phase(event) is Phase.UNKNOWN and demand_exceeds_card(b, thresholds):
+        elif phase(facts, event) is Phase.UNKNOWN and demand_exceeds_card(b, thresholds):
             # No frame places the failure: the message alone says this process' own live
             # tensors filled the card, and between the usual suspects (the batch's
             # activations, the model's states) the batch is the more common; a guess, so low.
@@ -169,7 +172,7 @@ class ActivationMemoryRule(Rule):
                     "model's states the other candidate",
                 )
             )
-        elif phase(event) is Phase.UNKNOWN and request_fills_card(b, thresholds):
+        elif phase(facts, event) is Phase.UNKNOWN and request_fills_card(b, thresholds):
             confidence = _LARGE_REQUEST_CONFIDENCE
             evidence.insert(0, oom_evidence(event))
             evidence.append(
@@ -261,8 +264,9 @@ class ActivationMemoryRule(Rule):
         yield SPEC.diagnose(
             confidence=confidence,
             summary=(
-                f"the {phase(event).value} pass filled the GPU with live tensors: {fullness(n)}"
-                if phase(event) is not Phase.UNKNOWN
+                f"the {phase(facts, event).value} pass filled the GPU with live tensors: "
+                f"{fullness(n)}"
+                if phase(facts, event) is not Phase.UNKNOWN
                 else f"this process' own live tensors filled the GPU: {fullness(n)}; most "
                 "often the batch's activations (no traceback says which pass)"
             ),

@@ -6,25 +6,22 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts import SourceRef
 from oomlens.facts.log import OomEvent, Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    CAPTURE_KERNEL,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_KERNEL
+from oomlens.rules.common.evidence import (
     config_evidence,
-    effective_config,
-    host_kill_evidence,
-    host_kill_seen,
     leaf_key,
     oom_evidence,
-    phase,
     phase_evidence,
-    printed_line,
     quote,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.host import host_kill_evidence, host_kill_seen
+from oomlens.rules.common.model_states import effective_config
+from oomlens.rules.common.timeline import CUT_PLACE_CONFIDENCE, phase, printed_line
 from oomlens.rules.thresholds import Thresholds
 
 _SAVE_MARKER = re.compile(
@@ -61,7 +58,7 @@ class CheckpointSaveRule(Rule):
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         evidence: list[Evidence] = []
         confidence = 0.0
-        save_events = [e for e in facts.oom_events() if phase(e) is Phase.CHECKPOINT_SAVE]
+        save_events = [e for e in facts.oom_events() if phase(facts, e) is Phase.CHECKPOINT_SAVE]
         said = self._said_while_saving(facts)
         if said is not None and not save_events:
             event, line = said
@@ -76,7 +73,7 @@ class CheckpointSaveRule(Rule):
         elif save_events:
             event = save_events[0]
             evidence.append(oom_evidence(event, "the failure is inside a checkpoint save"))
-            placed = phase_evidence(event)
+            placed = phase_evidence(facts, event)
             if placed is not None:
                 evidence.append(placed)
             confidence = 0.75
@@ -137,7 +134,7 @@ class CheckpointSaveRule(Rule):
         call on its innermost frame's highlighted line), and no error anywhere else: what
         failed is lost, where it failed says a save.  Saving is where a run that trained fine
         runs out (a 16-bit gather, a state dict built on the GPU), so it is named, low."""
-        cut = cut_in(facts, frozenset({Phase.CHECKPOINT_SAVE}))
+        cut = facts.signals.cut_in(frozenset({Phase.CHECKPOINT_SAVE}))
         if cut is None or cut.phase_evidence is None:
             return None
         return SPEC.diagnose(

@@ -6,15 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.rejections import Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_text, in_bytes
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    quote,
-    size,
-)
+from oomlens.facts.signals import Rejection
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import quote, size
 from oomlens.rules.thresholds import Thresholds
 
 _SEVERITY = {
@@ -95,7 +92,7 @@ class ConfigHazardRule(Rule):
         """The failure's own message blames a memory setting ("No available memory for the
         cache blocks. Try increasing `gpu_memory_utilization`"): the framework refused to run
         with the budget it was given.  A cause, not a hazard in waiting."""
-        for refused in config_rejections(facts.logs):
+        for refused in facts.signals.config_rejections:
             if refused.kind is not Rejection.SETTING or not refused.keys:
                 continue
             name = refused.keys[0]

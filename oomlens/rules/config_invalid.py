@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from oomlens.analysis.rejections import ConfigRejection, Rejection, config_rejections
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.config import ConfigSeverity
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import quote
+from oomlens.facts.signals import ConfigRejection, Rejection
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import quote
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -34,7 +34,7 @@ class ConfigInvalidRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        refused = [r for r in config_rejections(facts.logs) if r.kind is Rejection.SCHEMA]
+        refused = [r for r in facts.signals.config_rejections if r.kind is Rejection.SCHEMA]
         if refused:
             yield self._refused(refused[0])
             return

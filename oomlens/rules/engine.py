@@ -33,14 +33,25 @@ INTERNAL_ERROR_CONFIDENCE = 0.2
 """Low: it says nothing about the run, only that one rule's view of it is missing."""
 
 
+MACHINERY = frozenset(
+    {"base", "engine", "thresholds", "verdict", "uncertainty", "judgment", "budget_reading"}
+)
+"""The modules of ``oomlens.rules`` that are not rules: the rule's declaration, this engine,
+the thresholds, and the judgment around the rules (the verdict table, the uncertainty, the
+budget reading).  Subpackages (``common``: what several rules know) are not rules either."""
+
+
 def _discover() -> tuple[Rule, ...]:
+    """Every module of ``oomlens.rules`` but ``MACHINERY`` and subpackages is a rule and must
+    define ``RULE``: a module that does not is an error here, not a rule silently lost."""
     found: list[Rule] = []
     for module in pkgutil.iter_modules(oomlens.rules.__path__):
-        if module.name.startswith("_") or module.name in ("base", "engine", "thresholds"):
+        if module.ispkg or module.name in MACHINERY or module.name.startswith("_"):
             continue
         declared = getattr(importlib.import_module(f"oomlens.rules.{module.name}"), "RULE", None)
-        if isinstance(declared, Rule):
-            found.append(declared)
+        if not isinstance(declared, Rule):
+            raise TypeError(f"oomlens.rules.{module.name} defines no RULE (a Rule instance)")
+        found.append(declared)
     return tuple(sorted(found, key=lambda rule: rule.spec.precedence))
 
 

@@ -5,23 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    allocator_oom,
-    fullness,
-    near_full,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import (
     oom_evidence,
     oom_figures,
-    oversized,
     oversized_evidence,
-    phase,
     phase_evidence,
-    steps_completed_before,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.message import allocator_oom, fullness, near_full, oversized
+from oomlens.rules.common.timeline import CUT_PLACE_CONFIDENCE, phase, steps_completed_before
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -51,12 +46,12 @@ class EvalOrGenerationRule(Rule):
         if event is None:
             yield from self._cut_in_evaluation(facts)
             return
-        if phase(event) not in (Phase.EVALUATION, Phase.GENERATION):
+        if phase(facts, event) not in (Phase.EVALUATION, Phase.GENERATION):
             return
         n = event.message
         confidence = 0.75
         evidence = [oom_evidence(event)]
-        placed = phase_evidence(event)
+        placed = phase_evidence(facts, event)
         if placed is not None:
             evidence.append(placed)
         done = steps_completed_before(facts, event)
@@ -75,7 +70,7 @@ class EvalOrGenerationRule(Rule):
         if oversized(n):
             confidence = min(confidence, 0.3)
             evidence.append(oversized_evidence(event))
-        what = "generation" if phase(event) is Phase.GENERATION else "evaluation"
+        what = "generation" if phase(facts, event) is Phase.GENERATION else "evaluation"
         fixes = [
             Fix(
                 f"Use a smaller {what} batch than the training batch allows you to assume.",
@@ -83,7 +78,7 @@ class EvalOrGenerationRule(Rule):
                 cost="longer evaluation",
             ),
         ]
-        if phase(event) is Phase.GENERATION:
+        if phase(facts, event) is Phase.GENERATION:
             fixes.append(
                 Fix(
                     "Bound the KV cache: fewer new tokens, fewer prompts per call, or a "
@@ -117,7 +112,7 @@ class EvalOrGenerationRule(Rule):
         """A traceback cut before its exception inside evaluation or generation, and no error
         anywhere: where it failed is known, what failed is not (named low, see
         ``CUT_PLACE_CONFIDENCE``)."""
-        cut = cut_in(facts, frozenset({Phase.EVALUATION, Phase.GENERATION}))
+        cut = facts.signals.cut_in(frozenset({Phase.EVALUATION, Phase.GENERATION}))
         if cut is None or cut.phase_evidence is None:
             return
         what = "generation" if cut.phase is Phase.GENERATION else "evaluation"

@@ -13,22 +13,17 @@ from oomlens.facts.log import OomKind, OomMessage
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.facts.whatif import COVERS_UP_TO_OOM, ReplayVerdict
-from oomlens.rules._common import (
-    CAPTURE_SNAPSHOT,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_SNAPSHOT
+from oomlens.rules.common.evidence import oom_evidence, oom_figures, size, snapshot_evidence
+from oomlens.rules.common.message import allocator_oom, message_balance
+from oomlens.rules.common.model_states import (
     SnapshotOom,
-    allocator_oom,
-    first_step_optimizer_oom,
-    message_balance,
     model_overflow,
-    oom_evidence,
-    oom_figures,
-    optimizer_state_init,
-    size,
-    snapshot_evidence,
     snapshot_oom_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.timeline import first_step_optimizer_oom, optimizer_state_init
 from oomlens.rules.thresholds import Thresholds
 
 REPLAY_FROM_START = (

@@ -7,19 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.signals import host_memory_pressure, signal_deaths, silent_death
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    CAPTURE_KERNEL,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_KERNEL
+from oomlens.rules.common.evidence import (
     captured_kill_evidence,
-    host_kill_seen,
     kernel_kill_evidence,
     oom_evidence,
     size,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.host import host_kill_seen
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -77,10 +76,10 @@ class HostOomRule(Rule):
                 # Host RAM ran out for certain; that it is the run's memory and not one
                 # oversized tensor (a batch, a dataset copy) the message alone cannot say.
                 confidence = max(confidence, 0.8 if facts.kernel_oom_kills() else 0.55)
-        named = {d.signal for d in signal_deaths(facts)}
+        named = {d.signal for d in facts.signals.signal_deaths}
         if not confidence and (not named or "SIGKILL" in named):
             # (a death the launcher names SIGSEGV, SIGBUS or SIGABRT was not the OOM killer's)
-            silent = silent_death(facts)
+            silent = facts.signals.silent_death
             if silent is not None:
                 # A worker died without a word and the launcher tore down the rest: a signal,
                 # most often the OOM killer's; host memory near full before it says so.
@@ -94,7 +93,7 @@ class HostOomRule(Rule):
                         "an error: a signal, most often the kernel's OOM killer",
                     )
                 )
-                pressure = host_memory_pressure(facts)
+                pressure = facts.signals.host_pressure
                 if (
                     pressure is not None
                     and pressure.cpu_percent is not None

@@ -24,16 +24,11 @@ from oomlens.diagnosis import (
 )
 from oomlens.facts.log import MemorySeries, SeriesStats
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    CAPTURE_MEMORY_SERIES,
-    CAPTURE_SNAPSHOT,
-    allocator_oom,
-    oom_evidence,
-    size,
-    snapshot_evidence,
-    snapshot_ooms,
-)
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_MEMORY_SERIES, CAPTURE_SNAPSHOT
+from oomlens.rules.common.evidence import oom_evidence, size, snapshot_evidence
+from oomlens.rules.common.message import allocator_oom
+from oomlens.rules.common.model_states import snapshot_ooms
 from oomlens.rules.thresholds import Thresholds
 
 

@@ -5,42 +5,48 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.failure_site import CUT_PLACE_CONFIDENCE, cut_in
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
-from oomlens.rules._common import (
-    CAPTURE_SNAPSHOT,
-    MODEL_STATE_CATEGORIES,
-    MODEL_STATE_COMPONENTS,
-    SnapshotOom,
-    allocator_oom,
-    category_share,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_SNAPSHOT
+from oomlens.rules.common.evidence import (
     config_evidence,
-    demand_exceeds_card,
-    effective_config,
-    first_step_optimizer_oom,
-    fullness,
-    live_bytes,
-    message_balance,
-    model_overflow,
-    model_patch_fixes,
     oom_evidence,
     oom_figures,
-    optimizer_state_init,
-    others_dominate,
-    oversized,
     oversized_evidence,
-    phase,
     phase_evidence,
     size,
     snapshot_evidence,
+)
+from oomlens.rules.common.message import (
+    allocator_oom,
+    demand_exceeds_card,
+    fullness,
+    message_balance,
+    others_dominate,
+    oversized,
+)
+from oomlens.rules.common.model_states import (
+    MODEL_STATE_CATEGORIES,
+    MODEL_STATE_COMPONENTS,
+    SnapshotOom,
+    category_share,
+    effective_config,
+    live_bytes,
+    model_overflow,
+    model_patch_fixes,
     snapshot_oom_evidence,
     snapshot_ooms,
+)
+from oomlens.rules.common.timeline import (
+    CUT_PLACE_CONFIDENCE,
+    first_step_optimizer_oom,
+    optimizer_state_init,
+    phase,
     steps_completed_before,
 )
-from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 _LONE_MESSAGE_CONFIDENCE = 0.25
@@ -100,10 +106,10 @@ class ModelStatesRule(Rule):
                     "creates its states",
                 )
             )
-            placed = phase_evidence(event)
+            placed = phase_evidence(facts, event)
             if placed is not None:
                 evidence.append(placed)
-        elif phase(event) is Phase.MODEL_INIT:
+        elif phase(facts, event) is Phase.MODEL_INIT:
             confidence = 0.55
             evidence.append(
                 oom_evidence(
@@ -112,10 +118,13 @@ class ModelStatesRule(Rule):
                     "or partitioned, before any training step",
                 )
             )
-            placed = phase_evidence(event)
+            placed = phase_evidence(facts, event)
             if placed is not None:
                 evidence.append(placed)
-        elif phase(event) is Phase.OPTIMIZER_STEP and steps_completed_before(facts, event) is None:
+        elif (
+            phase(facts, event) is Phase.OPTIMIZER_STEP
+            and steps_completed_before(facts, event) is None
+        ):
             # Adam creates its moments at the first step and works on fp32 copies at every
             # step; with no step count to say which, the states are the first suspect (after
             # completed steps they existed and fit: not this path).
@@ -123,10 +132,10 @@ class ModelStatesRule(Rule):
             evidence.append(
                 oom_evidence(event, "the failure is in the optimizer step, which holds the states")
             )
-            placed = phase_evidence(event)
+            placed = phase_evidence(facts, event)
             if placed is not None:
                 evidence.append(placed)
-        elif phase(event) is Phase.UNKNOWN and demand_exceeds_card(
+        elif phase(facts, event) is Phase.UNKNOWN and demand_exceeds_card(
             message_balance(n, thresholds), thresholds
         ):
             # The card was full of this process' own tensors and no frame says which pass:
@@ -250,7 +259,7 @@ class ModelStatesRule(Rule):
     def _cut_in_loading(facts: RunFacts) -> Iterator[Diagnosis]:
         """A traceback cut before its exception while the model is loaded, placed or
         partitioned, and no error anywhere: named low (``CUT_PLACE_CONFIDENCE``)."""
-        cut = cut_in(facts, frozenset({Phase.MODEL_INIT}))
+        cut = facts.signals.cut_in(frozenset({Phase.MODEL_INIT}))
         if cut is None or cut.phase_evidence is None:
             return
         yield SPEC.diagnose(

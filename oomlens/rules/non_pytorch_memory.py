@@ -6,20 +6,13 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.oom_arithmetic import MessageBalance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
-from oomlens.facts.log import OomEvent, OomKind
+from oomlens.facts.log import OomEvent, OomKind, OomMessage
+from oomlens.facts.oom_balance import MessageBalance
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    OomMessage,
-    allocator_oom,
-    message_balance,
-    oom_evidence,
-    oom_figures,
-    self_listed_evidence,
-    size,
-)
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import oom_evidence, oom_figures, self_listed_evidence, size
+from oomlens.rules.common.message import allocator_oom, message_balance
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(

@@ -7,23 +7,13 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.lookalikes import (
-    BugEvidence,
-    library_failure_explained,
-    non_memory_failure_lines,
-)
-from oomlens.analysis.rejections import config_rejections
-from oomlens.analysis.signals import shm_permission_denied, signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ExceptionEvent
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    as_printed,
-    exception_line,
-    quote,
-)
+from oomlens.facts.signals import BugEvidence
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import as_printed, exception_line, quote
 from oomlens.rules.thresholds import Thresholds
 
 _HINTS = (
@@ -94,7 +84,7 @@ class NotOomRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
-        bug = library_failure_explained(facts.logs, facts.gpu_oom_events())
+        bug = facts.signals.library_bug
         if bug is not None:
             yield self._poisoned(facts, bug)
             return
@@ -107,16 +97,16 @@ class NotOomRule(Rule):
             return
         if any(log.batch_assertions or log.config_errors for log in facts.logs):
             return
-        if shm_permission_denied(facts) is None and any(
+        if facts.signals.shm_denied is None and any(
             line.kind is FatalSignalKind.SHM_EXHAUSTED
             for log in facts.logs
             for line in log.fatal_signals
         ):
             return  # shared memory ran out, in so many words: a host memory failure
 
-        if config_rejections(facts.logs):
+        if facts.signals.config_rejections:
             return  # a refused configuration: the config rules name it
-        said = non_memory_failure_lines(facts.logs)
+        said = facts.signals.non_memory_lines
         if not facts.has_failure_evidence() and not said:
             return
         picture = facts.ranks
@@ -194,7 +184,7 @@ class NotOomRule(Rule):
                     None,
                 )
             )
-        crashes = [d for d in signal_deaths(facts) if d.signal in ("SIGSEGV", "SIGABRT")]
+        crashes = [d for d in facts.signals.signal_deaths if d.signal in ("SIGSEGV", "SIGABRT")]
         if crashes and not confidence:
             confidence = 0.6
             headline = f"a process died of {crashes[0].signal}"

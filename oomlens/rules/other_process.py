@@ -5,25 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.oom_arithmetic import MessageBalance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction, in_bytes
 from oomlens.facts.log import OomEvent, OomKind, Phase
+from oomlens.facts.oom_balance import MessageBalance
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    allocator_oom,
-    any_steps,
-    message_balance,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import (
     oom_evidence,
     oom_figures,
-    phase,
     phase_evidence,
     self_listed_evidence,
     size,
-    snapshot_oom_evidence,
-    snapshot_ooms,
-    steps_completed_before,
 )
-from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.message import allocator_oom, message_balance
+from oomlens.rules.common.model_states import snapshot_oom_evidence, snapshot_ooms
+from oomlens.rules.common.timeline import any_steps, phase, steps_completed_before
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -113,7 +109,12 @@ class OtherProcessRule(Rule):
         n = event.message
         if n.message_format != "driver" or event.traceback is None:
             return  # THC's message is the old allocator's; a lone line places nothing
-        if phase(event) not in (Phase.MODEL_INIT, Phase.FORWARD, Phase.BACKWARD, Phase.UNKNOWN):
+        if phase(facts, event) not in (
+            Phase.MODEL_INIT,
+            Phase.FORWARD,
+            Phase.BACKWARD,
+            Phase.UNKNOWN,
+        ):
             return  # data loading: pinned host memory, another story
         if steps_completed_before(facts, event) or (
             steps_completed_before(facts, event) is None and any_steps(facts)
@@ -127,7 +128,7 @@ class OtherProcessRule(Rule):
                 "outside the allocator failed",
             )
         ]
-        placed = phase_evidence(event)
+        placed = phase_evidence(facts, event)
         if placed is not None:
             evidence.append(placed)
         evidence.append(

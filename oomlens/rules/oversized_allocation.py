@@ -5,18 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.oom_arithmetic import balance
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction
 from oomlens.facts.log import Frame, OomEvent
+from oomlens.facts.oom_balance import balance
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    allocator_oom,
-    oom_evidence,
-    oom_figures,
-    phase_evidence,
-    size,
-)
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import oom_evidence, oom_figures, phase_evidence, size
+from oomlens.rules.common.message import allocator_oom
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -117,7 +112,7 @@ class OversizedAllocationRule(Rule):
         else:
             return
         evidence = [oom_evidence(event, note)]
-        placed = phase_evidence(event)
+        placed = phase_evidence(facts, event)
         if placed is not None:
             evidence.append(placed)
         evidence.append(

@@ -5,22 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.pinned import PinnedFailure, pinned_failure
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_count, in_bytes
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import (
-    CAPTURE_KERNEL,
-    config_evidence,
-    effective_config,
-    host_kill_evidence,
-    host_kill_seen,
-    oom_evidence,
-    quote,
-    size,
-)
+from oomlens.facts.signals import PinnedFailure
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_KERNEL
+from oomlens.rules.common.evidence import config_evidence, oom_evidence, quote, size
+from oomlens.rules.common.host import host_kill_evidence, host_kill_seen
+from oomlens.rules.common.model_states import effective_config
 from oomlens.rules.thresholds import Thresholds
 
 GIB = 1024**3
@@ -65,7 +59,7 @@ class PinnedMemoryRule(Rule):
         effective = effective_config(facts)
         pinned = _pinned_blocks(effective) if effective is not None else []
         if not pinned:
-            failure = pinned_failure(facts)
+            failure = facts.signals.pinned
             if failure is not None:
                 yield self._failed_pinning(failure)
             return

@@ -11,24 +11,25 @@ from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
-from oomlens.rules._common import (
-    CAPTURE_CONFIG,
-    SnapshotOom,
-    allocator_oom,
-    category_share,
+from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.advice import CAPTURE_CONFIG
+from oomlens.rules.common.evidence import (
     config_evidence,
-    effective_config,
-    in_zero3_gather,
     leaf_key,
-    live_bytes,
     oom_evidence,
     phase_evidence,
     size,
     snapshot_evidence,
+)
+from oomlens.rules.common.message import allocator_oom, in_zero3_gather
+from oomlens.rules.common.model_states import (
+    SnapshotOom,
+    category_share,
+    effective_config,
+    live_bytes,
     snapshot_oom_evidence,
     snapshot_ooms,
 )
-from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.thresholds import Thresholds
 
 #: DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py), in elements.
@@ -123,7 +124,7 @@ class PrefetchOvershootRule(Rule):
             )
         else:
             evidence.insert(0, oom_evidence(event))
-        placed = phase_evidence(event)
+        placed = phase_evidence(facts, event)
         if placed is not None:
             evidence.append(placed)
         element = effective.precision.param_bytes

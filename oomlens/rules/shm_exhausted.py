@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from oomlens.analysis.signals import shm_permission_denied, signal_deaths
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
 from oomlens.facts.kernel import FatalSignalKind, FatalSignalLine
 from oomlens.facts.log import Phase
 from oomlens.facts.run import RunFacts
-from oomlens.rules._common import as_printed, exception_line, quote
 from oomlens.rules.base import Rule, RuleSpec
+from oomlens.rules.common.evidence import as_printed, exception_line, quote
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -42,7 +41,7 @@ class SharedMemoryRule(Rule):
             for line in log.fatal_signals
             if line.kind in (FatalSignalKind.SIGBUS, FatalSignalKind.SHM_EXHAUSTED)
         ]
-        deaths = [d for d in signal_deaths(facts) if d.signal == "SIGBUS" and d.source]
+        deaths = [d for d in facts.signals.signal_deaths if d.signal == "SIGBUS" and d.source]
         full = [e for e in facts.exceptions() if _NO_SPACE in e.text]
         evidence = [
             Evidence(EvidenceKind.LOG, line.text, line.source, verbatim=True) for line in lines[:3]
@@ -86,7 +85,7 @@ class SharedMemoryRule(Rule):
                 )
         if not confidence:
             return
-        denied = shm_permission_denied(facts)
+        denied = facts.signals.shm_denied
         if denied is not None:
             confidence = min(confidence, 0.3)
             evidence.append(

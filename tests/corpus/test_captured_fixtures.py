@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.report import Report
-from oomlens.rules._common import (
+from oomlens.rules.common.advice import (
     CAPTURE_CONFIG,
     CAPTURE_KERNEL,
     CAPTURE_MEMORY_SERIES,

@@ -22,9 +22,10 @@ from oomlens.render.html import MAX_REPORT_BYTES, render_html
 from oomlens.render.markdown import render_markdown
 from oomlens.render.templates import template_dir
 from oomlens.render.view import MAX_EVIDENCE, build_view
-from oomlens.report import INSUFFICIENT_EVIDENCE, Report
+from oomlens.report import Report
 from oomlens.rules.base import VERIFY_DEFAULT
 from oomlens.rules.engine import INTERNAL_ERROR, RULES, docs
+from oomlens.rules.uncertainty import INSUFFICIENT_EVIDENCE
 from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import case_dir, case_names, manifest
 from tests.render._hostile import XSS_PAYLOADS, hostile_run

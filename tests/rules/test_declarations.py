@@ -14,11 +14,11 @@ import oomlens.rules
 from oomlens.diagnosis import Evidence, EvidenceKind, Severity
 from oomlens.errors import UsageError
 from oomlens.rules.base import Rule
-from oomlens.rules.engine import RULES
+from oomlens.rules.engine import MACHINERY, RULES
 from oomlens.rules.thresholds import Thresholds, load_thresholds
 
 RULES_DIR = Path(oomlens.rules.__file__).parent
-NOT_RULES = {"__init__", "_common", "base", "engine", "thresholds"}
+NOT_RULES = {"__init__"} | MACHINERY
 READ_BY_THE_ENGINE = {"min_confidence_to_report"}
 _HELPERS_READING = {
     "near_full": {"capacity_near_full_fraction"},

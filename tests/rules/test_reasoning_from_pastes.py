@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from oomlens.diagnosis import Diagnosis, EvidenceKind
-from oomlens.report import SURE_ENOUGH, Report
-from oomlens.rules._common import CAPTURE_SNAPSHOT
+from oomlens.report import Report
+from oomlens.rules.common.advice import CAPTURE_SNAPSHOT
+from oomlens.rules.uncertainty import SURE_ENOUGH
 from oomlens.session import analyze
 
 ROOT = Path(__file__).resolve().parents[2]

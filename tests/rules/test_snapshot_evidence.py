@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from oomlens.facts.run import RunFacts
-from oomlens.report import SURE_ENOUGH
 from oomlens.rules.fragmentation import FragmentationRule
 from oomlens.rules.thresholds import Thresholds
+from oomlens.rules.uncertainty import SURE_ENOUGH
 from oomlens.session import analyze, gather_facts
 from tests._corpus import case_dir
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomlens.report import SURE_ENOUGH, Report
+from oomlens.report import Report
+from oomlens.rules.uncertainty import SURE_ENOUGH
 from oomlens.session import analyze
 
 FIELD = Path(__file__).resolve().parents[2] / "fixtures" / "field_logs"

@@ -16,7 +16,7 @@ Entry points:
   :class:`~oomlens.facts.whatif.ReplayVerdict`: the verdict on one fix, for ``analyze``;
 * :func:`with_replays(snapshot, analysis, logged) <with_replays>`: the snapshot's allocator
   analysis with that verdict on expandable segments for each device that ran out with memory
-  reserved but unallocated (``oomlens.analysis.run`` calls it as it digests a snapshot, with
+  reserved but unallocated (``oomlens.derive.run`` calls it as it digests a snapshot, with
   the limit the log's OOM message printed for the same process when there is one).
 
 Raises :class:`~oomlens.errors.InputError` when the snapshot has no allocation history to

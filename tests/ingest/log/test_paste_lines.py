@@ -46,7 +46,7 @@ def test_a_subprocess_killed_by_a_signal(tmp_path: Path, code: int, name: str) -
     assert (code, name) in _signals(path)
     verdict = analyze([path], options=NO_DEEPSPEED).verdict.value
     # SIGKILL: the OOM killer; SIGBUS: a shared-memory mapping (/dev/shm) that could not be
-    # backed (oomlens.analysis.signals); SIGSEGV: a crash, not memory
+    # backed (oomlens.derive.signals); SIGSEGV: a crash, not memory
     assert verdict == ("other_failure" if name == "SIGSEGV" else "host_oom")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from oomlens.analysis.failure_site import phase_of, phase_site
+from oomlens.derive.failure_site import phase_of, phase_site
 from oomlens.facts.log import Frame, OomEvent, Phase
 from oomlens.session import gather_facts
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import ClosingSignal, MemorySample
 from oomlens.facts.run import RunFacts
+from oomlens.facts.signals import SignalDeath, SilentDeath
 
 _BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
 
@@ -39,16 +39,6 @@ def signal_of_exit(code: int | None) -> str | None:
         if code in (-number, 128 + number, 256 - number):
             return name
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class SignalDeath:
-    """A worker reported dead of ``signal`` (``SIGKILL``, ``SIGBUS``, ``SIGSEGV``,
-    ``SIGABRT``), and where that was said."""
-
-    signal: str
-    source: SourceRef | None
-    text: str
 
 
 def signal_deaths(facts: RunFacts) -> list[SignalDeath]:
@@ -85,14 +75,6 @@ def signal_deaths(facts: RunFacts) -> list[SignalDeath]:
                 )
             )
     return found
-
-
-@dataclass(frozen=True, slots=True)
-class SilentDeath:
-    """A worker died without printing an error: what says so (the launcher's line)."""
-
-    source: SourceRef
-    text: str
 
 
 def silent_death(facts: RunFacts) -> SilentDeath | None:

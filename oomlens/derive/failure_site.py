@@ -8,9 +8,9 @@ placing weights on the device (model loading), the HF Trainer padding prediction
 (evaluation).  ``phase_of(event)`` is the reader's phase, or, when that is unknown, what those
 inner frames show; ``phase_site(event)`` is where the frame that shows it was read.
 
-``cut_in(facts, phases)`` is a traceback cut before its exception (the reader placed it by its
-frames, or by the call on its innermost frame's current line) in one of ``phases``, when the
-inputs hold no error at all: what failed is lost, where it failed is not.
+``cut_tracebacks(facts)`` are the tracebacks cut before their exception that the reader placed
+by their frames (or by the call on the innermost frame's current line), when the inputs hold no
+error at all: what failed is lost, where it failed is not.
 """
 
 from __future__ import annotations
@@ -82,27 +82,13 @@ def phase_site(event: OomEvent) -> SourceRef:
     return event.traceback.source if event.traceback is not None else event.source
 
 
-CUT_PLACE_CONFIDENCE = 0.3
-"""How sure a family is named from where a cut traceback stops, the failure itself lost: a base
-rate, stated as such.  In the field corpus' development split, every cut traceback placed in
-evaluation, generation, a checkpoint save or model loading whose thread established a verdict
-was an out-of-memory (6 of 6); that is a corpus of memory threads, so the figure stays low."""
-
-
-def cut_in(facts: RunFacts, phases: frozenset[Phase]) -> ExceptionEvent | None:
-    """The first traceback cut before its exception whose place is one of ``phases`` (with
-    the frame or line that shows it), when nothing else in the inputs failed: no OOM, no kill,
-    no exception with a message of its own."""
+def cut_tracebacks(facts: RunFacts) -> tuple[ExceptionEvent, ...]:
+    """Every traceback cut before its exception whose place its frames (or the call on its
+    innermost frame's current line) show, when nothing else in the inputs failed: no OOM, no
+    kill, no exception with a message of its own.  What failed is lost, where it failed is
+    not."""
     if facts.oom_events() or facts.kernel_oom_kills() or facts.sigkilled_at():
-        return None
+        return ()
     if any(not e.peer_failure and e.text.strip() for e in facts.exceptions()):
-        return None
-    return next(
-        (
-            e
-            for log in facts.logs
-            for e in log.partial_tracebacks
-            if e.phase in phases and e.phase_evidence
-        ),
-        None,
-    )
+        return ()
+    return tuple(e for log in facts.logs for e in log.partial_tracebacks if e.phase_evidence)

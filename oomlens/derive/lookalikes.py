@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import ExceptionEvent, LogFacts, OomEvent, OomKind
+from oomlens.facts.signals import BugEvidence, FailureLine
 
 LIBRARY_STATUSES = frozenset({OomKind.CUBLAS, OomKind.CUDNN, OomKind.CUSOLVER})
 """Library status errors that an allocation failure and a poisoned context both produce."""
@@ -38,14 +38,6 @@ _BUG = re.compile(
     re.IGNORECASE,
 )
 _BUG_CLASSES = frozenset({"IndexError"})
-
-
-@dataclass(frozen=True, slots=True)
-class BugEvidence:
-    """What says the failure was a bug: the exception (or line) and where."""
-
-    text: str
-    source: SourceRef
 
 
 def _is_bug(exception: ExceptionEvent) -> bool:
@@ -95,15 +87,6 @@ _CUBLAS_NOT_MEMORY = {
 """cuBLAS statuses that are not an allocation failure (``CUBLAS_STATUS_ALLOC_FAILED`` is 3;
 ``NOT_INITIALIZED`` (1) is left out: a handle that cannot be created for lack of memory says it
 too)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FailureLine:
-    """A line that reports a failure and says what it was: not a lack of memory."""
-
-    text: str
-    source: SourceRef
-    why: str
 
 
 def non_memory_failure_lines(logs: Sequence[LogFacts]) -> list[FailureLine]:

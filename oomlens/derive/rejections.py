@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import StrEnum
 
-from oomlens.facts import SourceRef
 from oomlens.facts.log import LogFacts
+from oomlens.facts.signals import ConfigRejection, Rejection
 
 BATCH_KEYS = frozenset(
     {
@@ -43,31 +42,6 @@ _ADVISED = re.compile(
     r"(?:the )?`?(?P<setting>[A-Za-z_][\w.-]{2,60})`?"
 )
 _MEMORY_WORDS = re.compile(r"(?i)memory|cache blocks|KV cache")
-
-
-class Rejection(StrEnum):
-    SCHEMA = "schema"
-    """A config model refused a key or a value (unknown key, wrong type)."""
-    BATCH = "batch"
-    """The batch sizes, accumulation and world size do not agree."""
-    SETTING = "setting"
-    """A framework refused to run within the memory its own setting allows, and names the
-    setting ("No available memory for the cache blocks. Try increasing
-    `gpu_memory_utilization`")."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigRejection:
-    """One refused configuration as a log printed it."""
-
-    kind: Rejection
-    source: SourceRef
-    text: str
-    """The exception as printed (bounded)."""
-    model: str | None = None
-    """The config model that refused it (``DeepSpeedZeroConfig``), for schema errors."""
-    keys: tuple[str, ...] = ()
-    """The keys the error names (batch keys of a transformers mismatch listing)."""
 
 
 def mismatch_keys(text: str) -> tuple[str, ...]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from oomlens.analysis.oom_arithmetic import balance
 from oomlens.facts.log import OomMessage
+from oomlens.facts.oom_balance import balance
 from oomlens.ingest.log.torch_oom import parse_oom_message
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomlens.analysis.lookalikes import non_memory_failure_lines
+from oomlens.derive.lookalikes import non_memory_failure_lines
 from oomlens.ingest.log import read_log
 from oomlens.session import analyze
 from tests.ingest.log._field import paste, paste_path

@@ -1,4 +1,4 @@
-"""The run's derived facts (``oomlens.analysis.run``): the limit the log's OOM message printed
+"""The run's derived facts (``oomlens.derive.run``): the limit the log's OOM message printed
 for a process reaches the replay of that process's snapshot.
 
 On the corpus' ``activation_memory`` run (a 16 GiB memory fraction, recorded from the process
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from oomlens.analysis.run import logged_limit
 from oomlens.analysis.whatif import replay_verdict
+from oomlens.derive.run import logged_limit
 from oomlens.facts.log import OomEvent
 from oomlens.facts.snapshot import DeviceAnalysis
 from oomlens.facts.whatif import ReplayVerdict

@@ -13,28 +13,16 @@ allocation failed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from oomlens.facts import SourceRef
 from oomlens.facts.run import RunFacts
+from oomlens.facts.signals import PinnedFailure
 
 _PINNED_TEXT = re.compile(
     r"pin memory thread|cudaHostAlloc|CachingHostAllocator|HostAllocator|pinned memory",
     re.IGNORECASE,
 )
 _PINNED_FRAMES = frozenset({"pin_memory", "_pin_memory_loop", "pin_memory_loop", "_pin_memory"})
-
-
-@dataclass(frozen=True, slots=True)
-class PinnedFailure:
-    """What says a pinned allocation failed, and where."""
-
-    text: str
-    source: SourceRef
-    oom: bool
-    """It came with an out-of-memory message (not only a failed pin-memory thread)."""
-    wsl_only: bool = False
-    """Nothing but the platform (WSL) says the failed allocation was a pinned one."""
 
 
 def under_wsl(facts: RunFacts) -> SourceRef | None:

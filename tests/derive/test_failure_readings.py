@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from oomlens.analysis.lookalikes import library_failure_explained
-from oomlens.analysis.pinned import pinned_failure
-from oomlens.analysis.rejections import Rejection, config_rejections, rejection_of
-from oomlens.analysis.signals import (
+from oomlens.derive.lookalikes import library_failure_explained
+from oomlens.derive.pinned import pinned_failure
+from oomlens.derive.rejections import Rejection, config_rejections, rejection_of
+from oomlens.derive.signals import (
     host_memory_pressure,
     signal_deaths,
     signal_of_exit,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomlens.analysis.pinned import pinned_failure
+from oomlens.derive.pinned import pinned_failure
 from oomlens.session import analyze
 
 # The torch 1.x message of a field paste (loravit-6) joined on one line with the DataLoader's

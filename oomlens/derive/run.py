@@ -27,13 +27,27 @@ from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
 from oomlens.analysis.whatif import with_replays
 from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
-from oomlens.facts import SourceRef
+from oomlens.derive.failure_site import cut_tracebacks, phase_of, phase_site
+from oomlens.derive.lookalikes import (
+    bug_evidence,
+    library_failure_explained,
+    non_memory_failure_lines,
+)
+from oomlens.derive.pinned import pinned_failure
+from oomlens.derive.rejections import config_rejections
+from oomlens.derive.signals import (
+    host_memory_pressure,
+    shm_permission_denied,
+    signal_deaths,
+    silent_death,
+)
 from oomlens.facts.capture import RankCapture, join_captures
 from oomlens.facts.config import ConfigDocument, ConfigReading
 from oomlens.facts.inputs import InputFacts
-from oomlens.facts.log import ErrorFileFacts, LogFacts, OomEvent, OomKind, Phase, StepSample
+from oomlens.facts.log import ErrorFileFacts, LogFacts, OomEvent, OomKind, Phase
 from oomlens.facts.memory_model import Capacity, MemoryModelFacts, ModelSize, Topology
 from oomlens.facts.run import ConfigSource, ModelParams, RunFacts, WorldSizeFact
+from oomlens.facts.signals import EventPlace, Signals, event_key
 from oomlens.facts.snapshot import Snapshot
 from oomlens.facts.whatif import LoggedLimit
 from oomlens.units import printed_size_error
@@ -146,28 +160,26 @@ def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
         other_inputs=inputs.other,
         captures=captures,
     )
-    return replace(facts, memory_model=memory_model(facts))
+    facts = replace(facts, memory_model=memory_model(facts))
+    return replace(facts, signals=derive_signals(facts))
 
 
-def step_before(
-    logs: Sequence[LogFacts], rank: int | None, ref: SourceRef | None
-) -> StepSample | None:
-    """The last training step printed before a failure at ``ref`` (by ``rank``): that rank's
-    last progress line, else the log's, not after the failure's line in the same file."""
-    best: StepSample | None = None
-    for log in logs:
-        candidates = [
-            s for s in log.steps.last_by_rank if rank is not None and s.source.rank == rank
-        ]
-        sample = candidates[0] if candidates else log.steps.last
-        if sample is None or sample.step is None:
-            continue
-        if ref is not None and sample.source.path == ref.path and ref.line is not None:
-            if sample.source.line is not None and sample.source.line > ref.line:
-                continue
-        if best is None or sample.step > (best.step or 0):
-            best = sample
-    return best
+def derive_signals(facts: RunFacts) -> Signals:
+    """Every signal of ``oomlens.facts.signals``, read once from ``facts``."""
+    gpu = facts.gpu_oom_events()
+    return Signals(
+        signal_deaths=tuple(signal_deaths(facts)),
+        silent_death=silent_death(facts),
+        host_pressure=host_memory_pressure(facts),
+        shm_denied=shm_permission_denied(facts),
+        config_rejections=tuple(config_rejections(facts.logs)),
+        library_bug=library_failure_explained(facts.logs, gpu),
+        bug=bug_evidence(facts.logs),
+        non_memory_lines=tuple(non_memory_failure_lines(facts.logs)),
+        pinned=pinned_failure(facts),
+        cut_tracebacks=cut_tracebacks(facts),
+        places={event_key(e): EventPlace(*phase_of(e), phase_site(e)) for e in facts.oom_events()},
+    )
 
 
 def _params(

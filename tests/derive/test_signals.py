@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oomlens.analysis.signals import silent_death
+from oomlens.derive.signals import silent_death
 from oomlens.session import analyze
 
 
