@@ -29,11 +29,11 @@ from oomlens.diagnosis import (
     Verdict,
 )
 from oomlens.facts.run import RunFacts
+from oomlens.facts.signals import FailurePoint
 from oomlens.facts.whatif import WhatIf
 from oomlens.rules.budget_reading import BudgetReading, CapacityReading
 from oomlens.rules.judgment import judge
 from oomlens.rules.thresholds import Thresholds
-from oomlens.rules.verdict import FailurePoint
 
 __all__ = [
     "CHECK_SCHEMA_VERSION",

@@ -9,9 +9,10 @@ a ``WhatIfReport``.  Every report goes to the same renderers (``oomlens.render.r
 
 Each step of an analysis is one call: the inputs are collected and read kind by kind
 (``oomlens.ingest.run`` over the registry of input kinds), each input's facts digested as soon
-as it is read (``oomlens.derive.run.Digest``), the run's facts derived once
-(``oomlens.derive.run.derive_run``), and the report assembled (``oomlens.report.assemble``:
-the rules, the verdict).  Bad inputs never raise: each becomes an ``InputReport`` with its
+as it is read (``oomlens.derive.run.Digest``), the run's facts and signals derived once
+(``oomlens.derive.run.derive_run``), and the report assembled from what the rules decided
+(``oomlens.report.assemble`` over ``oomlens.rules.judgment.judge``: the diagnoses, the
+verdict).  Bad inputs never raise: each becomes an ``InputReport`` with its
 problem, and the rest is still analyzed.  Only when nothing at all could be read does it raise
 ``NoUsableInputError``.
 """
@@ -94,7 +95,8 @@ def analyze(
 ) -> Report:
     """Analyze the inputs of one run (files and/or run directories) and return the report."""
     options = options or AnalysisOptions()
-    return assemble(gather_facts(paths, config=config, options=options), options.thresholds)
+    facts = gather_facts(paths, config=config, options=options)
+    return assemble(facts, options.thresholds)
 
 
 def gather_facts(

@@ -59,7 +59,10 @@ class ZzDummyRule(Rule):
 
 RULE = ZzDummyRule()
 '''
-RULE_CARD = '{% extends "rules/_rule.html" %}\n{% block card_extra %}<p>zz-dummy-card</p>{% endblock %}\n'
+RULE_CARD = (
+    '{% extends "rules/_rule.html" %}\n'
+    "{% block card_extra %}<p>zz-dummy-card</p>{% endblock %}\n"
+)
 KIND_MODULE = '''"""A dummy input kind: a plain-text manifest checked before every other kind."""
 from typing import ClassVar
 

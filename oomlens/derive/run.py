@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from oomlens.analysis.allocator import analyze_snapshot
 from oomlens.analysis.ds_resolve import reconcile_with_dump
@@ -41,13 +42,15 @@ from oomlens.derive.signals import (
     signal_deaths,
     silent_death,
 )
+from oomlens.facts import SourceRef
 from oomlens.facts.capture import RankCapture, join_captures
 from oomlens.facts.config import ConfigDocument, ConfigReading
 from oomlens.facts.inputs import InputFacts
+from oomlens.facts.kernel import KernelOomKill
 from oomlens.facts.log import ErrorFileFacts, LogFacts, OomEvent, OomKind, Phase
 from oomlens.facts.memory_model import Capacity, MemoryModelFacts, ModelSize, Topology
 from oomlens.facts.run import ConfigSource, ModelParams, RunFacts, WorldSizeFact
-from oomlens.facts.signals import EventPlace, Signals, event_key
+from oomlens.facts.signals import EventPlace, FailurePoint, Signals, event_key
 from oomlens.facts.snapshot import Snapshot
 from oomlens.facts.whatif import LoggedLimit
 from oomlens.units import printed_size_error
@@ -179,6 +182,39 @@ def derive_signals(facts: RunFacts) -> Signals:
         pinned=pinned_failure(facts),
         cut_tracebacks=cut_tracebacks(facts),
         places={event_key(e): EventPlace(*phase_of(e), phase_site(e)) for e in facts.oom_events()},
+        first_gpu_oom=facts.first_gpu_oom(),
+        host_kill_seen=bool(facts.kernel_oom_kills() or facts.captured_kills()),
+        memory_series_seen=any(True for _ in facts.memory_series()),
+        gpu_failure=_failure_point(facts, facts.first_gpu_oom(), ()),
+        host_failure=_failure_point(facts, None, facts.kernel_oom_kills()),
+        rank_failure=_failure_point(facts, None, ()),
+    )
+
+
+def _failure_point(
+    facts: RunFacts, event: OomEvent | None, kills: Sequence[KernelOomKill]
+) -> FailurePoint:
+    """What died first, led by ``event`` (a GPU OOM), else the first of ``kills``, else the
+    rank that failed first; with the last step printed before it."""
+    status = facts.ranks.first_failed
+    source: SourceRef | None = None
+    rank: int | None = None
+    time: datetime | None = None
+    exact = True
+    kill: KernelOomKill | None = None
+    if event is not None:
+        source, rank, time, exact = event.source, event.rank, event.timestamp, event.timestamp_exact
+        status = None
+    elif kills:
+        kill = kills[0]
+        source, time = kill.source, kill.timestamp
+        status = None
+    elif status is not None:
+        source, rank, time = status.first_source, status.rank, status.first_time
+    if rank is None and facts.ranks.first_failed is not None:
+        rank = facts.ranks.first_failed.rank
+    return FailurePoint(
+        event, kill, status, source, rank, time, exact, facts.step_before(rank, source)
     )
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 from oomlens.facts import SourceRef
-from oomlens.facts.log import ExceptionEvent, MemorySample, OomEvent, Phase
+from oomlens.facts.kernel import KernelOomKill
+from oomlens.facts.log import ExceptionEvent, MemorySample, OomEvent, Phase, StepSample
+from oomlens.facts.ranks import RankStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,24 @@ class EventPlace:
     site: SourceRef
 
 
+@dataclass(frozen=True, slots=True)
+class FailurePoint:
+    """What died first: a GPU OOM (``event``), a kernel OOM kill (``kill``) or the rank that
+    failed first (``status``), where and when, and the last training step printed before it."""
+
+    event: OomEvent | None
+    kill: KernelOomKill | None
+    status: RankStatus | None
+    source: SourceRef | None
+    rank: int | None
+    time: datetime | None
+    time_exact: bool
+    step: StepSample | None
+
+
+NOTHING_FAILED = FailurePoint(None, None, None, None, None, None, True, None)
+
+
 def event_key(event: OomEvent) -> tuple[SourceRef, str]:
     """How ``Signals.places`` names an OOM event: where it was read and its message."""
     return event.source, event.message.text
@@ -135,6 +156,18 @@ class Signals:
     else in the inputs failed (no OOM, no kill, no exception with a message)."""
     places: Mapping[tuple[SourceRef, str], EventPlace] = field(default_factory=dict)
     """The place of every OOM event (``event_key``)."""
+    first_gpu_oom: OomEvent | None = None
+    """The GPU OOM of the rank that failed first, else the first in reading order."""
+    host_kill_seen: bool = False
+    """The kernel's log or a capture's cgroup counters show an OOM kill."""
+    memory_series_seen: bool = False
+    """Some input printed memory over time (a series of samples)."""
+    gpu_failure: FailurePoint = NOTHING_FAILED
+    """What died first when the run died of GPU memory: its first GPU OOM."""
+    host_failure: FailurePoint = NOTHING_FAILED
+    """What died first when the run died of host memory: its first kernel OOM kill."""
+    rank_failure: FailurePoint = NOTHING_FAILED
+    """What died first otherwise: the rank that failed first."""
 
     def place(self, event: OomEvent) -> EventPlace:
         """Where ``event`` happened; the reader's own reading for an event not derived."""

@@ -46,13 +46,14 @@ def read_budget(facts: RunFacts, verdict: Verdict, top: Diagnosis | None) -> Bud
     model = facts.memory_model
     if model is None:
         return None
+    patches = tuple(_own_fix_first(top, model.patches))
     capacities = tuple(
         CapacityReading(v, True, _uncounted(facts, v.kind))
         if v.fits and _died_of(verdict, v.kind)
         else CapacityReading(v, False)
         for v in model.verdicts
     )
-    return BudgetReading(capacities, tuple(_own_fix_first(top, model.patches)))
+    return BudgetReading(capacities, patches)
 
 
 def _died_of(verdict: Verdict, kind: str) -> bool:
@@ -78,7 +79,7 @@ def _uncounted(facts: RunFacts, kind: str) -> tuple[str, ...]:
         # ZeRO-3 gathers one module at a time; without the largest layer's size the model
         # leaves the module being gathered out of its working set.
         uncounted.append("the module being gathered (its size is unknown)")
-    event = facts.first_gpu_oom()
+    event = facts.signals.first_gpu_oom
     stuck = event.message.reserved_unallocated if event is not None else None
     if stuck:
         uncounted.append(f"{format_size(stuck)} the allocator held unused at the OOM")

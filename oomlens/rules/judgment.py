@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from oomlens.diagnosis import Diagnosis, RuleDoc, Verdict
 from oomlens.facts.run import RunFacts
+from oomlens.facts.signals import FailurePoint
 from oomlens.rules.budget_reading import BudgetReading, read_budget
 from oomlens.rules.engine import docs, evaluate
 from oomlens.rules.thresholds import Thresholds
 from oomlens.rules.uncertainty import INSUFFICIENT_EVIDENCE, insufficient_evidence, with_uncertainty
-from oomlens.rules.verdict import FailurePoint, decide_verdict, failure_point
+from oomlens.rules.verdict import decide_verdict, failure_point
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,9 +77,9 @@ def insufficient_evidence(
     if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:
         if not facts.snapshots:
             missing.append(CAPTURE_SNAPSHOT)
-        if not any(True for _ in facts.memory_series()):
+        if not facts.signals.memory_series_seen:
             missing.append(CAPTURE_MEMORY_SERIES)
-    if verdict is Verdict.HOST_OOM and not (facts.kernel_oom_kills() or facts.captured_kills()):
+    if verdict is Verdict.HOST_OOM and not facts.signals.host_kill_seen:
         missing.append(CAPTURE_KERNEL)
     if facts.config is None:
         missing.append(CAPTURE_CONFIG)

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 
 from oomlens.diagnosis import Verdict
-from oomlens.facts import SourceRef
 from oomlens.facts.capture import CaptureEnd
-from oomlens.facts.kernel import FatalSignalKind, KernelOomKill
-from oomlens.facts.log import OomEvent, OomKind, StepSample
-from oomlens.facts.ranks import RankStatus
+from oomlens.facts.kernel import FatalSignalKind
+from oomlens.facts.log import OomKind
 from oomlens.facts.run import RunFacts
-from oomlens.facts.signals import Rejection
+from oomlens.facts.signals import FailurePoint, Rejection
 from oomlens.rules.thresholds import Thresholds
 
 Reading = Callable[[RunFacts, Thresholds], str | None]
@@ -373,43 +370,13 @@ def decide_verdict(facts: RunFacts, thresholds: Thresholds) -> tuple[Verdict, st
     raise AssertionError("the verdict table's last row always holds")
 
 
-@dataclass(frozen=True, slots=True)
-class FailurePoint:
-    """What died first, as the verdict sees it: a GPU OOM (``event``), a kernel OOM kill
-    (``kill``) or the rank that failed first (``status``), where and when, and the last
-    training step printed before it."""
-
-    event: OomEvent | None
-    kill: KernelOomKill | None
-    status: RankStatus | None
-    source: SourceRef | None
-    rank: int | None
-    time: datetime | None
-    time_exact: bool
-    step: StepSample | None
-
-
 def failure_point(facts: RunFacts, verdict: Verdict) -> FailurePoint:
-    """The failure the report leads with (see ``FailurePoint``)."""
-    event = facts.first_gpu_oom() if verdict is Verdict.GPU_OOM else None
-    kills = facts.kernel_oom_kills() if verdict is Verdict.HOST_OOM else ()
-    status = facts.ranks.first_failed
-    source: SourceRef | None = None
-    rank: int | None = None
-    time: datetime | None = None
-    exact = True
-    kill: KernelOomKill | None = None
-    if event is not None:
-        source, rank, time, exact = event.source, event.rank, event.timestamp, event.timestamp_exact
-        status = None
-    elif kills:
-        kill = kills[0]
-        source, time = kill.source, kill.timestamp
-        status = None
-    elif status is not None:
-        source, rank, time = status.first_source, status.rank, status.first_time
-    if rank is None and facts.ranks.first_failed is not None:
-        rank = facts.ranks.first_failed.rank
-    return FailurePoint(
-        event, kill, status, source, rank, time, exact, facts.step_before(rank, source)
-    )
+    """What died first as ``verdict`` sees it: the first GPU OOM of a GPU OOM, the first kernel
+    OOM kill of a host OOM (derived once: ``RunFacts.signals``), else the rank that failed
+    first."""
+    signals = facts.signals
+    if verdict is Verdict.GPU_OOM and signals.gpu_failure.event is not None:
+        return signals.gpu_failure
+    if verdict is Verdict.HOST_OOM and signals.host_failure.kill is not None:
+        return signals.host_failure
+    return signals.rank_failure
