@@ -9,7 +9,7 @@ because that is what all of these tools mean, whatever the label.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException, InvalidOperation
 
 _UNIT_FACTORS: dict[str, int] = {
     "": 1,
@@ -36,13 +36,14 @@ _UNIT_FACTORS: dict[str, int] = {
 _SIZE_RE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, *, at_most: int | None = None) -> int:
     """Parse ``"1.50 GiB"``, ``"512 bytes"``, ``"80GiB"``, ``"5e8"`` into bytes (binary units).
 
     The result is the printed value times the unit, rounded to the nearest byte; a value
     printed with two decimals is only that precise (``1.29 GiB`` is +-5 MiB).
 
-    Raises ValueError for anything else.
+    Raises ValueError for anything else, and for a size over ``at_most`` bytes when it is given
+    (checked before the integer is built: ``1e999999999`` would take minutes to build).
     """
     match = _SIZE_RE.match(text)
     if match is None:
@@ -55,6 +56,10 @@ def parse_size(text: str) -> int:
         value = Decimal(number_text) * factor
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
         raise ValueError(f"not a size: {text!r}") from exc
+    except DecimalException as exc:  # Overflow: an exponent past the context's (1e999999999)
+        raise ValueError(f"{text.strip()!r} is larger than any memory") from exc
+    if at_most is not None and value > at_most:
+        raise ValueError(f"{text.strip()!r} is larger than any memory (over {at_most:,} bytes)")
     return int(value.to_integral_value())
 
 
@@ -86,11 +91,15 @@ _COUNT_RE = re.compile(
     r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$"
 )
 _COUNT_FACTORS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+MAX_COUNT = 10**15
+"""The largest count :func:`parse_count` takes: a thousand times the largest models' parameter
+counts, and still exact in a float."""
 
 
 def parse_count(text: str) -> int:
     """``7e9``, ``7B``, ``350M``, ``1,300,000,000`` -> a count (decimal suffixes, as parameter
-    counts are written).  Raises ValueError for anything else or a value below 1."""
+    counts are written).  Raises ValueError for anything else, a value below 1, or one above
+    :data:`MAX_COUNT` (``1e400`` reads as an infinite float: no count)."""
     match = _COUNT_RE.match(text)
     if match is None:
         raise ValueError(f"not a count: {text!r} (use e.g. 7e9, 7B, 350M)")
@@ -98,4 +107,6 @@ def parse_count(text: str) -> int:
     value = number * _COUNT_FACTORS[match.group(2).lower()]
     if value < 1:
         raise ValueError(f"{text!r} is less than 1")
+    if not value <= MAX_COUNT:  # also inf
+        raise ValueError(f"{text.strip()!r} is more than {MAX_COUNT:.0e}, no count of parameters")
     return int(round(value))

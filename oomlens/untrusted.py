@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import re
 
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-"""C0 controls but tab and line feed, DEL, C1 controls, bidi embeddings/overrides/isolates."""
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""Every character of Unicode's Bidi_Control property (PropList.txt), as a regex class body:
+the Arabic letter mark, the left-to-right and right-to-left marks, and the embeddings,
+overrides and isolates.  A mark alone reorders the text around it, as an override does."""
+CONTROL_CHARACTERS = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
+"""C0 controls but tab and line feed, DEL, C1 controls, every bidi control."""
 
 _LINE_BREAKS = re.compile(r"[\t\n]")
-_ESCAPED = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_ESCAPED = re.compile(rf"[\\\x00-\x1f\x7f-\x9f{BIDI_CONTROLS}\ud800-\udfff]")
 """What :func:`escape_controls` writes as an escape: the backslash itself, every C0 control
 (tab, line feed and carriage return included), DEL, C1, bidi controls, and lone surrogates
 (the bytes of a file name that are not UTF-8, as ``os.fsdecode`` gives them)."""

@@ -408,13 +408,23 @@ class StackResolver:
         )
 
 
+# torch copies a frame's line from a C int; beyond it the number is not torch's (and past 4,300
+# digits str() refuses it).
+_MAX_LINE = 2**31
+
+
 def _classify_frame(frame: object) -> _FrameInfo:
     if type(frame) is not dict:
         return _FrameInfo(_KIND_INVALID, None, None, False)
     filename = frame.get("filename")
     name = frame.get("name")
     line = frame.get("line")
-    if type(filename) is not str or type(name) is not str or type(line) is not int:
+    if (
+        type(filename) is not str
+        or type(name) is not str
+        or type(line) is not int
+        or not 0 <= line < _MAX_LINE
+    ):
         return _FrameInfo(_KIND_INVALID, None, None, False)
     # Facts end up in reports: a crafted frame must not carry megabytes of text into them.
     if len(name) > _MAX_TEXT:

@@ -150,7 +150,7 @@ def _sweep(
             )
     jobs: int | None = None
     if max_jobs is not None:
-        if not max_jobs.isdigit() or int(max_jobs) < 1:
+        if not (max_jobs.isascii() and max_jobs.isdigit()) or int(max_jobs) < 1:
             raise UsageError(f"--max-jobs {max_jobs!r}: give a whole number of jobs, at least 1")
         jobs = int(max_jobs)
     memory: int | None = None

@@ -23,6 +23,10 @@ class _CountType(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+MAX_SIZE = 2**64
+"""The largest size an option takes: what a 64-bit address space holds (16 EiB)."""
+
+
 class _SizeType(click.ParamType):
     name = "SIZE"
 
@@ -33,7 +37,7 @@ class _SizeType(click.ParamType):
         if isinstance(value, int):
             return value
         try:
-            size = parse_size(str(value))
+            size = parse_size(str(value), at_most=MAX_SIZE)
         except ValueError as err:
             self.fail(f"{err} (use e.g. 80GiB, 512GB)", param, ctx)
         if size < 0 or (size == 0 and not self.allow_zero):

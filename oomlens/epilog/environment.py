@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-_DIGITS = re.compile(r"\d{1,10}")
-_EXIT_CODE2 = re.compile(r"(\d{1,10}):(\d{1,10})")
+# Slurm writes ids and codes in ASCII digits; a str pattern's \d (and str.isdigit) also takes
+# Arabic-Indic and other Unicode digits, which int() reads but which would name a directory.
+_DIGITS = re.compile(r"[0-9]{1,10}")
+_EXIT_CODE2 = re.compile(r"([0-9]{1,10}):([0-9]{1,10})")
 _MAX_VALUE_CHARS = 4096
 """Longer values are refused: no real job id, user name or path is that long."""
 
@@ -285,7 +287,7 @@ def first_host(nodelist: str) -> str | None:
         host.append(item[position:open_at])
         first_range = item[open_at + 1 : close_at].split(",", 1)[0]
         first_value = first_range.split("-", 1)[0].strip()
-        if not first_value.isdigit():
+        if not (first_value.isascii() and first_value.isdigit()):
             return None
         host.append(first_value)
         position = close_at + 1

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 NOT_AN_ARRAY_TASK = "4294967294"
 """What ``%a`` expands to for a job that is not an array task (Slurm's NO_VAL)."""
 _MAX_PAD_WIDTH = 10
+_ASCII_DIGITS = frozenset("0123456789")
+"""Slurm reads a width with C's isdigit (ASCII); str.isdigit also takes other scripts' digits."""
 
 
 class _Wildcard:
@@ -88,7 +90,7 @@ def expand_output_pattern(
     directory is unknown.  When the Epilog cannot tell whether the job is an array task, the
     non-array expansion comes first and the one with wildcard array ids second.
     """
-    if pattern.isdigit():
+    if pattern.isascii() and pattern.isdigit():
         if int(pattern) != 0:
             return []
     prefix: list[Segment] = []
@@ -167,7 +169,7 @@ def _expand(pattern: str, values: PatternValues) -> list[Segment]:
         index += 1
         width = 0
         digits_start = index
-        while index < length and pattern[index].isdigit():
+        while index < length and pattern[index] in _ASCII_DIGITS:
             index += 1
         if index > digits_start:
             width = min(int(pattern[digits_start:index]), _MAX_PAD_WIDTH)
@@ -182,7 +184,7 @@ def _expand(pattern: str, values: PatternValues) -> list[Segment]:
             literal.append(pattern[index - 1] if index > digits_start else "%")
             continue
         index += 1
-        if isinstance(expansion, str) and width and expansion.isdigit():
+        if isinstance(expansion, str) and width and expansion.isascii() and expansion.isdigit():
             expansion = expansion.zfill(width)
         emit(expansion if isinstance(expansion, str) else None)
     segments.append("".join(literal))

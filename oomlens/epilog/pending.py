@@ -153,4 +153,4 @@ def _read_record(path: Path) -> tuple[dict[str, object] | None, str]:
 
 def _sort_key(name: str) -> tuple[int, str]:
     head = name.split(".", 1)[0]
-    return (int(head), name) if head.isdigit() else (2**63, name)
+    return (int(head), name) if head.isascii() and head.isdigit() else (2**63, name)

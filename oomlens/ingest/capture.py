@@ -15,7 +15,6 @@ raises: a value of the wrong type is ignored, a file that cannot be read becomes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +44,7 @@ from oomlens.facts.log import (
     OomEvent,
     Traceback,
 )
+from oomlens.ingest._jsonpos import loads_bounded
 from oomlens.ingest.ds_config import parse_config_dump
 from oomlens.ingest.kinds.capture import HEADER_KEY
 from oomlens.ingest.layout import capture_process
@@ -126,7 +126,9 @@ def _lines(
                 continue
             cut = not raw.endswith(b"\n")
             try:
-                record = json.loads(raw)
+                # Bounded: json.loads raises RecursionError past ~1,000 levels, which would end
+                # the whole file's reading; a line nested that deep is one bad line.
+                record = loads_bounded(raw.decode("utf-8"))
             except ValueError:
                 yield number, None, cut
                 continue

@@ -43,6 +43,7 @@ from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, normalize
 from oomlens.triage.worker import current_umask, write_atomically
 from oomlens.units import format_size
 from oomlens.untrusted import (
+    BIDI_CONTROLS,
     escape_controls,
     neutralize_formula,
     restore_formula,
@@ -196,7 +197,7 @@ def _json_records(table: pandas.DataFrame) -> list[dict[str, Any]]:
     return records
 
 
-_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_JSON_UNSAFE = re.compile(rf"[\x7f-\x9f{BIDI_CONTROLS}\ud800-\udfff]")
 """What ``json.dumps(ensure_ascii=False)`` leaves raw and a terminal (``cat runs.jsonl``) or an
 encoder must not get: DEL, C1 controls, bidi controls, undecodable bytes' lone surrogates.  It
 escapes C0 controls itself."""

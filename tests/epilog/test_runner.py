@@ -284,7 +284,11 @@ def test_no_job_id_is_logged_and_skipped(tmp_path: Path, job_dir: Path) -> None:
     assert "no SLURM_JOB_ID" in _log_lines(tmp_path / "spool")[0]["reason"]
 
 
-@pytest.mark.parametrize("job_id", ["../../x", "12a", "1" * 300, "1" * 5000])
+@pytest.mark.parametrize(
+    "job_id",
+    # Devanagari, fullwidth and Bengali digits: str.isdigit and \d take them; Slurm never does
+    ["../../x", "12a", "1" * 300, "1" * 5000, "\u096a\u0968", "\uff11\uff12\uff13", "7\u09e8"],
+)
 def test_an_invalid_job_id_is_logged_as_invalid(tmp_path: Path, job_dir: Path, job_id: str) -> None:
     outcome = _run(tmp_path, _env(job_dir, SLURM_JOB_ID=job_id))
     assert outcome.action == "skipped"

@@ -183,3 +183,27 @@ def test_a_series_without_its_events_file_still_counts(tmp_path: Path) -> None:
     (capture,) = read_captures([(str(series), None)]).ranks
     assert capture.end is CaptureEnd.VANISHED
     assert capture.host_memory is not None and capture.host_memory.total_samples == 1
+
+
+@pytest.mark.parametrize("depth", [200, 3_000, 40_000])
+def test_a_line_nested_too_deep_costs_that_line_only(tmp_path: Path, depth: int) -> None:
+    directory = _oom_capture(tmp_path / "cap")
+    nested = {
+        "objects": '{"kind": "note", "v": ' + '{"a": ' * depth + "1" + "}" * depth + "}",
+        "arrays": '{"t": 1, "alloc": ' + "[" * depth + "]" * depth + "}",
+    }
+    for name, bad in (("rank0.events.jsonl", nested["objects"]), ("rank0.series.jsonl", None)):
+        path = directory / name
+        lines = path.read_text().splitlines(keepends=True)
+        # after the header, and once more among the records
+        lines[1:1] = [(bad or nested["arrays"]) + "\n"]
+        lines[4:4] = [nested["arrays"] + "\n"]
+        path.write_text("".join(lines))
+
+    facts = gather_facts([directory])
+
+    (capture,) = facts.captures
+    assert capture.end is CaptureEnd.EXCEPTION and capture.exit_code == 1
+    (oom,) = capture.ooms
+    assert oom.requested == 44040192
+    assert capture.memory is not None and capture.memory.total_samples == 20

@@ -401,3 +401,68 @@ def test_every_forbidden_opcode_is_covered() -> None:
         "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
     }  # fmt: skip
     assert sys.modules["pickle"].HIGHEST_PROTOCOL >= 5
+
+
+# ---- memo indices: the C unpickler sizes its memo from them -------------------------------
+
+# The peak is read from VmHWM: ru_maxrss keeps the parent's peak across fork and exec.
+_MEMO_PROBE = """
+import sys
+from oomlens.errors import ResourceLimitError
+from oomlens.ingest.snapshot.unpickler import restricted_load
+try:
+    restricted_load(sys.argv[1])
+    outcome = "loaded"
+except ResourceLimitError as error:
+    outcome = "refused: " + str(error)
+print(outcome)
+with open("/proc/self/status") as status:
+    peak = next(line for line in status if line.startswith("VmHWM:"))
+print(int(peak.split()[1]) * 1024)
+"""
+
+
+def _memo_pickle(opcode: str, index: int) -> bytes:
+    """A list memoized under ``index`` by ``opcode``, then a few sparse ones after it."""
+    if opcode == "PUT":  # protocol 0: the index in decimal on a line
+        return b"(lp" + str(index).encode() + b"\n0(lp" + str(index * 3 + 7).encode() + b"\n."
+    if opcode == "LONG_BINPUT":
+        return (
+            b"\x80\x02]r"
+            + struct.pack("<I", index)
+            + b"0]r"
+            + struct.pack("<I", min(index * 3 + 7, 2**32 - 1))
+            + b"."
+        )
+    if opcode == "BINPUT":  # one byte of index: at most 255, sparse
+        return b"\x80\x02]q\xff0]q\x80."
+    # MEMOIZE takes no index: the memo's length, so it grows one entry per opcode byte.
+    return b"\x80\x04]" + b"\x94" * 200_000 + b"."
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM")
+@pytest.mark.parametrize("wrap", ["plain", "gzip"])
+@pytest.mark.parametrize(
+    ("opcode", "index"),
+    [("PUT", 0x0900_0000), ("LONG_BINPUT", 0x0A00_0001), ("BINPUT", 255), ("MEMOIZE", 0)],
+)
+def test_memo_indices_are_bounded_before_the_memo_is_allocated(
+    opcode: str, index: int, wrap: str, tmp_path: Path
+) -> None:
+    payload = _memo_pickle(opcode, index)
+    path = _write(tmp_path, gzip.compress(payload) if wrap == "gzip" else payload)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEMO_PROBE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    outcome, peak = done.stdout.splitlines()
+    # An index of 0x09000000 makes a 2.25 GiB memo; the bound keeps the process far below.
+    assert int(peak) < 600 * 1024**2, (outcome, int(peak))
+    if index > 0x0100_0000:
+        assert outcome.startswith(f"refused: {path}: asks for more memory"), outcome
+    else:
+        assert outcome == "loaded", outcome

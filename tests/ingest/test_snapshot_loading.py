@@ -228,7 +228,7 @@ def _dump(tmp_path: Path, data: object) -> Path:
         # found by the fuzzer: the what-if replay adds a block's address to its size
         (
             lambda d: d["segments"][2]["blocks"][0].__setitem__("address", [1]),
-            "segments[2].blocks[0].address is not an int",
+            "segments[2].blocks[0].address is a list, not an int",
         ),
         (lambda d: d["segments"].__setitem__(1, [1, 2]), "segments[1] is a list, not a dict"),
         (lambda d: d.__setitem__("device_traces", "none"), "'device_traces' is a str"),

@@ -11,8 +11,11 @@ Layouts accepted (torch's own readers, ``_memory_viz._read`` and MemoryViz.js, a
 
 Segments and blocks are checked one by one here (there are at most a few hundred thousand):
 every field the analysis reads must have the type torch writes, or :class:`InputError` names the
-first one that does not (``segments[12].blocks[3].size is a str``).  Trace entries, which can
-number in the millions, are checked by the analysis as it reads them.  Before any of that,
+first one that does not (``segments[12].blocks[3].size is a str``), and every number must lie in
+the range of the C++ field torch copies it from (addresses and sizes below 2**64, ...): None, a
+float or a 5,001-digit int is refused here, not met later by the analysis.  Trace entries, which
+can number in the millions, get the same numeric check on one expression per entry; the rest of
+an entry is checked by the analysis as it reads it.  Before any of that,
 :func:`check_walk` makes sure the walks cost what the file suggests: no segment, block list or
 trace may appear twice (pickle memoization would let a small file repeat one millions of
 times), and the blocks and trace entries to visit stay within :class:`SnapshotLimits`.
@@ -45,6 +48,7 @@ _TOP_LEVEL_KEYS = frozenset(
     {"segments", "device_traces", "allocator_settings", "external_annotations", "traces"}
 )
 _STACK_SCAN_LIMIT = 500
+_SEGMENT_OPTIONAL_SIZES = ("address", "allocated_size", "active_size", "requested_size")
 
 _SHAPE_HINT = (
     "this does not look like a torch.cuda.memory._snapshot() pickle; "
@@ -169,6 +173,27 @@ def _action(where: str, device: int, index: int, entry: object) -> object:
         raise InputError(
             where, f"device_traces[{device}][{index}] has no 'action' string", _SHAPE_HINT
         )
+    # Every entry is checked, so the common case is one expression on locals.
+    addr = entry.get("addr", 0)
+    size = entry.get("size", 0)
+    time_us = entry.get("time_us", 0)
+    stream = entry.get("stream", 0)
+    if (
+        type(addr) is not int
+        or type(size) is not int
+        or type(time_us) is not int
+        or type(stream) is not int
+        or not 0 <= addr < _U64
+        or not 0 <= size < _U64
+        or not _TIME_RANGE[0] <= time_us < _TIME_RANGE[1]
+        or not _STREAM_RANGE[0] <= stream < _STREAM_RANGE[1]
+        or (action == "oom" and "device_free" in entry)
+    ):
+        location = f"device_traces[{device}][{index}]"
+        for key in ("addr", "size", "device_free"):
+            _int_field(where, entry, key, location, required=False)
+        _int_field(where, entry, "time_us", location, required=False, bounds=_TIME_RANGE)
+        _int_field(where, entry, "stream", location, required=False, bounds=_STREAM_RANGE)
     return action
 
 
@@ -176,17 +201,52 @@ def _bad(where: str, location: str, what: str) -> InputError:
     return InputError(where, f"{location} {what}", _SHAPE_HINT)
 
 
+# The ranges of the C++ types torch copies each number from: addresses and sizes are size_t
+# (unsigned 64-bit), time_us an int64 of microseconds, a stream a cudaStream_t (a pointer, or a
+# negative id for the special streams), a device a c10::DeviceIndex (int8; int16 before 2.1).
+# A number outside them (a 5,001-digit int, which str() even refuses) is not torch's.
+_U64 = 2**64
+_STREAM_RANGE = (-(2**63), _U64)
+_TIME_RANGE = (-(2**63), 2**63)
+_DEVICE_RANGE = (0, 2**15)
+_SIZE_RANGE = (0, _U64)
+
+
 def _int_field(
-    where: str, record: dict[Any, Any], key: str, location: str, *, required: bool = True
+    where: str,
+    record: dict[Any, Any],
+    key: str,
+    location: str,
+    *,
+    required: bool = True,
+    bounds: tuple[int, int] = _SIZE_RANGE,
 ) -> None:
-    value = record.get(key)
-    if value is None and not required:
+    """Check ``record[key]`` is an int within ``bounds`` (low inclusive, high exclusive).
+
+    Absent is allowed when not ``required``; present, it must be an int whatever: torch never
+    writes None in a numeric field.
+    """
+    if key not in record and not required:
         return
+    value = record.get(key)
     if type(value) is not int:
-        what = "is missing" if value is None else f"is a {type(value).__name__}, not an int"
+        if key not in record:
+            what = "is missing"
+        else:
+            what = "is None" if value is None else f"is a {type(value).__name__}"
+            what += ", not an int"
         raise _bad(where, f"{location}.{key}", what)
-    if value < 0 and key != "stream":
-        raise _bad(where, f"{location}.{key}", f"is negative ({value})")
+    low, high = bounds
+    if not low <= value < high:
+        raise _bad(where, f"{location}.{key}", _out_of_range(value, bounds))
+
+
+def _out_of_range(value: int, bounds: tuple[int, int]) -> str:
+    low, high = bounds
+    if low == 0 and value < 0 and value.bit_length() <= 64:
+        return f"is negative ({value})"
+    shown = f"a {value.bit_length()}-bit int" if value.bit_length() > 64 else f"{value:,}"
+    return f"is {shown}, outside {low:,} to {high - 1:,}, the range torch writes it in"
 
 
 def check_walk(
@@ -263,10 +323,11 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
         location = f"segments[{seg_index}]"
         if type(segment) is not dict:
             raise _bad(where, location, f"is a {type(segment).__name__}, not a dict")
-        for key in ("device", "total_size"):
-            _int_field(where, segment, key, location)
-        _int_field(where, segment, "address", location, required=False)
-        _int_field(where, segment, "stream", location, required=False)
+        _int_field(where, segment, "device", location, bounds=_DEVICE_RANGE)
+        _int_field(where, segment, "total_size", location)
+        for key in _SEGMENT_OPTIONAL_SIZES:
+            _int_field(where, segment, key, location, required=False)
+        _int_field(where, segment, "stream", location, required=False, bounds=_STREAM_RANGE)
         segment_type = segment.get("segment_type", "large")
         if segment_type not in ("large", "small"):
             raise _bad(
@@ -276,9 +337,11 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
         if not (
             isinstance(pool_id, tuple | list)
             and len(pool_id) == 2
-            and all(type(part) is int for part in pool_id)
+            and all(type(part) is int and 0 <= part < _U64 for part in pool_id)
         ):
-            raise _bad(where, f"{location}.segment_pool_id", "is not a pair of ints")
+            raise _bad(
+                where, f"{location}.segment_pool_id", "is not a pair of unsigned 64-bit ints"
+            )
         blocks = segment.get("blocks")
         if type(blocks) is not list:
             raise _bad(
@@ -295,13 +358,16 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
             state = block.get("state")
             requested = block.get("requested_size", 0)
             frames = block.get("frames")
+            address = block.get("address", 0)
             if (
                 type(size) is not int
-                or size < 0
+                or not 0 <= size < _U64
                 or type(state) is not str
                 or state not in states
                 or type(requested) is not int
-                or type(block.get("address", 0)) is not int
+                or not 0 <= requested < _U64
+                or type(address) is not int
+                or not 0 <= address < _U64
                 or (frames is not None and type(frames) is not list)
             ):
                 raise _block_error(where, f"{location}.blocks[{block_index}]", block)
@@ -321,6 +387,15 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                                 f"{location}.blocks[{block_index}].history",
                                 "is not a list of dicts",
                             )
+                        for item_index, item in enumerate(history):
+                            for key in ("addr", "real_size"):
+                                _int_field(
+                                    where,
+                                    item,
+                                    key,
+                                    f"{location}.blocks[{block_index}].history[{item_index}]",
+                                    required=False,
+                                )
         blocks_total += len(blocks)
     return blocks_total, block_history
 
@@ -328,18 +403,14 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
 def _block_error(where: str, location: str, block: dict[Any, Any]) -> InputError:
     """The first wrong field of a block that failed the fast check, as ``_check_segments``
     names it."""
-    size = block.get("size")
-    if type(size) is not int or size < 0:
-        return _bad(where, f"{location}.size", "is not a non-negative int")
+    _int_field(where, block, "size", location)
     state = block.get("state")
     if type(state) is not str or state not in KNOWN_BLOCK_STATES:
         return _bad(
             where, f"{location}.state", f"is {_short_repr(state)}, not a state torch writes"
         )
-    if type(block.get("requested_size", 0)) is not int:
-        return _bad(where, f"{location}.requested_size", "is not an int")
-    if type(block.get("address", 0)) is not int:
-        return _bad(where, f"{location}.address", "is not an int")
+    _int_field(where, block, "requested_size", location, required=False)
+    _int_field(where, block, "address", location, required=False)
     return _bad(where, f"{location}.frames", "is not a list")
 
 
@@ -440,9 +511,11 @@ def parse_allocator_settings(raw: dict[Any, Any]) -> AllocatorSettings:
     if isinstance(divisions_raw, dict):
         for key, value in divisions_raw.items():
             try:
-                divisions.append((int(key), int(value)))
+                pair = (int(key), int(value))
             except (TypeError, ValueError, OverflowError):  # inf, nan, huge
                 continue
+            if all(0 <= part < _U64 for part in pair):
+                divisions.append(pair)
     threshold = raw.get("garbage_collection_threshold")
     other = tuple(
         (str(key)[:100], _short_repr(value))
@@ -452,7 +525,7 @@ def parse_allocator_settings(raw: dict[Any, Any]) -> AllocatorSettings:
     return AllocatorSettings(
         raw_config=conf_text,
         expandable_segments=_bool_or_none(raw.get("expandable_segments")),
-        max_split_size=max_split if type(max_split) is int and max_split >= 0 else None,
+        max_split_size=max_split if type(max_split) is int and 0 <= max_split < _U64 else None,
         garbage_collection_threshold=_threshold(threshold),
         roundup_power2_divisions=tuple(sorted(divisions)[:64]),
         release_lock_on_cudamalloc=_bool_or_none(raw.get("release_lock_on_cudamalloc")),

@@ -57,6 +57,7 @@ from typing import Any, NoReturn, Protocol
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.gcpause import gc_paused
 from oomlens.ingest.files import open_regular
+from oomlens.ingest.snapshot.addrspace import AddressSpaceBound
 from oomlens.units import format_size
 
 MiB = 1024**2
@@ -342,8 +343,10 @@ class _GuardedReader:
         memory_limit: int | None,
         probe: _MemoryProbe,
         compressed_position: Callable[[], int] | None = None,
+        bound: AddressSpaceBound | None = None,
     ) -> None:
         self._inner = inner
+        self._bound = bound
         self._remaining = known_size
         self._limits = limits
         self._max_input = limits.max_input_bytes
@@ -458,6 +461,17 @@ class _GuardedReader:
                 "check where the file came from; raise SnapshotLimits.max_memory_ratio if it "
                 "is a genuine snapshot",
             )
+        if self._bound is not None:
+            self._bound.allow(self.allowed_growth())
+
+    def allowed_growth(self) -> int | None:
+        """How much memory the load may have grown by now (None: no limit)."""
+        limits = self._limits
+        allowed = self._memory_limit
+        if limits.max_memory_ratio is not None:
+            by_ratio = limits.memory_allowance_bytes + int(limits.max_memory_ratio * self.consumed)
+            allowed = by_ratio if allowed is None else min(allowed, by_ratio)
+        return allowed
 
     def read(self, size: int | None = -1, /) -> bytes:
         if size is None or size < 0:
@@ -608,6 +622,7 @@ def _load_open_file(
             f"(up to {pickle.HIGHEST_PROTOCOL})",
             "run oomlens with a newer Python",
         )
+    bound = AddressSpaceBound()
     reader = _GuardedReader(
         stream,
         known_size=known_size,
@@ -615,6 +630,7 @@ def _load_open_file(
         memory_limit=memory_limit,
         probe=probe,
         compressed_position=raw.tell if compressed else None,
+        bound=bound,
     )
     unpickler: pickle.Unpickler | pickle._Unpickler
     if copyreg._extension_cache:  # type: ignore[attr-defined]
@@ -623,7 +639,11 @@ def _load_open_file(
         unpickler = _RestrictedUnpickler(reader)
     try:
         with gc_paused():
-            data = unpickler.load()
+            # The address space is bounded while the C unpickler runs: it sizes the memo from
+            # the index a memo opcode names and fills it before the guard runs again.
+            with bound:
+                bound.allow(reader.allowed_growth())
+                data = unpickler.load()
             reader.checkpoint()
             if freeze_gc:
                 gc.freeze()
@@ -655,8 +675,9 @@ def _explain_failure(
     if isinstance(exc, MemoryError):
         return ResourceLimitError(
             where,
-            f"asks for more memory than this machine can give (after {format_size(consumed)} "
-            "of the pickle): a corrupt or crafted file, or a snapshot too large for this machine",
+            "asks for more memory than the limit on this load allows (after "
+            f"{format_size(consumed)} of the pickle; a memo index or a size far beyond what the "
+            "file holds): a corrupt or crafted file, or a snapshot too large for this machine",
             _MEMORY_HINT,
         )
     if isinstance(exc, _ImportRefused | _OpcodeRefused):
