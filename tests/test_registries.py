@@ -59,10 +59,9 @@ class ZzDummyRule(Rule):
 
 RULE = ZzDummyRule()
 '''
-RULE_CARD = (
-    '{% extends "rules/_rule.html" %}\n'
-    "{% block card_extra %}<p>zz-dummy-card</p>{% endblock %}\n"
-)
+RULE_CARD = """{% extends "rules/_rule.html" %}
+{% block card_extra %}<p>zz-dummy-card</p>{% endblock %}
+"""
 KIND_MODULE = '''"""A dummy input kind: a plain-text manifest checked before every other kind."""
 from typing import ClassVar
 
