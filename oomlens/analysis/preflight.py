@@ -103,7 +103,13 @@ class Preflight:
             for h in self.hazards
             if h.severity in (ConfigSeverity.MEDIUM, ConfigSeverity.HIGH, ConfigSeverity.ERROR)
         ]
-        warned = f", with {len(serious)} hazard(s) above" if serious else ""
+        # The count is of the hazards listed (every severity), so a reader finds as many as
+        # it says; how many of them are serious is said beside it.
+        warned = ""
+        if serious:
+            warned = f", with {len(self.hazards)} hazard(s) above"
+            if len(serious) < len(self.hazards):
+                warned += f" ({len(serious)} medium or higher)"
         if self.verdicts:
             return "OK: valid and fits" + warned
         return "OK: valid" + ("" if self.budget is not None else " (no memory check)") + warned
