@@ -2,8 +2,8 @@
 
 The command line of ``oomlens.session.check_config`` (``oomlens.analysis.preflight`` says what
 it checks), rendered by the same renderers as ``analyze``.  Exit status: 0 when the config is
-valid and fits, 4 when it is invalid or cannot fit (so it can gate a launch script), 2 for a
-bad command line.
+valid and fits, 4 when it is invalid, cannot fit or cannot be read (an empty file included),
+so it can gate a launch script, 2 for a bad command line.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def check(
 ) -> None:
     """Check a DeepSpeed config before launch: validity, batch arithmetic, memory budget.
 
-    Exits 0 when the config is valid and fits, 4 when it is invalid or cannot fit.
+    Exits 0 when the config is valid and fits, 4 when it is invalid, cannot fit, or cannot be
+    read (missing, empty, not JSON/Hjson).
     """
     if trainable_params is not None and params is not None and trainable_params > params:
         raise click.BadParameter("--trainable-params is larger than --params")
