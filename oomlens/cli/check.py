@@ -146,6 +146,15 @@ def check(
         )
     except InputError as err:
         err.exit_code = ExitCode.CHECK_FAILED
+        if output_format == "json":
+            # A reader of the JSON (a launch gate) gets a document whatever went wrong.
+            from oomlens import __version__
+            from oomlens.render.json import check_error_json
+
+            click.echo(
+                check_error_json(str(config), err.message, int(err.exit_code), __version__),
+                nl=False,
+            )
         raise
     shown = RenderOptions(width=output_width(width))
     click.echo(render(check, Format(output_format), shown), nl=False)

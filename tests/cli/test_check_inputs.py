@@ -3,6 +3,7 @@ unit: one clear line and exit code, in every output format."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,20 @@ def test_a_config_with_nothing_in_it_is_called_empty(capsys, tmp_path: Path) -> 
     assert out == ""
     assert err.count("\n") == 1 and "zero3.json: the file holds only white space" in err
     assert "train_batch_size" not in err
+
+
+@pytest.mark.parametrize(
+    "content", [b'{"zero_optimization": {"stage": 3}', b"[1, 2]", b"\x1f\x8b\x08\x00rest"]
+)
+def test_json_output_is_a_document_for_a_config_that_cannot_be_read(
+    capsys, tmp_path: Path, content: bytes
+) -> None:
+    config = tmp_path / "ds.json"
+    config.write_bytes(content)
+    code, out, err = run(capsys, str(config), "--format", "json", "--gpus", "2")
+    assert code == 4
+    document = json.loads(out)
+    assert document["failed"] is True and document["valid"] is False
+    assert document["error"]["exit_code"] == 4
+    assert document["config"] == str(config)
+    assert document["error"]["message"] in err
