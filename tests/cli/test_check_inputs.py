@@ -43,3 +43,46 @@ def test_json_output_is_a_document_for_a_config_that_cannot_be_read(
     assert document["error"]["exit_code"] == 4
     assert document["config"] == str(config)
     assert document["error"]["message"] in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "meant"),
+    [
+        ("--gpu-memory", "24", "24GiB"),
+        ("--host-memory", "1,024", "1,024GiB"),
+        ("--host-memory", "65536", "65536MiB"),
+        ("--host-baseline", "1.5", "1.5GiB"),
+        ("--params", "13", "13B"),
+        ("--largest-layer", "250", "250B"),
+    ],
+)
+def test_a_bare_number_too_small_for_its_option_is_refused_with_the_unit_meant(
+    capsys, tmp_path: Path, option: str, value: str, meant: str
+) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1}')
+    code, out, err = run(capsys, str(config), "--params", "13B", option, value)
+    assert code == 2
+    assert out == ""
+    assert f"did you mean {meant}" in err
+
+
+def test_small_values_with_a_unit_and_large_bare_ones_are_taken(capsys, tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}}')
+    code, out, err = run(
+        capsys,
+        str(config),
+        "--params",
+        "2K",
+        "--gpu-memory",
+        str(24 * 2**30),
+        "--host-memory",
+        "1MiB",
+        "--format",
+        "json",
+    )
+    assert "did you mean" not in err
+    document = json.loads(out)
+    capacities = {v["kind"]: v["capacity_bytes"] for v in document["verdicts"]}
+    assert capacities["gpu"] == 24 * 2**30 and capacities["host"] == 2**20
