@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomlens.analysis.batch import BatchCheck, batch_hazards, check_batch
+from oomlens.analysis.config_traps import bf16_spelling_hazards
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
@@ -169,6 +170,7 @@ def preflight(
         problems = tuple(p for p in problems if p.code != "batch_type_error")
 
     hazards = list(find_config_hazards(document, effective, integration=integration))
+    hazards += bf16_spelling_hazards(document, integration)
     if params is None:
         # no budget to size them: the settings themselves are the warning
         hazards += far_above_defaults(effective)
