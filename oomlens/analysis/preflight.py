@@ -19,6 +19,7 @@ from oomlens.analysis.ds_validation import (
     validate_with_deepspeed,
     validate_with_oomlens,
 )
+from oomlens.analysis.hf_auto import BATCH_KEYS, PRECISION_KEYS, describe_fills
 from oomlens.analysis.zero_model import (
     build_budget,
     candidate_patches,
@@ -32,6 +33,7 @@ from oomlens.facts.config import (
     ConfigHazard,
     ConfigSeverity,
     EffectiveDsConfig,
+    Origin,
     Precision,
     ValidationProblem,
 )
@@ -63,6 +65,8 @@ class Preflight:
     hazards: tuple[ConfigHazard, ...]
     patches: tuple[ConfigPatch, ...]
     notes: tuple[str, ...]
+    precision_pending: bool = False
+    """fp16/bf16 are "auto" and no --precision says what the integration will set."""
 
     @property
     def valid(self) -> bool:
@@ -165,26 +169,52 @@ def preflight(
             if validator == "auto"
             else "oomlens"
         )
-    if integration in ("hf", "accelerate"):
-        # "auto" is expected there: the batch keys are filled by the integration.
-        problems = tuple(p for p in problems if p.code != "batch_type_error")
+    # "auto" is the HF Trainer's and Accelerate's placeholder, filled before DeepSpeed starts:
+    # a config that holds one is written for them unless --integration deepspeed says not.
+    filled = integration != "deepspeed" and bool(effective.auto_keys)
+    batch_autos = [k for k in BATCH_KEYS if k in effective.auto_keys]
+    if filled and batch_autos:
+        # the triple DeepSpeed checks is the one the integration writes, not this one
+        problems = tuple(p for p in problems if not p.code.startswith("batch_"))
+    precision_pending = (
+        filled
+        and precision is None
+        and any(
+            v.origin is Origin.AUTO_UNRESOLVED and v.key_path in PRECISION_KEYS
+            for v in (effective.precision.fp16_enabled, effective.precision.bf16_enabled)
+        )
+    )
+    if filled:
+        who = "Accelerate" if integration == "accelerate" else "the HF Trainer"
+        if integration is None:
+            notes.append(
+                '"auto" values: read as a config for the HF Trainer or Accelerate, which fill '
+                "them at launch (pass --integration deepspeed if DeepSpeed reads this file "
+                "directly)"
+            )
+        if integration == "accelerate":
+            notes.append(
+                'Accelerate fills these "auto" values at prepare() from its own settings and '
+                "the dataloader: " + ", ".join(effective.auto_keys)
+            )
+        else:
+            notes += describe_fills(effective.auto_keys)
+        if precision_pending:
+            notes.append(
+                f'precision is "auto": {who} enables fp16 or bf16 from its --fp16 / --bf16 '
+                "flag; pass --precision bf16, fp16 or fp32 for the memory budget"
+            )
 
     hazards = list(find_config_hazards(document, effective, integration=integration))
+    if precision_pending:
+        # fp32 is only what DeepSpeed alone would make of the "auto": not known here
+        hazards = [h for h in hazards if h.code != "fp32_fallback"]
     hazards += bf16_spelling_hazards(document, integration)
     if params is None:
         # no budget to size them: the settings themselves are the warning
         hazards += far_above_defaults(effective)
     batch: BatchCheck | None = None
-    batch_autos = [
-        v.key_path
-        for v in (
-            effective.batch.train_batch_size,
-            effective.batch.micro_batch_per_gpu,
-            effective.batch.gradient_accumulation_steps,
-        )
-        if v.value == "auto"
-    ]
-    if batch_autos and integration in ("hf", "accelerate"):
+    if batch_autos and filled:
         notes.append(
             f'{", ".join(batch_autos)}: "auto", filled by the integration from its own '
             "arguments; the batch triple is not checked"
@@ -198,7 +228,9 @@ def preflight(
     budget: MemoryBudget | None = None
     verdicts: tuple[CapacityVerdict, ...] = ()
     patches: tuple[ConfigPatch, ...] = ()
-    if params is not None:
+    if params is not None and precision_pending:
+        notes.append("memory budget skipped: the precision is set at launch (see above)")
+    elif params is not None:
         world = gpus or 1
         if gpus is None:
             notes.append("no --gpus: the memory budget assumes 1 GPU")
@@ -249,7 +281,7 @@ def preflight(
             )
         if gpu_memory is None and host_memory is None:
             notes.append("no --gpu-memory / --host-memory: nothing to compare the budget with")
-    else:
+    elif params is None:
         notes.append("no --params: memory budget skipped")
     order = {s: i for i, s in enumerate(ConfigSeverity)}
     hazards.sort(key=lambda h: order[h.severity])
@@ -264,6 +296,7 @@ def preflight(
         hazards=tuple(hazards),
         patches=patches,
         notes=tuple(notes),
+        precision_pending=precision_pending,
     )
 
 

@@ -36,9 +36,14 @@ def check_text(check: CheckReport, width: int = 0) -> str:
             offload.append(
                 f"{label}={block.device.value}{' (pinned)' if block.pin_memory.value else ''}"
             )
+    precision = (
+        "precision set at launch"
+        if result.precision_pending
+        else eff.precision.model_precision.value
+    )
     out.add(
         f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), "
-        f"{eff.precision.model_precision.value}, "
+        f"{precision}, "
         f"offload: {', '.join(offload) if offload else 'none'}"
     )
     out.add("")

@@ -76,3 +76,46 @@ def test_a_precision_conflict_names_the_key_as_written() -> None:
     for validator in ("oomlens", "deepspeed"):
         result = preflight(document_from_mapping(config), validator=validator, gpus=1)
         assert [p.key_path for p in result.problems] == ["bfloat16.enabled"]
+
+
+HF_STAGE2 = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": 4,
+    "fp16": {"enabled": "auto", "loss_scale": 0},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+}
+
+
+def test_an_hf_auto_config_is_valid_and_says_who_fills_what() -> None:
+    for validator in ("oomlens", "deepspeed"):
+        for integration in (None, "hf"):
+            result = preflight(
+                document_from_mapping(HF_STAGE2),
+                validator=validator,
+                integration=integration,
+                params=1_300_000_000,
+                gpu_memory=24 * 2**30,
+            )
+            assert result.valid and not result.failed, result.problems
+            notes = " ".join(result.notes)
+            assert "train_micro_batch_size_per_gpu <- --per_device_train_batch_size" in notes
+            assert "fp16.enabled <- --fp16" in notes
+            assert "optimizer.params.lr <- --learning_rate" in notes
+            # precision unknown: no fp32 budget, no fp32 warning
+            assert result.precision_pending and result.budget is None
+            assert "--precision" in notes
+            assert "fp32_fallback" not in _codes(result)
+
+
+def test_an_auto_config_given_to_deepspeed_directly_stays_invalid() -> None:
+    result = _check(HF_STAGE2, integration="deepspeed")
+    assert not result.valid
+    assert {p.code for p in result.problems} == {"batch_type_error"}
+
+
+def test_auto_precision_resolved_by_the_option_gives_its_budget() -> None:
+    result = _check(HF_STAGE2, params=1_300_000_000, precision="fp16", gpus=2)
+    assert not result.precision_pending
+    assert result.budget is not None and result.budget.precision.value == "fp16"
