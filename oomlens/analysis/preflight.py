@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomlens.analysis.batch import BatchCheck, batch_hazards, check_batch
-from oomlens.analysis.config_traps import bf16_spelling_hazards
+from oomlens.analysis.config_traps import (
+    bf16_spelling_hazards,
+    loss_scale_hazards,
+    nvme_path_hazards,
+)
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
@@ -210,6 +214,8 @@ def preflight(
         # fp32 is only what DeepSpeed alone would make of the "auto": not known here
         hazards = [h for h in hazards if h.code != "fp32_fallback"]
     hazards += bf16_spelling_hazards(document, integration)
+    hazards += nvme_path_hazards(document, effective)
+    hazards += loss_scale_hazards(document)
     if params is None:
         # no budget to size them: the settings themselves are the warning
         hazards += far_above_defaults(effective)

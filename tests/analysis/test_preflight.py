@@ -119,3 +119,45 @@ def test_auto_precision_resolved_by_the_option_gives_its_budget() -> None:
     result = _check(HF_STAGE2, params=1_300_000_000, precision="fp16", gpus=2)
     assert not result.precision_pending
     assert result.budget is not None and result.budget.precision.value == "fp16"
+
+
+def _nvme(path: str) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": path},
+        },
+    }
+
+
+def test_a_placeholder_nvme_path_is_a_hazard_and_a_real_mount_is_not() -> None:
+    for path in ("~/nvme_swap", "<NVME_MOUNT>/ds", "$LOCAL_SCRATCH/zero", "/home/path/to/swap"):
+        hazards = _check(_nvme(path), gpus=4).hazards
+        flagged = [h for h in hazards if h.code == "nvme_path_placeholder"]
+        assert flagged and flagged[0].severity is ConfigSeverity.HIGH, path
+    for path in ("/mnt/nvme0/ds_swap", "/raid/local/path_to_x"):
+        assert "nvme_path_placeholder" not in _codes(_check(_nvme(path), gpus=4)), path
+
+
+def _fp16(**block: Any) -> dict[str, Any]:
+    return {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True, **block}}
+
+
+def test_a_loss_scale_starting_above_fp16s_range_is_a_hazard() -> None:
+    high = _check(_fp16(initial_scale_power=24), gpus=1)
+    found = [h for h in high.hazards if h.code == "initial_scale_power_too_high"]
+    assert found and "at least 8 optimizer steps" in found[0].message
+    huge = _check(_fp16(initial_scale_power=1100), gpus=1).hazards
+    assert any(h.severity is ConfigSeverity.HIGH and "OverflowError" in h.message for h in huge)
+    for quiet in (
+        _fp16(initial_scale_power=16),
+        _fp16(initial_scale_power=12),
+        _fp16(initial_scale_power=24, loss_scale=1024),  # static: the power is not used
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "fp16": {"enabled": False, "initial_scale_power": 30},
+        },
+    ):
+        assert "initial_scale_power_too_high" not in _codes(_check(quiet, gpus=1)), quiet
