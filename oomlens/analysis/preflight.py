@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlens.analysis.batch import BatchCheck, batch_hazards, check_batch
+from oomlens.analysis.batch import (
+    BatchCheck,
+    BatchWorldSizes,
+    batch_hazards,
+    check_batch,
+    world_sizes_accepted,
+)
 from oomlens.analysis.config_traps import (
     bf16_spelling_hazards,
     loss_scale_hazards,
@@ -71,6 +77,8 @@ class Preflight:
     notes: tuple[str, ...]
     precision_pending: bool = False
     """fp16/bf16 are "auto" and no --precision says what the integration will set."""
+    world_sizes: BatchWorldSizes | None = None
+    """Without --gpus: the GPU counts at which the batch triple holds."""
 
     @property
     def valid(self) -> bool:
@@ -119,9 +127,15 @@ class Preflight:
             warned = f", with {len(self.hazards)} hazard(s) above"
             if len(serious) < len(self.hazards):
                 warned += f" ({len(serious)} medium or higher)"
+        qualifiers = []
+        if self.world_sizes is not None and not self.world_sizes.every:
+            qualifiers.append(f"batch {self.world_sizes.describe()}")
+        if self.budget is None and not self.verdicts:
+            qualifiers.append("no memory check")
+        said = f" ({'; '.join(qualifiers)})" if qualifiers else ""
         if self.verdicts:
-            return "OK: valid and fits" + warned
-        return "OK: valid" + ("" if self.budget is not None else " (no memory check)") + warned
+            return "OK: valid and fits" + said + warned
+        return "OK: valid" + said + warned
 
 
 def preflight(
@@ -220,6 +234,7 @@ def preflight(
         # no budget to size them: the settings themselves are the warning
         hazards += far_above_defaults(effective)
     batch: BatchCheck | None = None
+    world_sizes: BatchWorldSizes | None = None
     if batch_autos and filled:
         notes.append(
             f'{", ".join(batch_autos)}: "auto", filled by the integration from its own '
@@ -229,7 +244,20 @@ def preflight(
         batch = check_batch(effective, WorldSizeFact(gpus, "--gpus"))
         hazards += batch_hazards(batch)
     else:
-        notes.append("no --gpus: the batch triple is only checked for problems at every world size")
+        accepted = world_sizes_accepted(effective)
+        if accepted.limit and (
+            accepted.sizes or not any(p.code.startswith("batch_") for p in problems)
+        ):
+            world_sizes = accepted
+            notes.append(
+                f"no --gpus: the batch triple ({accepted.triple}) {accepted.describe()}: "
+                "DeepSpeed asserts train_batch_size = micro x accumulation x GPUs; pass --gpus "
+                "to check it at yours"
+            )
+        else:
+            notes.append(
+                "no --gpus: the batch triple is only checked for problems at every world size"
+            )
 
     budget: MemoryBudget | None = None
     verdicts: tuple[CapacityVerdict, ...] = ()
@@ -303,6 +331,7 @@ def preflight(
         patches=patches,
         notes=tuple(notes),
         precision_pending=precision_pending,
+        world_sizes=world_sizes,
     )
 
 

@@ -161,3 +161,23 @@ def test_a_loss_scale_starting_above_fp16s_range_is_a_hazard() -> None:
         },
     ):
         assert "initial_scale_power_too_high" not in _codes(_check(quiet, gpus=1)), quiet
+
+
+def test_without_gpus_the_verdict_says_where_the_batch_triple_holds() -> None:
+    full = _check(
+        {
+            "train_batch_size": 64,
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 4,
+            "bf16": {"enabled": True},
+        }
+    )
+    assert full.world_sizes is not None and full.world_sizes.sizes == (8,)
+    assert "batch holds only at 8 GPUs" in full.verdict()
+    partial = _check({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3})
+    assert partial.world_sizes is not None
+    assert partial.world_sizes.sizes == (1, 2, 4, 8)
+    assert "holds only at 1, 2, 4 or 8 GPUs" in partial.verdict()
+    free = _check({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2})
+    assert free.world_sizes is not None and free.world_sizes.every
+    assert "batch" not in free.verdict()
