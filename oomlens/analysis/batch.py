@@ -344,6 +344,69 @@ def _divisors_from_top(n: int, cap: int, count: int, budget: int = 100_000) -> l
     return found[:count]
 
 
+WORLD_SIZE_SCAN = 1024
+"""World sizes ``world_sizes_accepted`` tries (1 to this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWorldSizes:
+    """The world sizes (1 to ``limit``) at which DeepSpeed accepts a batch triple."""
+
+    sizes: tuple[int, ...]
+    limit: int
+    triple: str
+    """The triple as written (``train_batch_size 32, micro 4, accumulation 8``)."""
+
+    @property
+    def every(self) -> bool:
+        return len(self.sizes) == self.limit
+
+    def describe(self) -> str:
+        """``holds only at 1 GPU``, ``holds at 1, 2 or 4 GPUs``, ``holds at any GPU count``."""
+        if self.every:
+            return "holds at any GPU count (the missing value follows it)"
+        if not self.sizes:
+            return f"holds at no GPU count up to {self.limit}"
+        shown = [str(n) for n in self.sizes[:12]]
+        more = (
+            f" (and {len(self.sizes) - 12} more up to {self.limit})" if len(self.sizes) > 12 else ""
+        )
+        unit = "GPU" if self.sizes == (1,) else "GPUs"
+        if len(shown) == 1:
+            return f"holds only at {shown[0]} {unit}"
+        return f"holds only at {', '.join(shown[:-1])} or {shown[-1]} {unit}{more}"
+
+
+def world_sizes_accepted(
+    effective: EffectiveDsConfig, limit: int = WORLD_SIZE_SCAN
+) -> BatchWorldSizes:
+    """Where DeepSpeed's batch logic (``derive_batch`` then ``assert_batch``) passes, trying
+    every world size from 1 to ``limit``: a full triple holds at the one world size
+    ``train_batch_size / (micro * accumulation)``, a partial one where the floor divisions are
+    exact, a micro batch without ``train_batch_size`` everywhere."""
+    given = effective.batch
+    train, micro, gas = (
+        _value(given.train_batch_size),
+        _value(given.micro_batch_per_gpu),
+        _value(given.gradient_accumulation_steps),
+    )
+    written = ", ".join(
+        f"{label} {value}"
+        for label, value in (("train_batch_size", train), ("micro", micro), ("accumulation", gas))
+        if value is not None
+    )
+    if any(v is not None and not _is_int(v) for v in (train, micro, gas)):
+        return BatchWorldSizes((), 0, written)  # not numbers: validation says what fails
+    sizes = []
+    for ws in range(1, limit + 1):
+        try:
+            assert_batch(derive_batch(train, micro, gas, ws)[0], ws)
+        except (AssertionError, ZeroDivisionError):
+            continue
+        sizes.append(ws)
+    return BatchWorldSizes(tuple(sizes), limit, written)
+
+
 def batch_hazards(check: BatchCheck) -> list[ConfigHazard]:
     """Batch settings DeepSpeed accepts but that change with the GPU count.
 

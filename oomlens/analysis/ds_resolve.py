@@ -371,8 +371,11 @@ def _resolve_precision(
         bf16_key = "bfloat16"
         bf16_block = data.get("bfloat16", {})
 
-    def auto_enabled(target: Precision) -> dict[str, tuple[object, str]]:
-        if ctx.precision is None or ctx.integration == "deepspeed":
+    def auto_enabled(target: Precision, key: str) -> dict[str, tuple[object, str]]:
+        # transformers' fill_match and Accelerate's fill the spellings "fp16.enabled" and
+        # "bf16.enabled" only: an "auto" under the older "bfloat16" key is left for DeepSpeed,
+        # which drops it (bf16 stays disabled).
+        if ctx.precision is None or ctx.integration == "deepspeed" or key not in ("fp16", "bf16"):
             return {}
         src = f" from {ctx.precision_source}" if ctx.precision_source else ""
         return {
@@ -385,10 +388,14 @@ def _resolve_precision(
     fp16_validated = validate_model(FP16, fp16_block) if isinstance(fp16_block, dict) else None
     bf16_validated = validate_model(BF16, bf16_block) if isinstance(bf16_block, dict) else None
     fp16 = res.model_values(
-        FP16, fp16_block, "fp16", fp16_validated, resolve_auto=auto_enabled(Precision.FP16)
+        FP16, fp16_block, "fp16", fp16_validated, resolve_auto=auto_enabled(Precision.FP16, "fp16")
     )
     bf16 = res.model_values(
-        BF16, bf16_block, bf16_key, bf16_validated, resolve_auto=auto_enabled(Precision.BF16)
+        BF16,
+        bf16_block,
+        bf16_key,
+        bf16_validated,
+        resolve_auto=auto_enabled(Precision.BF16, bf16_key),
     )
     if bf16_key == "bfloat16":
         bf16 = {

@@ -326,7 +326,7 @@ def validate_with_oomlens(
     ):
         problems.append(
             _Problem(
-                "bf16.enabled",
+                f"{bf16_key}.enabled",
                 "precision_conflict",
                 "bfloat16 and fp16 modes cannot be simultaneously enabled",
             )
@@ -538,7 +538,7 @@ def validate_with_deepspeed(
             if get_float16_config(data).enabled and get_bfloat16_config(data).enabled:
                 problems.append(
                     _Problem(
-                        "bf16.enabled",
+                        f"{_bf16_key(data)}.enabled",
                         "precision_conflict",
                         "bfloat16 and fp16 modes cannot be simultaneously enabled",
                     )

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlens.analysis.batch import BatchCheck, batch_hazards, check_batch
+from oomlens.analysis.batch import (
+    BatchCheck,
+    BatchWorldSizes,
+    batch_hazards,
+    check_batch,
+    world_sizes_accepted,
+)
+from oomlens.analysis.config_traps import (
+    bf16_spelling_hazards,
+    loss_scale_hazards,
+    nvme_path_hazards,
+)
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
@@ -18,6 +29,7 @@ from oomlens.analysis.ds_validation import (
     validate_with_deepspeed,
     validate_with_oomlens,
 )
+from oomlens.analysis.hf_auto import BATCH_KEYS, PRECISION_KEYS, describe_fills
 from oomlens.analysis.zero_model import (
     build_budget,
     candidate_patches,
@@ -31,6 +43,7 @@ from oomlens.facts.config import (
     ConfigHazard,
     ConfigSeverity,
     EffectiveDsConfig,
+    Origin,
     Precision,
     ValidationProblem,
 )
@@ -62,6 +75,10 @@ class Preflight:
     hazards: tuple[ConfigHazard, ...]
     patches: tuple[ConfigPatch, ...]
     notes: tuple[str, ...]
+    precision_pending: bool = False
+    """fp16/bf16 are "auto" and no --precision says what the integration will set."""
+    world_sizes: BatchWorldSizes | None = None
+    """Without --gpus: the GPU counts at which the batch triple holds."""
 
     @property
     def valid(self) -> bool:
@@ -103,10 +120,22 @@ class Preflight:
             for h in self.hazards
             if h.severity in (ConfigSeverity.MEDIUM, ConfigSeverity.HIGH, ConfigSeverity.ERROR)
         ]
-        warned = f", with {len(serious)} hazard(s) above" if serious else ""
+        # The count is of the hazards listed (every severity), so a reader finds as many as
+        # it says; how many of them are serious is said beside it.
+        warned = ""
+        if serious:
+            warned = f", with {len(self.hazards)} hazard(s) above"
+            if len(serious) < len(self.hazards):
+                warned += f" ({len(serious)} medium or higher)"
+        qualifiers = []
+        if self.world_sizes is not None and not self.world_sizes.every:
+            qualifiers.append(f"batch {self.world_sizes.describe()}")
+        if self.budget is None and not self.verdicts:
+            qualifiers.append("no memory check")
+        said = f" ({'; '.join(qualifiers)})" if qualifiers else ""
         if self.verdicts:
-            return "OK: valid and fits" + warned
-        return "OK: valid" + ("" if self.budget is not None else " (no memory check)") + warned
+            return "OK: valid and fits" + said + warned
+        return "OK: valid" + said + warned
 
 
 def preflight(
@@ -158,25 +187,55 @@ def preflight(
             if validator == "auto"
             else "oomlens"
         )
-    if integration in ("hf", "accelerate"):
-        # "auto" is expected there: the batch keys are filled by the integration.
-        problems = tuple(p for p in problems if p.code != "batch_type_error")
+    # "auto" is the HF Trainer's and Accelerate's placeholder, filled before DeepSpeed starts:
+    # a config that holds one is written for them unless --integration deepspeed says not.
+    filled = integration != "deepspeed" and bool(effective.auto_keys)
+    batch_autos = [k for k in BATCH_KEYS if k in effective.auto_keys]
+    if filled and batch_autos:
+        # the triple DeepSpeed checks is the one the integration writes, not this one
+        problems = tuple(p for p in problems if not p.code.startswith("batch_"))
+    precision_pending = (
+        filled
+        and precision is None
+        and any(
+            v.origin is Origin.AUTO_UNRESOLVED and v.key_path in PRECISION_KEYS
+            for v in (effective.precision.fp16_enabled, effective.precision.bf16_enabled)
+        )
+    )
+    if filled:
+        who = "Accelerate" if integration == "accelerate" else "the HF Trainer"
+        if integration is None:
+            notes.append(
+                '"auto" values: read as a config for the HF Trainer or Accelerate, which fill '
+                "them at launch (pass --integration deepspeed if DeepSpeed reads this file "
+                "directly)"
+            )
+        if integration == "accelerate":
+            notes.append(
+                'Accelerate fills these "auto" values at prepare() from its own settings and '
+                "the dataloader: " + ", ".join(effective.auto_keys)
+            )
+        else:
+            notes += describe_fills(effective.auto_keys)
+        if precision_pending:
+            notes.append(
+                f'precision is "auto": {who} enables fp16 or bf16 from its --fp16 / --bf16 '
+                "flag; pass --precision bf16, fp16 or fp32 for the memory budget"
+            )
 
     hazards = list(find_config_hazards(document, effective, integration=integration))
+    if precision_pending:
+        # fp32 is only what DeepSpeed alone would make of the "auto": not known here
+        hazards = [h for h in hazards if h.code != "fp32_fallback"]
+    hazards += bf16_spelling_hazards(document, integration)
+    hazards += nvme_path_hazards(document, effective)
+    hazards += loss_scale_hazards(document)
     if params is None:
         # no budget to size them: the settings themselves are the warning
         hazards += far_above_defaults(effective)
     batch: BatchCheck | None = None
-    batch_autos = [
-        v.key_path
-        for v in (
-            effective.batch.train_batch_size,
-            effective.batch.micro_batch_per_gpu,
-            effective.batch.gradient_accumulation_steps,
-        )
-        if v.value == "auto"
-    ]
-    if batch_autos and integration in ("hf", "accelerate"):
+    world_sizes: BatchWorldSizes | None = None
+    if batch_autos and filled:
         notes.append(
             f'{", ".join(batch_autos)}: "auto", filled by the integration from its own '
             "arguments; the batch triple is not checked"
@@ -185,12 +244,27 @@ def preflight(
         batch = check_batch(effective, WorldSizeFact(gpus, "--gpus"))
         hazards += batch_hazards(batch)
     else:
-        notes.append("no --gpus: the batch triple is only checked for problems at every world size")
+        accepted = world_sizes_accepted(effective)
+        if accepted.limit and (
+            accepted.sizes or not any(p.code.startswith("batch_") for p in problems)
+        ):
+            world_sizes = accepted
+            notes.append(
+                f"no --gpus: the batch triple ({accepted.triple}) {accepted.describe()}: "
+                "DeepSpeed asserts train_batch_size = micro x accumulation x GPUs; pass --gpus "
+                "to check it at yours"
+            )
+        else:
+            notes.append(
+                "no --gpus: the batch triple is only checked for problems at every world size"
+            )
 
     budget: MemoryBudget | None = None
     verdicts: tuple[CapacityVerdict, ...] = ()
     patches: tuple[ConfigPatch, ...] = ()
-    if params is not None:
+    if params is not None and precision_pending:
+        notes.append("memory budget skipped: the precision is set at launch (see above)")
+    elif params is not None:
         world = gpus or 1
         if gpus is None:
             notes.append("no --gpus: the memory budget assumes 1 GPU")
@@ -241,7 +315,7 @@ def preflight(
             )
         if gpu_memory is None and host_memory is None:
             notes.append("no --gpu-memory / --host-memory: nothing to compare the budget with")
-    else:
+    elif params is None:
         notes.append("no --params: memory budget skipped")
     order = {s: i for i, s in enumerate(ConfigSeverity)}
     hazards.sort(key=lambda h: order[h.severity])
@@ -256,6 +330,8 @@ def preflight(
         hazards=tuple(hazards),
         patches=patches,
         notes=tuple(notes),
+        precision_pending=precision_pending,
+        world_sizes=world_sizes,
     )
 
 

@@ -2,8 +2,8 @@
 
 The command line of ``oomlens.session.check_config`` (``oomlens.analysis.preflight`` says what
 it checks), rendered by the same renderers as ``analyze``.  Exit status: 0 when the config is
-valid and fits, 4 when it is invalid or cannot fit (so it can gate a launch script), 2 for a
-bad command line.
+valid and fits, 4 when it is invalid, cannot fit or cannot be read (an empty file included),
+so it can gate a launch script, 2 for a bad command line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from oomlens.cli.params import COUNT, SIZE, SIZE_OR_ZERO, WIDTH_HELP, output_width
+from oomlens.cli.params import COUNT, SIZE, SIZE_HELP, SIZE_OR_ZERO, WIDTH_HELP, output_width
 from oomlens.errors import ExitCode, InputError, OomlensError
 from oomlens.facts.memory_model import DEFAULT_PROCESS_BASELINE_BYTES
 from oomlens.render.registry import formats_for
@@ -20,7 +20,9 @@ from oomlens.render.registry import formats_for
 
 @click.command("check")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--params", type=COUNT, help="Total parameter count (7e9, 7B, 350M).")
+@click.option(
+    "--params", type=COUNT, help="Total parameter count, with its suffix: 7B, 350M (or 7e9)."
+)
 @click.option(
     "--trainable-params", type=COUNT, help="Trainable parameters, if fewer (LoRA, frozen layers)."
 )
@@ -38,14 +40,19 @@ from oomlens.render.registry import formats_for
     type=click.IntRange(min=1),
     help="GPUs per host (default: --gpus, at most 8).",
 )
-@click.option("--gpu-memory", type=SIZE, help="Memory of one GPU (80GiB).")
-@click.option("--host-memory", type=SIZE, help="RAM of one host, or its container limit (512GiB).")
+@click.option("--gpu-memory", type=SIZE, help=f"Memory of one GPU: 80GiB. {SIZE_HELP}")
+@click.option(
+    "--host-memory",
+    type=SIZE,
+    help=f"RAM of one host, or its container limit: 512GiB. {SIZE_HELP}",
+)
 @click.option(
     "--host-baseline",
     type=SIZE_OR_ZERO,
     default=DEFAULT_PROCESS_BASELINE_BYTES,
     show_default="1.2 GB, measured on torch 2.11/CUDA 13",
-    help="Host memory each rank uses besides DeepSpeed's buffers (Python, libraries, CUDA).",
+    help="Host memory each rank uses besides DeepSpeed's buffers (Python, libraries, CUDA). "
+    + SIZE_HELP,
 )
 @click.option(
     "--precision",
@@ -113,7 +120,8 @@ def check(
 ) -> None:
     """Check a DeepSpeed config before launch: validity, batch arithmetic, memory budget.
 
-    Exits 0 when the config is valid and fits, 4 when it is invalid or cannot fit.
+    Exits 0 when the config is valid and fits, 4 when it is invalid, cannot fit, or cannot be
+    read (missing, empty, not JSON/Hjson).
     """
     if trainable_params is not None and params is not None and trainable_params > params:
         raise click.BadParameter("--trainable-params is larger than --params")
@@ -145,6 +153,15 @@ def check(
         )
     except InputError as err:
         err.exit_code = ExitCode.CHECK_FAILED
+        if output_format == "json":
+            # A reader of the JSON (a launch gate) gets a document whatever went wrong.
+            from oomlens import __version__
+            from oomlens.render.json import check_error_json
+
+            click.echo(
+                check_error_json(str(config), err.message, int(err.exit_code), __version__),
+                nl=False,
+            )
         raise
     shown = RenderOptions(width=output_width(width))
     click.echo(render(check, Format(output_format), shown), nl=False)

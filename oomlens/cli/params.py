@@ -1,7 +1,13 @@
-"""Click parameter types shared by the commands: counts (``1.3B``) and sizes (``80GiB``)."""
+"""Click parameter types shared by the commands: counts (``1.3B``) and sizes (``80GiB``).
+
+A size or count written without a unit is taken literally (bytes, parameters), so
+``--gpu-memory 80`` would be 80 bytes and ``--params 7`` seven parameters: a bare number too
+small to be what any such option means is refused, with the unit it was probably meant in.
+"""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from typing import Any
@@ -10,6 +16,18 @@ import click
 
 from oomlens.units import parse_count, parse_size
 
+_BARE_NUMBER = re.compile(r"^\s*[0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\s*$")
+
+SMALLEST_BARE_SIZE = 2**20
+"""A size without a unit below 1 MiB is refused: no GPU, host or process holds so little."""
+SMALLEST_BARE_COUNT = 10**4
+"""A count without a suffix below ten thousand is refused: no model DeepSpeed trains, nor its
+largest layer, is that small (a LoRA adapter of rank 1 on one 100-wide layer has 200)."""
+
+
+def _is_bare(text: str) -> bool:
+    return _BARE_NUMBER.match(text) is not None
+
 
 class _CountType(click.ParamType):
     name = "COUNT"
@@ -17,10 +35,22 @@ class _CountType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
+        text = str(value)
         try:
-            return parse_count(str(value))
+            count = parse_count(text)
         except ValueError as err:
             self.fail(str(err), param, ctx)
+        except OverflowError:
+            self.fail(f"{text!r} is too large a count", param, ctx)
+        if _is_bare(text) and count < SMALLEST_BARE_COUNT:
+            number = text.strip()
+            self.fail(
+                f"{number} without a suffix is {number} parameters; did you mean {number}B "
+                f"({number} billion) or {number}M? (write 7B, 350M or 7e9)",
+                param,
+                ctx,
+            )
+        return count
 
 
 MAX_SIZE = 2**64
@@ -36,12 +66,23 @@ class _SizeType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
+        text = str(value)
         try:
-            size = parse_size(str(value), at_most=MAX_SIZE)
+            size = parse_size(text, at_most=MAX_SIZE)
         except ValueError as err:
             self.fail(f"{err} (use e.g. 80GiB, 512GB)", param, ctx)
         if size < 0 or (size == 0 and not self.allow_zero):
             self.fail(f"{value!r} is not a positive size", param, ctx)
+        if size and _is_bare(text) and size < SMALLEST_BARE_SIZE:
+            number = text.strip()
+            # nvidia-smi prints MiB (81559MiB); GiB is how a card or host is spoken of.
+            unit = "GiB" if size < 10_000 else "MiB"
+            self.fail(
+                f"{number} without a unit is {number} bytes; did you mean {number}{unit}? "
+                "(write the unit: 80GiB, 81559MiB; GB is read as GiB)",
+                param,
+                ctx,
+            )
         return size
 
 
@@ -59,6 +100,8 @@ class _JobsType(click.ParamType):
             self.fail(f"{value!r}: give a number of processes (at least 1) or auto", param, ctx)
         return int(value)
 
+
+SIZE_HELP = "With its unit; GB, MB are read as GiB, MiB (as torch and nvidia-smi mean them)."
 
 WIDTH_HELP = (
     "Wrap the text output at N columns, with a hanging indent (0: one line per item). "

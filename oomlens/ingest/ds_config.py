@@ -160,6 +160,14 @@ def read_ds_config(path: str | Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> Co
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise InputError(name, f"line {line}: not UTF-8 text", "save the config as UTF-8") from None
+    if not text.lstrip("\ufeff").strip():
+        # hjson reads nothing as {}, so DeepSpeed would only complain of a missing batch size;
+        # an empty file is a failed write or the wrong path, and is said as such.
+        raise InputError(
+            name,
+            "the file is empty" if not raw else "the file holds only white space",
+            "pass the ds_config.json file with its settings",
+        )
     return parse_ds_config_text(text, name)
 
 

@@ -36,9 +36,14 @@ def check_text(check: CheckReport, width: int = 0) -> str:
             offload.append(
                 f"{label}={block.device.value}{' (pinned)' if block.pin_memory.value else ''}"
             )
+    precision = (
+        "precision set at launch"
+        if result.precision_pending
+        else eff.precision.model_precision.value
+    )
     out.add(
         f"  ZeRO stage {z.stage.value} ({z.stage.origin.value}), "
-        f"{eff.precision.model_precision.value}, "
+        f"{precision}, "
         f"offload: {', '.join(offload) if offload else 'none'}"
     )
     out.add("")
@@ -204,7 +209,15 @@ def _render_budget(
             )
     host_rows = _component_rows(budget, Device.HOST, w)
     lines.add("")
-    lines.add(f"Memory per host: {topo.ranks_per_host} rank(s) per host")
+    ranks = topo.ranks_per_host
+    lines.add(
+        f"Memory per host: {ranks} rank(s) per host"
+        + (
+            f" (each row: the host's total; a per-rank formula is shown times {ranks} ranks)"
+            if ranks > 1
+            else ""
+        )
+    )
     if host_rows:
         for row in host_rows:
             lines.add(row, hang=row_hang)
@@ -256,8 +269,14 @@ def _component_rows(budget: MemoryBudget, device: Device, w: int) -> list[str]:
     ranks = budget.topology.ranks_per_host
     for comp in budget.on(device):
         value = comp.bytes
+        formula = comp.formula
         if device is Device.HOST and not comp.per_host:
+            # a host row holds every rank's copy: its formula says so, beside the total
             value *= ranks
+            if ranks > 1:
+                formula = f"{ranks} ranks x ({formula})"
+        elif device is Device.HOST and ranks > 1:
+            formula = f"{formula} (once per host)"
         flags = []
         if comp.pinned:
             flags.append("pinned")
@@ -268,7 +287,5 @@ def _component_rows(budget: MemoryBudget, device: Device, w: int) -> list[str]:
         if len(name) > w:  # only when wrapped: the label column is as wide as every name else
             rows.append(f"  {name}")
             name = ""
-        rows.append(
-            f"  {name:{w}} {format_size(value):>11}  {comp.phase.value:17} {comp.formula}{flag}"
-        )
+        rows.append(f"  {name:{w}} {format_size(value):>11}  {comp.phase.value:17} {formula}{flag}")
     return rows

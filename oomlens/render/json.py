@@ -296,6 +296,21 @@ def check_to_dict(check: CheckReport) -> dict[str, Any]:
     return payload
 
 
+def check_error_json(config: str, message: str, exit_code: int, oomlens_version: str) -> str:
+    """``oomlens check --format json``'s document for a config it could not read: the same
+    keys a reader tests first (``valid``, ``failed``), with ``error`` saying what went wrong
+    (its one line, as on stderr) and the exit code the command ends with."""
+    payload = {
+        "schema_version": CHECK_SCHEMA_VERSION,
+        "oomlens_version": oomlens_version,
+        "config": config,
+        "valid": False,
+        "failed": True,
+        "error": {"message": message, "exit_code": exit_code},
+    }
+    return json.dumps(_stripped(payload), indent=2, ensure_ascii=False) + "\n"
+
+
 def _json_safe(value: object) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
