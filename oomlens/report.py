@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from oomlens import __version__
-from oomlens.analysis.preflight import Preflight
 from oomlens.diagnosis import (
     Diagnosis,
     Evidence,
@@ -28,6 +27,7 @@ from oomlens.diagnosis import (
     Unit,
     Verdict,
 )
+from oomlens.facts.preflight import Preflight
 from oomlens.facts.run import RunFacts
 from oomlens.facts.signals import FailurePoint
 from oomlens.facts.whatif import WhatIf

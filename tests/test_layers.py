@@ -31,7 +31,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_every_import_goes_down_the_layers() -> None:
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
 def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
@@ -57,4 +57,36 @@ def test_the_capture_may_import_nothing_of_oomlens_but_itself(tmp_path: Path) ->
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert "oomlens.capture.settings -> oomlens.units" in result.stdout
-    assert "1 kept, 1 broken" in result.stdout
+    assert "2 kept, 1 broken" in result.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "oomlens", tmp_path / "oomlens", ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path / "oomlens"
+
+
+def test_judgment_may_not_reach_how_signals_are_derived(tmp_path: Path) -> None:
+    # GIVEN a copy where a rule computes a signal itself (the analysis is below the rules, so
+    # the layers allow it) and the report calls the derive stage
+    package = _copy(tmp_path)
+    rule = package / "rules" / "shm_exhausted.py"
+    rule.write_text(rule.read_text() + "\nimport oomlens.analysis.zero_model  # noqa\n")
+    report = package / "report.py"
+    report.write_text(report.read_text() + "\nimport oomlens.derive.signals  # noqa\n")
+    # WHEN the contracts are checked THEN the judgment's contract is broken, naming both
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert "oomlens.rules.shm_exhausted -> oomlens.analysis.zero_model" in result.stdout
+    assert "oomlens.report -> oomlens.derive.signals" in result.stdout
+    assert "2 kept, 1 broken" in result.stdout
+
+
+def test_every_module_of_the_package_has_a_layer(tmp_path: Path) -> None:
+    # GIVEN a copy with a new top-level module no layer names
+    package = _copy(tmp_path)
+    (package / "stray.py").write_text('"""A module nobody placed."""\n')
+    # WHEN the contracts are checked THEN the layers contract says it is missing
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert "oomlens.stray" in result.stdout

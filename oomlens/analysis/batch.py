@@ -14,7 +14,7 @@ merge patches, saying which of them change the effective (global) batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from oomlens.analysis.config_patch import make_patch
@@ -26,68 +26,13 @@ from oomlens.facts.config import (
     EffectiveDsConfig,
     Origin,
 )
-from oomlens.facts.memory_model import ConfigChange, ConfigPatch
+from oomlens.facts.memory_model import ConfigChange
+from oomlens.facts.preflight import BatchCheck, BatchCorrection, BatchTriple, BatchWorldSizes
 from oomlens.facts.run import WorldSizeFact
 
 TRAIN = "train_batch_size"
 MICRO = "train_micro_batch_size_per_gpu"
 GAS = "gradient_accumulation_steps"
-
-
-@dataclass(frozen=True, slots=True)
-class BatchTriple:
-    train_batch_size: Any
-    micro_batch_per_gpu: Any
-    gradient_accumulation_steps: Any
-
-    def describe(self) -> str:
-        return (
-            f"train_batch_size={self.train_batch_size}, "
-            f"train_micro_batch_size_per_gpu={self.micro_batch_per_gpu}, "
-            f"gradient_accumulation_steps={self.gradient_accumulation_steps}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BatchCorrection:
-    """A triple DeepSpeed accepts at this world size, as a patch.
-
-    ``keeps`` names what it holds fixed; ``changes_effective_batch`` is True when the global
-    batch (samples per optimizer step) differs from ``train_batch_size`` as configured;
-    ``micro_batch_change`` is new micro minus the micro in force (activation memory follows it).
-    """
-
-    triple: BatchTriple
-    keeps: str
-    changes_effective_batch: bool
-    micro_batch_change: int
-    patch: ConfigPatch
-
-
-@dataclass(frozen=True, slots=True)
-class BatchCheck:
-    """The outcome of DeepSpeed's batch logic for one config and world size.
-
-    ``derived`` is the triple DeepSpeed ends with (None when it raises); ``derivations`` spell
-    out the floor divisions it made; ``error`` is DeepSpeed's exception text, verbatim
-    (``AssertionError: Check batch related parameters. ...``), with ``error_code`` one of
-    ``batch_mismatch``, ``batch_nonpositive``, ``batch_missing``, ``batch_type_error``,
-    ``batch_zero_division``.  ``floor_loss`` is True when a derived value was rounded down.
-    """
-
-    given: BatchSettings
-    world_size: WorldSizeFact
-    derived: BatchTriple | None
-    derivations: tuple[str, ...]
-    error: str | None
-    error_code: str | None
-    error_key: str | None
-    floor_loss: bool
-    corrections: tuple[BatchCorrection, ...]
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def _value(item: ConfigValue[Any]) -> Any:
@@ -346,35 +291,6 @@ def _divisors_from_top(n: int, cap: int, count: int, budget: int = 100_000) -> l
 
 WORLD_SIZE_SCAN = 1024
 """World sizes ``world_sizes_accepted`` tries (1 to this)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BatchWorldSizes:
-    """The world sizes (1 to ``limit``) at which DeepSpeed accepts a batch triple."""
-
-    sizes: tuple[int, ...]
-    limit: int
-    triple: str
-    """The triple as written (``train_batch_size 32, micro 4, accumulation 8``)."""
-
-    @property
-    def every(self) -> bool:
-        return len(self.sizes) == self.limit
-
-    def describe(self) -> str:
-        """``holds only at 1 GPU``, ``holds at 1, 2 or 4 GPUs``, ``holds at any GPU count``."""
-        if self.every:
-            return "holds at any GPU count (the missing value follows it)"
-        if not self.sizes:
-            return f"holds at no GPU count up to {self.limit}"
-        shown = [str(n) for n in self.sizes[:12]]
-        more = (
-            f" (and {len(self.sizes) - 12} more up to {self.limit})" if len(self.sizes) > 12 else ""
-        )
-        unit = "GPU" if self.sizes == (1,) else "GPUs"
-        if len(shown) == 1:
-            return f"holds only at {shown[0]} {unit}"
-        return f"holds only at {', '.join(shown[:-1])} or {shown[-1]} {unit}{more}"
 
 
 def world_sizes_accepted(

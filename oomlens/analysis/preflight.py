@@ -8,8 +8,6 @@ and per host, compares it with the capacities given, and proposes the patches th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from oomlens.analysis.batch import (
     BatchCheck,
     BatchWorldSizes,
@@ -40,12 +38,10 @@ from oomlens.analysis.zero_model import (
 from oomlens.errors import ExitCode, OomlensError
 from oomlens.facts.config import (
     ConfigDocument,
-    ConfigHazard,
     ConfigSeverity,
     EffectiveDsConfig,
     Origin,
     Precision,
-    ValidationProblem,
 )
 from oomlens.facts.memory_model import (
     DEFAULT_PROCESS_BASELINE_BYTES,
@@ -57,85 +53,8 @@ from oomlens.facts.memory_model import (
     ModelSize,
     Topology,
 )
+from oomlens.facts.preflight import Preflight
 from oomlens.facts.run import WorldSizeFact
-from oomlens.units import format_size
-
-
-@dataclass(frozen=True, slots=True)
-class Preflight:
-    """Everything a pre-flight check of one ds_config found."""
-
-    document: ConfigDocument
-    effective: EffectiveDsConfig
-    validator: str
-    problems: tuple[ValidationProblem, ...]
-    batch: BatchCheck | None
-    budget: MemoryBudget | None
-    verdicts: tuple[CapacityVerdict, ...]
-    hazards: tuple[ConfigHazard, ...]
-    patches: tuple[ConfigPatch, ...]
-    notes: tuple[str, ...]
-    precision_pending: bool = False
-    """fp16/bf16 are "auto" and no --precision says what the integration will set."""
-    world_sizes: BatchWorldSizes | None = None
-    """Without --gpus: the GPU counts at which the batch triple holds."""
-
-    @property
-    def valid(self) -> bool:
-        return not self.problems
-
-    @property
-    def fits(self) -> bool:
-        return all(v.fits for v in self.verdicts)
-
-    @property
-    def failed(self) -> bool:
-        """Invalid, a batch DeepSpeed would refuse, or a budget that cannot fit."""
-        return (
-            not self.valid
-            or (self.batch is not None and not self.batch.ok)
-            or any(not v.fits for v in self.verdicts)
-        )
-
-    def verdict(self) -> str:
-        """``OK: valid and fits``, or every reason it is not."""
-        reasons = []
-        if not self.valid:
-            reasons.append(f"INVALID ({len(self.problems)} problem(s))")
-        if (
-            self.batch is not None
-            and not self.batch.ok
-            and not any(p.code.startswith("batch_") for p in self.problems)
-        ):
-            reasons.append("INVALID (batch)")
-        reasons += [
-            f"CANNOT FIT ({verdict.kind} short by {format_size(verdict.overflow_bytes)})"
-            for verdict in self.verdicts
-            if not verdict.fits
-        ]
-        if reasons:
-            return "; ".join(reasons)
-        serious = [
-            h
-            for h in self.hazards
-            if h.severity in (ConfigSeverity.MEDIUM, ConfigSeverity.HIGH, ConfigSeverity.ERROR)
-        ]
-        # The count is of the hazards listed (every severity), so a reader finds as many as
-        # it says; how many of them are serious is said beside it.
-        warned = ""
-        if serious:
-            warned = f", with {len(self.hazards)} hazard(s) above"
-            if len(serious) < len(self.hazards):
-                warned += f" ({len(serious)} medium or higher)"
-        qualifiers = []
-        if self.world_sizes is not None and not self.world_sizes.every:
-            qualifiers.append(f"batch {self.world_sizes.describe()}")
-        if self.budget is None and not self.verdicts:
-            qualifiers.append("no memory check")
-        said = f" ({'; '.join(qualifiers)})" if qualifiers else ""
-        if self.verdicts:
-            return "OK: valid and fits" + said + warned
-        return "OK: valid" + said + warned
 
 
 def preflight(

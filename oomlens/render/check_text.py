@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from oomlens.analysis.batch import BatchCheck
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig
 from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget
+from oomlens.facts.preflight import BatchCheck
 from oomlens.render.wrap import Wrapped, json_members
 from oomlens.report import CheckReport
 from oomlens.units import format_size
