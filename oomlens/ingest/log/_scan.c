@@ -11,7 +11,7 @@
  *
  * The anchor search is in _scan_anchors.h, the line keys and shapes in _scan_shapes.h.
  *
- * Two helpers of the reader's apply live here too: label_keys (bulk.Labels.ids_of's grouping
+ * Two helpers of the reader's apply live here too: label_keys (bulk_labels.Labels.ids_of's grouping
  * of label texts, by a hash table) and grouped_sums (series.grouped_sums's exact sums, in
  * 128-bit integers); tests/ingest/log/test_bulk.py checks the sums against fractions.  And
  * one of the apply's (_scan_apply.h): the order in which a run's memory samples close.
@@ -567,9 +567,9 @@ done:
     return result;
 }
 
-/* ---- label keys (bulk.Labels.ids_of's grouping) */
+/* ---- label keys (bulk_labels.Labels.ids_of's grouping) */
 
-/* Whether text starts with a logger record's timestamp then " [" (bulk._STAMPED). */
+/* Whether text starts with a logger record's timestamp then " [" (bulk_labels.STAMPED). */
 static int stamped(const uint8_t *t, Py_ssize_t len) {
     static const char stamp[] = "[0000-00-00 00:00:00,000] [";
     if (len < (Py_ssize_t)sizeof stamp - 1) return 0;

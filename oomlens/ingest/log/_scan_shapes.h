@@ -30,7 +30,7 @@ static void init_tables(void) {
     }
 }
 
-/* ---- line heads and stream keys (bulk.line_keys, bulk._no_prefix) */
+/* ---- line heads and stream keys (bulk_keys.line_keys, bulk_keys._no_prefix) */
 
 static inline void head_of(const uint8_t *d, Py_ssize_t n, Py_ssize_t s, uint8_t *h) {
     Py_ssize_t avail = n - s;
@@ -207,7 +207,7 @@ static inline int64_t floor_div(int64_t a, int64_t b) {
 }
 
 /* `\[(YYYY-mm-dd HH:MM:SS,mmm)\] `: microseconds since 1970 and whether the date is valid
- * (bulk._timestamps) */
+ * (bulk_arrow.timestamps) */
 static int timestamp(Cur *c, int64_t *micros, int *valid) {
     static const char *SHAPE = "[0000-00-00 00:00:00,000] ";
     if (c->e - c->p < 26) return 0;

@@ -32,13 +32,11 @@ none, its timestamp is a valid date.  Anything else is a line for the per-line p
 from __future__ import annotations
 
 import importlib.util
-import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from oomlens.ingest.log import deepspeed, native, steps, torch_oom
+from oomlens.ingest.log import bulk_arrow, native, steps, torch_oom
 from oomlens.ingest.log.bits import (
     ANCHOR_BITS,
     ANCHORS,
@@ -51,48 +49,28 @@ from oomlens.ingest.log.bits import (
     PASTE_ANCHORS,
     STEP,
 )
+from oomlens.ingest.log.bulk_arrow import (
+    NO_TS,
+    arrow_indices,
+    floats,
+    gib,
+    ints,
+    numpy_bools,
+    timestamps,
+)
+from oomlens.ingest.log.bulk_keys import HEAD, NO_KEY, OPENS, UNSURE, byte_at, heads, line_keys
+from oomlens.ingest.log.bulk_labels import LABEL_DEFERRED, LABEL_NONE, Labels
 from oomlens.ingest.log.state import AnchorScanner
-from oomlens.ingest.textstream import MAX_LINE_BYTES, LineCleaner, StreamStats
-
-pa: Any = None
-pc: Any = None
-"""pyarrow and pyarrow.compute, imported by the pure path's first scan (``_arrow``): the
-extension's path never needs them (importing them cost each reading process 0.2 s and 38 MiB)."""
+from oomlens.ingest.textstream import MAX_LINE_BYTES
 
 AVAILABLE = native.NATIVE or importlib.util.find_spec("pyarrow") is not None
 """The bulk path needs the extension (``native``) or pyarrow (without both every line takes the
 per-line path)."""
 
 
-def _arrow() -> bool:
-    """Import pyarrow for the pure path; False where it is missing."""
-    global pa, pc
-    if pa is None:
-        try:
-            import pyarrow
-            import pyarrow.compute
-        except ImportError:  # pragma: no cover - exercised where the extra is missing
-            return False
-        pa, pc = pyarrow, pyarrow.compute
-    return True
-
-
 # The kinds of bulk line.
 NONE, MEMORY, CPU, FLUSH_LINE, STEP_GENERIC, STEP_DS = range(6)
 KIND_BITS = {MEMORY: DS_MEMORY, CPU: DS_CPU, FLUSH_LINE: FLUSH, STEP_GENERIC: STEP, STEP_DS: STEP}
-
-NO_KEY = -1
-"""A line's stream key is ``()`` (no prefix)."""
-UNSURE = -2
-"""The scan cannot tell a line's stream key without the per-line prefix parser."""
-DEFAULT_ROLE = 1 << 24
-"""Keys: ``N`` for ``[rankN]:``, ``DEFAULT_ROLE + N`` for ``[defaultN]:``."""
-LABEL_NONE = -1
-LABEL_DEFERRED = -2
-"""A memory line whose label the reader must look up itself (the walk met a line whose stream
-the scan could not tell, or left the bytes the scan has)."""
-
-NO_TS = int(np.iinfo(np.int64).min)
 
 LABEL_WINDOW = 16384
 LABEL_LINES = 16
@@ -152,10 +130,6 @@ def shape(kind: int, prefixed: bool, logger: bool) -> str | None:
     if logger and kind in (MEMORY, CPU):
         body = body + str(_BODIES[kind][0])
     return (_PREFIXED if prefixed else _PLAIN) + body
-
-
-_GIB = float(1 << 30)
-_STAMPED = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d\d\d\] \[")
 
 
 @dataclass(slots=True)
@@ -270,332 +244,6 @@ def plain_spaces(data: bytes) -> bytes:
     return data
 
 
-_HEAD = 32
-
-
-def _table(chars: bytes) -> np.ndarray:
-    table = np.zeros(256, dtype=bool)
-    table[np.frombuffer(chars, dtype=np.uint8)] = True
-    return table
-
-
-_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_DIGIT = _table(b"0123456789")
-_HOST = _table(_LETTERS + b"0123456789._-")
-_LETTER = _table(_LETTERS)
-_SPACE = _table(b" ")
-_OPENS = _table(b"[(")
-_DIGIT_OR_SPACE = _table(b" 0123456789")
-_NOT_AFTER_BRACKET = ~_table(_LETTERS + b"_0123456789")
-_ENDS_AT_ONCE = ~_table(b"[( 0123456789" + _LETTERS + b"\r\x1b\x00")
-"""First bytes with which ``_strip_prefixes`` finds no prefix at once (a byte that starts no
-prefix; ``\r``, ESC and NUL excepted: cleaning changes those lines)."""
-
-
-def _heads(window: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The first ``_HEAD`` bytes from each line start (a short line's newline and the next
-    line's bytes follow it: every rule below stops at a newline); ``window`` is
-    ``_Lines.window``."""
-    return np.ascontiguousarray(window[starts])
-
-
-def _run(table: np.ndarray, head: np.ndarray, first: int, most: int) -> np.ndarray:
-    """How many bytes from column ``first`` on are in ``table`` (at most ``most``)."""
-    block = table[head[:, first : first + most]]
-    run: np.ndarray = np.cumprod(block, axis=1, dtype=np.int8).sum(axis=1, dtype=np.int64)
-    return run
-
-
-def _number(head: np.ndarray, first: int, count: np.ndarray) -> np.ndarray:
-    value = np.zeros(len(head), dtype=np.int64)
-    for j in range(int(count.max(initial=0))):
-        digit = head[:, first + j].astype(np.int64) - 48
-        value = np.where(j < count, value * 10 + digit, value)
-    return value
-
-
-def _at(head: np.ndarray, column: np.ndarray) -> np.ndarray:
-    byte: np.ndarray = head[np.arange(len(head)), np.minimum(column, _HEAD - 1)]
-    return byte
-
-
-def line_keys(head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each line (its ``_heads`` row): the stream key ``strip_prefixes`` gives it
-    (``UNSURE`` where these rules cannot tell: other prefixes, hosts, Ray, srun, a prefix
-    followed by another) and the length of its ``[rankN]:``/``[defaultN]:`` prefix (0: none).
-
-    Mirrors ``prefixes.strip_prefixes``: its fast match (``[roleN]:`` and a space, not followed
-    by ``[`` or ``(``), its slow path's stop at a timestamp, and for lines without such a
-    prefix, the first step of ``_strip_prefixes`` when it finds nothing."""
-    n = len(head)
-    c = head
-    keys = np.full(n, UNSURE, dtype=np.int64)
-    lengths = np.zeros(n, dtype=np.int64)
-    prefixed = np.zeros(n, dtype=bool)
-    bracket = c[:, 0] == 91
-    rank = bracket & (c[:, 1] == 114) & (c[:, 2] == 97) & (c[:, 3] == 110) & (c[:, 4] == 107)
-    default = bracket & (c[:, 1] == 100) & (c[:, 2] == 101) & (c[:, 3] == 102)
-    default &= (c[:, 4] == 97) & (c[:, 5] == 117) & (c[:, 6] == 108) & (c[:, 7] == 116)
-    for role, at, base in ((rank, 5, 0), (default, 8, DEFAULT_ROLE)):
-        rows = np.flatnonzero(role)
-        if not len(rows):
-            continue
-        r = c[rows]
-        count = _run(_DIGIT, r, at, 7)
-        value = _number(r, at, np.minimum(count, 6))
-        close = at + count
-        ok = (count >= 1) & (count <= 6) & (_at(r, close) == 93) & (_at(r, close + 1) == 58)
-        end = close + 2
-        end = end + (_at(r, end) == 32)
-        after = _at(r, end)
-        fast = ok & ~_OPENS[after]
-        # "[rank3]:[2026-...": the slow path takes "[rank3]:" and stops at the timestamp
-        dated = ok & (after == 91) & (end + 6 < _HEAD) & (_at(r, end + 5) == 45)
-        for j in range(1, 5):
-            dated &= _DIGIT[_at(r, end + j)]
-        sure = fast | dated
-        keys[rows[sure]] = base + value[sure]
-        lengths[rows[ok]] = end[ok]
-        prefixed[rows[ok]] = True
-    # No prefix: _strip_prefixes stops at once (rules on the lines without one only).
-    plain = np.flatnonzero(~prefixed)
-    if len(plain):
-        keys[plain[_no_prefix(c[plain])]] = NO_KEY
-    # Cleaning turns full-width forms and non-breaking spaces into ASCII, which can make a
-    # prefix of what was none: a head with a byte past ASCII is for the prefix parser.
-    keys[(c >= 128).any(axis=1)] = UNSURE
-    return keys, lengths
-
-
-def _no_prefix(c: np.ndarray) -> np.ndarray:
-    """Which of these lines (without a ``[roleN]:`` prefix) ``_strip_prefixes`` leaves as
-    they are."""
-    first = c[:, 0]
-    none = _ENDS_AT_ONCE[first]
-    bracket = np.flatnonzero(first == 91)
-    if len(bracket):
-        b = c[bracket]
-        dated = (_run(_DIGIT, b, 1, 4) == 4) & (b[:, 5] == 45)
-        none[bracket] = dated | _NOT_AFTER_BRACKET[b[:, 1]]
-    numeric = np.flatnonzero(_DIGIT_OR_SPACE[first])
-    if len(numeric):
-        d = c[numeric]
-        spaces = _run(_SPACE, d, 0, 5)
-        digits = np.zeros(len(d), dtype=np.int64)
-        for count in range(5):
-            here = spaces == count
-            if here.any():
-                digits[here] = _run(_DIGIT, d[here], count, 6)
-        colon = spaces + digits
-        srun = (spaces <= 4) & (digits >= 1) & (digits <= 5)
-        srun &= (_at(d, colon) == 58) & (_at(d, colon + 1) == 32)
-        none[numeric] = ~srun
-    letter = np.flatnonzero(_LETTER[first])
-    if len(letter):
-        e = c[letter]
-        run = _run(_HOST, e, 0, _HEAD)
-        host_like = (_at(e, run) == 58) & (_at(e, run + 1) == 32)
-        none[letter] = (run < _HEAD - 2) & ~host_like
-    result: np.ndarray = none
-    return result
-
-
-def _present(column: pa.Array) -> np.ndarray:
-    """Which values of a binary or string column are there and not empty (a group that did not
-    take part is captured as ``""``)."""
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)
-    lengths = np.diff(offsets[column.offset : column.offset + len(column) + 1])
-    return _valid(column) & (lengths > 0)
-
-
-def _valid(array: pa.Array) -> np.ndarray:
-    """An Arrow array's validity as numpy booleans."""
-    if not array.null_count:
-        return np.ones(len(array), dtype=bool)
-    return _bits(array.buffers()[0], array.offset, len(array))
-
-
-def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
-    bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")
-    result: np.ndarray = bits[offset : offset + length].astype(bool)
-    return result
-
-
-def _numbers(
-    table: pa.StructArray, name: str, to: pa.DataType, dtype: type, missing: float
-) -> np.ndarray:
-    """A captured group of digits (or a decimal) cast by Arrow, ``missing`` where the group did
-    not take part."""
-    column = table.field(name)
-    present = _present(column)
-    out: np.ndarray = np.full(len(column), missing, dtype=dtype)
-    chosen = np.flatnonzero(present)
-    if len(chosen):
-        text = pc.take(column, arrow_indices(chosen)).cast(pa.string())
-        values = pc.cast(text, to)  # no nulls: every value chosen is there
-        out[chosen] = np.frombuffer(values.buffers()[1], dtype=dtype)[
-            values.offset : values.offset + len(values)
-        ]
-    return out
-
-
-def _ints(table: pa.StructArray, name: str) -> np.ndarray:
-    """A group of digits as int64, ``-1`` where absent."""
-    return _numbers(table, name, pa.int64(), np.int64, -1)
-
-
-def _floats(table: pa.StructArray, name: str) -> np.ndarray:
-    """A decimal group as float64 (Arrow's parsing rounds correctly, as ``float`` does)."""
-    return _numbers(table, name, pa.float64(), np.float64, np.nan)
-
-
-def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:
-    """Days since 1970-01-01 of proleptic Gregorian dates (H. Hinnant's algorithm)."""
-    year = year - (month <= 2)
-    era = np.floor_divide(year, 400)
-    yoe = year - era * 400
-    doy = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    days: np.ndarray = era * 146097 + doe - 719468
-    return days
-
-
-_DAYS = np.array([0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])
-
-
-def _timestamps(table: pa.StructArray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Microseconds since 1970 of ``YYYY-mm-dd HH:MM:SS,mmm`` texts (``NO_TS`` where there is
-    none), and which of them are valid dates (the per-line parsers read nothing from an
-    invalid one)."""
-    column = table.field(name)
-    n = len(column)
-    present = _present(column)
-    micros = np.full(n, NO_TS, dtype=np.int64)
-    valid = np.ones(n, dtype=bool)
-    if not present.any():
-        return micros, valid
-    chosen = np.flatnonzero(present)
-    flat = pc.take(column, arrow_indices(chosen))
-    offsets = np.frombuffer(flat.buffers()[1], dtype=np.int32)[flat.offset : flat.offset + 2]
-    raw = np.frombuffer(flat.buffers()[2], dtype=np.uint8)[offsets[0] :]
-    digits = raw[: 23 * len(chosen)].reshape(-1, 23).astype(np.int64) - 48
-
-    def number(a: int, b: int) -> np.ndarray:
-        out = np.zeros(len(chosen), dtype=np.int64)
-        for j in range(a, b):
-            out = out * 10 + digits[:, j]
-        return out
-
-    year, month, day = number(0, 4), number(5, 7), number(8, 10)
-    hour, minute, second, milli = number(11, 13), number(14, 16), number(17, 19), number(20, 23)
-    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
-    limit = np.where((month == 2) & ~leap, 28, _DAYS[np.clip(month, 0, 12)])
-    ok = (year >= 1) & (month >= 1) & (month <= 12) & (day >= 1) & (day <= limit)
-    ok &= (hour < 24) & (minute < 60) & (second < 60)
-    days = _days_from_civil(year, month, day)
-    micros[chosen] = (((days * 24 + hour) * 60 + minute) * 60 + second) * 1_000_000 + milli * 1000
-    valid[chosen] = ok
-    return micros, valid
-
-
-def _gib(values: np.ndarray) -> np.ndarray:
-    """``deepspeed._gib`` on many values: GiB to bytes, rounded half to even like ``round``."""
-    return np.rint(values * _GIB).astype(np.int64)
-
-
-_DEDUPE_MAX = 256
-_DEDUPE_MIN = 8
-"""Texts are looked up one by one when longer than ``_DEDUPE_MAX`` bytes (numpy would compare
-them a byte column at a time) or when fewer than ``_DEDUPE_MIN`` texts have their length."""
-
-
-class Labels:
-    """``label_before``'s text for a label line's bytes after its prefix, computed once per
-    distinct text (``strip_logger(clean(raw)).strip()``, None when empty or itself a memory
-    line, cut to 200 characters)."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self._ids: dict[str, int] = {}
-        self._raw: dict[bytes, int] = {}
-        self._cleaner = LineCleaner(StreamStats())
-
-    def id_of(self, raw: bytes) -> int:
-        # a logger record's timestamp does not change its message: key the cache on the rest
-        key = raw[26:] if _STAMPED.match(raw) else raw
-        found = self._raw.get(key)
-        if found is not None:
-            return found
-        label = deepspeed.strip_logger(self._cleaner.clean(raw)).strip()
-        if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
-            ident = LABEL_NONE
-        else:
-            label = label[:200]
-            ident = self._ids.setdefault(label, len(self.texts))
-            if ident == len(self.texts):
-                self.texts.append(label)
-        if len(self._raw) < 65536:
-            self._raw[key] = ident
-        return ident
-
-    def ids_of(self, arr: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """``id_of`` of each ``arr[begin:end]``, as calling it row by row would give, but called
-        once per distinct cache key (the text, less a logger record's timestamp), in the order
-        the keys first occur.  Memory lines of many ranks share few labels ("after step 12"
-        on 64 ranks, one logger record at different times): numpy tells the keys apart, a
-        length at a time, rather than a dictionary lookup per line (dense 64-rank log: 0.4 s
-        of the scan's 2.6 s per 100 MiB went to those lookups)."""
-        out = np.full(len(begins), LABEL_NONE, dtype=np.int64)
-        if not len(begins):
-            return out
-        stamped = _stamped(arr, begins, ends)
-        keys_from = begins + 26 * stamped
-        # stamped and plain texts apart: id_of's cache holds either, whichever came first
-        groups = (ends - keys_from) * 2 + stamped
-        firsts: list[np.ndarray] = []
-        inverses: list[tuple[np.ndarray, np.ndarray]] = []
-        for group in np.unique(groups).tolist():
-            rows = np.flatnonzero(groups == group)
-            length = group // 2
-            if length <= 0 or length > _DEDUPE_MAX or len(rows) < _DEDUPE_MIN:
-                first, inverse = rows, np.arange(len(rows))
-            else:
-                texts = arr[keys_from[rows][:, None] + np.arange(length)]
-                keys = np.ascontiguousarray(texts).view(np.dtype((np.void, length))).ravel()
-                _, first_at, inverse = np.unique(keys, return_index=True, return_inverse=True)
-                first = rows[first_at]
-            inverses.append((rows, inverse.ravel()))
-            firsts.append(first)
-        every_first = np.concatenate(firsts)
-        ids = np.empty(len(every_first), dtype=np.int64)
-        data = arr.data
-        for at in np.argsort(every_first, kind="stable").tolist():
-            row = int(every_first[at])
-            ids[at] = self.id_of(bytes(data[int(begins[row]) : int(ends[row])]))
-        offset = 0
-        for (rows, inverse), first in zip(inverses, firsts, strict=True):
-            out[rows] = ids[offset + inverse]
-            offset += len(first)
-        return out
-
-
-_STAMP = b"[0000-00-00 00:00:00,000] ["
-_STAMP_DIGITS = np.frombuffer(_STAMP, dtype=np.uint8) == ord("0")
-_STAMP_BYTES = np.frombuffer(_STAMP, dtype=np.uint8)
-
-
-def _stamped(arr: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Which ``arr[begin:end]`` ``_STAMPED`` matches (a logger record's timestamp, then ``[``):
-    0 or 1 per text."""
-    result = np.zeros(len(begins), dtype=np.int64)
-    rows = np.flatnonzero(ends - begins >= len(_STAMP))
-    if len(rows):
-        head = arr[begins[rows][:, None] + np.arange(len(_STAMP))]
-        ok = np.where(_STAMP_DIGITS, _DIGIT[head], head == _STAMP_BYTES).all(axis=1)
-        result[rows[ok]] = 1
-    return result
-
-
 def scan_batch(
     data: bytes, block_starts: list[int], prev_tail: bytes, *, paste: bool = False
 ) -> BatchScan:
@@ -619,7 +267,7 @@ def scan_batch(
         return scan
     _find_hits(scan, data, ends, paste)
     scan.hit_start = starts[scan.hit_line]
-    if AVAILABLE and len(scan.hit_line) and not paste and _arrow():
+    if AVAILABLE and len(scan.hit_line) and not paste and bulk_arrow.load():
         lines = _Lines(data, arr, starts, ends, bounds, block_first)
         _shapes(scan, lines)
         _consumed_cpu(scan, lines)
@@ -689,22 +337,6 @@ def _progress_bars(arr: np.ndarray, bounds: np.ndarray) -> list[bool]:
     return result
 
 
-def arrow_indices(indices: np.ndarray) -> pa.Array:
-    """``indices`` as an Arrow int64 array over the same memory.  Not ``pa.array``: handed a
-    numpy array it imports pandas to ask whether the array is a pandas object, which cost the
-    reading process 40 MiB of resident memory for nothing (peak RSS reading a 100 MiB 64-rank
-    dense log in one process: 204 MiB with pandas imported, 164 MiB without)."""
-    ints = np.ascontiguousarray(indices, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(ints), [None, pa.py_buffer(ints)])
-
-
-def numpy_bools(array: pa.Array) -> np.ndarray:
-    """An Arrow boolean array as numpy's (null as False), unpacked from its bitmap: its
-    ``to_numpy`` imports pandas (see ``arrow_indices``)."""
-    result: np.ndarray = _valid(array) & _bits(array.buffers()[1], array.offset, len(array))
-    return result
-
-
 def _find_hits(scan: BatchScan, data: bytes, ends: np.ndarray, paste: bool) -> None:
     offsets, bits = (_Anchors.paste_hits if paste else _Anchors.hits)(data)
     if not len(offsets):
@@ -741,15 +373,15 @@ class _Lines:
     block_first: np.ndarray
     """The first line of each block."""
     window: np.ndarray = field(init=False)
-    """Every ``_HEAD`` bytes from every offset (a view over the batch and a newline padding)."""
+    """Every ``HEAD`` bytes from every offset (a view over the batch and a newline padding)."""
     dirty: np.ndarray = field(init=False)
     """Lines that cleaning would change (CR, NUL, ESC): never bulk, their key never sure."""
-    array: pa.Array = field(init=False)
+    array: bulk_arrow.pa.Array = field(init=False)
     """The lines (with their newline) as an Arrow binary array over ``data``, no copy."""
 
     def __post_init__(self) -> None:
-        padded = np.frombuffer(self.data + b"\n" * _HEAD, dtype=np.uint8)
-        self.window = np.lib.stride_tricks.sliding_window_view(padded, _HEAD)
+        padded = np.frombuffer(self.data + b"\n" * HEAD, dtype=np.uint8)
+        self.window = np.lib.stride_tricks.sliding_window_view(padded, HEAD)
         self.dirty = np.zeros(len(self.starts), dtype=bool)
         controls = _controls(self.data)
         if len(controls):
@@ -762,6 +394,7 @@ class _Lines:
             # glued on by interleaved writes): the per-line path splits or re-reads those
             self.dirty[np.searchsorted(self.ends, glued)] = True
         offsets = np.concatenate((self.starts, [len(self.data)])).astype(np.int32)
+        pa = bulk_arrow.pa
         self.array = pa.Array.from_buffers(
             pa.binary(), len(self.starts), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
         )
@@ -803,10 +436,10 @@ def _shapes(scan: BatchScan, lines: _Lines) -> None:
     """Read the bulk shapes: for each kind, the hit lines holding its anchors and no other,
     with a stream key the prefix rules are sure of, routed by prefix and form to a one-pass
     pattern of at most four groups (RE2 extracts from those in its one-pass engine)."""
-    head = _heads(lines.window, lines.starts[scan.hit_line])
+    head = heads(lines.window, lines.starts[scan.hit_line])
     keys, prefix_len = line_keys(head)
-    logger = _at(head, prefix_len) == 91
-    space = _at(head, np.maximum(prefix_len - 1, 0)) == 32
+    logger = byte_at(head, prefix_len) == 91
+    space = byte_at(head, np.maximum(prefix_len - 1, 0)) == 32
     scan.key = keys
     scan.prefix_id = ((keys + 2) * 64 + prefix_len * 2 + (space & (prefix_len > 0))).astype(
         np.int64
@@ -828,6 +461,7 @@ def _shapes(scan: BatchScan, lines: _Lines) -> None:
 
 
 def _extract(scan: BatchScan, lines: _Lines, kind: int, pattern: str, chosen: np.ndarray) -> None:
+    pc = bulk_arrow.pc
     table = pc.extract_regex(pc.take(lines.array, arrow_indices(scan.hit_line[chosen])), pattern)
     matched = numpy_bools(table.is_valid())
     if not matched.any():
@@ -838,22 +472,22 @@ def _extract(scan: BatchScan, lines: _Lines, kind: int, pattern: str, chosen: np
     names = {f.name for f in table.type}
     valid = np.ones(len(chosen), dtype=bool)
     if "ts" in names:
-        micros, good = _timestamps(table, "ts")
+        micros, good = timestamps(table, "ts")
         scan.ts[chosen] = micros
         valid &= good
     if kind in (MEMORY, CPU):
-        scan.a[chosen] = _gib(_floats(table, "a"))
+        scan.a[chosen] = gib(floats(table, "a"))
     else:
-        scan.a[chosen] = _ints(table, "a")
+        scan.a[chosen] = ints(table, "a")
     if kind == MEMORY:
-        scan.b[chosen] = _gib(_floats(table, "b"))
-        scan.c[chosen] = _gib(_floats(table, "c"))
-        scan.d[chosen] = _gib(_floats(table, "d"))
+        scan.b[chosen] = gib(floats(table, "b"))
+        scan.c[chosen] = gib(floats(table, "c"))
+        scan.d[chosen] = gib(floats(table, "d"))
     elif kind in (STEP_GENERIC, STEP_DS):
-        scan.b[chosen] = _ints(table, "b")
-        scan.c[chosen] = _ints(table, "c")
+        scan.b[chosen] = ints(table, "b")
+        scan.c[chosen] = ints(table, "c")
     if kind in (CPU, STEP_GENERIC):
-        scan.f[chosen] = _floats(table, "f")
+        scan.f[chosen] = floats(table, "f")
     scan.kind[chosen[valid]] = kind
 
 
@@ -909,7 +543,7 @@ def _labels(scan: BatchScan, lines: _Lines, prev_tail: bytes) -> None:
         here = arr[np.minimum(begin + j, last)]
         there = arr[np.minimum(prev_start + j, last)]
         same &= ~inside | ((prev_start + j < begin) & (here == there))
-    fast = same & ~_OPENS[arr[np.minimum(prev_start + prefix_len, last)]]
+    fast = same & ~OPENS[arr[np.minimum(prev_start + prefix_len, last)]]
     chosen = np.flatnonzero(fast)
     result[chosen] = texts.ids_of(arr, prev_start[chosen] + prefix_len[chosen], begin[chosen] - 1)
     # 2. The walk back over the stream keys of the lines before.
@@ -992,5 +626,5 @@ def _keys_between(
     others[hits] = False
     rows = np.flatnonzero(others)
     if len(rows):
-        keys[rows], prefix[rows] = line_keys(_heads(lines.window, lines.starts[lo + rows]))
+        keys[rows], prefix[rows] = line_keys(heads(lines.window, lines.starts[lo + rows]))
     return keys, prefix

@@ -30,7 +30,7 @@ import numpy as np
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
-from oomlens.ingest.log import bulk, native
+from oomlens.ingest.log import bulk, bulk_arrow, bulk_keys, bulk_labels, native
 from oomlens.ingest.log.deepspeed import MemoryReading
 from oomlens.ingest.log.series import (
     Lazy,
@@ -58,10 +58,10 @@ def when_of(micros: int) -> datetime:
 
 def stream_key(key: int) -> tuple[object, ...]:
     """The ``LinePrefix.key`` of a scan key."""
-    if key == bulk.NO_KEY:
+    if key == bulk_keys.NO_KEY:
         return ()
-    if key >= bulk.DEFAULT_ROLE:
-        return (("default", key - bulk.DEFAULT_ROLE),)
+    if key >= bulk_keys.DEFAULT_ROLE:
+        return (("default", key - bulk_keys.DEFAULT_ROLE),)
     return (("rank", key),)
 
 
@@ -119,10 +119,10 @@ class Run:
         """Each hit's stream: its index in ``stream_keys``."""
         self.stream_keys: list[int] = self.keys[firsts].tolist()
         for key in self.stream_keys:
-            if key == bulk.NO_KEY:
+            if key == bulk_keys.NO_KEY:
                 ranks.append(reader.layout_rank)
-            elif key >= bulk.DEFAULT_ROLE:
-                local = key - bulk.DEFAULT_ROLE
+            elif key >= bulk_keys.DEFAULT_ROLE:
+                local = key - bulk_keys.DEFAULT_ROLE
                 ranks.append(reader.local_to_global.get((None, "default", local), local))
             else:
                 ranks.append(key)
@@ -132,7 +132,7 @@ class Run:
         # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
         record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
         self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
-        self.time_source = _Latest(self.handled & (self.ts != bulk.NO_TS), include_self=True)
+        self.time_source = _Latest(self.handled & (self.ts != bulk_arrow.NO_TS), include_self=True)
         self.step_lines = self.handled & (
             (self.kind == bulk.STEP_GENERIC) | (self.kind == bulk.STEP_DS)
         )
@@ -162,7 +162,7 @@ class Run:
 
     def label(self, i: int) -> str | None:
         ident = int(self.scan.label[self.lo + i])
-        if ident == bulk.LABEL_DEFERRED:
+        if ident == bulk_labels.LABEL_DEFERRED:
             return self.deferred(self.lo + i)
         return None if ident < 0 else self.scan.labels[ident]
 
@@ -187,7 +187,7 @@ def apply_run(
     _memory(run)
     _flushes(run)
     _steps(run)
-    stamped = np.flatnonzero(run.handled & (run.ts != bulk.NO_TS))
+    stamped = np.flatnonzero(run.handled & (run.ts != bulk_arrow.NO_TS))
     if len(stamped):
         last = run.when(int(stamped[-1]))
         assert last is not None
@@ -318,13 +318,13 @@ def _feed_keepers(
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
     ranks = run.rank[np.maximum(line, 0)].copy()
-    labels = np.where(line >= 0, scan.label[j], bulk.LABEL_NONE).astype(np.int64)
+    labels = np.where(line >= 0, scan.label[j], bulk_labels.LABEL_NONE).astype(np.int64)
     texts: list[str] = list(scan.labels)
     ids: dict[str, int] = {}
 
     def text_id(text: str | None) -> int:
         if text is None:
-            return bulk.LABEL_NONE
+            return bulk_labels.LABEL_NONE
         found = ids.get(text)
         if found is None:
             if not ids:
@@ -335,7 +335,7 @@ def _feed_keepers(
                 texts.append(text)
         return found
 
-    for r in np.flatnonzero(labels == bulk.LABEL_DEFERRED).tolist():
+    for r in np.flatnonzero(labels == bulk_labels.LABEL_DEFERRED).tolist():
         labels[r] = text_id(run.deferred(int(j[r])))
     for r in np.flatnonzero(line < 0).tolist():
         p = None if pending is None else pending.get(r)
@@ -430,7 +430,7 @@ class _SampleRows:
         step_source = run.step_source[i]
         steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1)
         time_source = run.time_source[i]
-        micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk.NO_TS)
+        micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk_arrow.NO_TS)
         reader, texts = run.reader, self.texts
         columns = [
             run.numbers[i].tolist(),
@@ -566,7 +566,7 @@ class _Builder:
             used if has_cpu else None,
             pct if has_cpu else None,
             self.last_step if step < 0 else step,
-            self.last_time if micros == bulk.NO_TS else when_of(micros),
+            self.last_time if micros == bulk_arrow.NO_TS else when_of(micros),
         )
 
 

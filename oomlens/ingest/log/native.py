@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from oomlens.ingest.log.bulk import BatchScan, Labels
+    from oomlens.ingest.log.bulk import BatchScan
+    from oomlens.ingest.log.bulk_labels import Labels
 
 try:  # pragma: no cover - exercised where the extension was not built
     from oomlens.ingest.log import _scan
@@ -83,7 +84,7 @@ def _anchor_table() -> object:
 def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
     """``scan_batch`` by the extension: the same arrays; the label texts it points at become
     ids here, as ``_labels`` makes them (the previous line's first, then the walk's)."""
-    from oomlens.ingest.log import bulk, steps
+    from oomlens.ingest.log import bulk, bulk_labels, steps
 
     assert _scan is not None
     starts = np.asarray(block_starts, dtype=np.int64).tobytes()
@@ -137,15 +138,15 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         c=i8(c),
         d=i8(d),
         f=np.frombuffer(f, dtype=np.float64),
-        label=np.full(len(line) // 8, bulk.LABEL_NONE, dtype=np.int32),
+        label=np.full(len(line) // 8, bulk_labels.LABEL_NONE, dtype=np.int32),
         consumed=np.frombuffer(consumed, dtype=bool),
         progress_bars=np.frombuffer(bars, dtype=bool).tolist(),
     )
     labels = np.frombuffer(status, dtype=np.int8)
     if (result.kind == bulk.MEMORY).any():
-        texts = bulk.Labels()
+        texts = bulk_labels.Labels()
         begins, ends = i8(begin), i8(end)
-        result.label[labels == _L_DEFERRED] = bulk.LABEL_DEFERRED
+        result.label[labels == _L_DEFERRED] = bulk_labels.LABEL_DEFERRED
         for found in (_L_FAST, _L_WALK):
             rows = np.flatnonzero(labels == found)
             if len(rows):

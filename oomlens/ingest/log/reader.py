@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
@@ -55,7 +54,6 @@ from oomlens.facts.log import (
     KilledSubprocess,
     LauncherExit,
     LogFacts,
-    MemorySample,
     OomEvent,
     ParamCount,
     PeerFailureSignal,
@@ -80,6 +78,7 @@ from oomlens.ingest.log.bits import (
 from oomlens.ingest.log.collect import fold_summary_ooms, log_facts
 from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
+from oomlens.ingest.log.reader_record import MAX_STREAMS, FactRecorder
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
     BoundedList,
@@ -101,17 +100,8 @@ from oomlens.ingest.textstream import (
 )
 from oomlens.lazyregex import lazy_regex
 
-MAX_STREAMS = 4096
 MAX_PARTIAL_TRACEBACKS = 16
 MAX_CONFIG_DUMP_LINES = 2000
-TAIL_LINES = 40
-_WORLD_PRIORITY = {
-    "world_info": 0,
-    "dist_world_size": 1,
-    "config": 2,
-    "config_dump": 3,
-    "torchrun_summary": 4,
-}
 
 
 _GLUED = lazy_regex(r"\[(?:rank|default)\d{1,6}\]:")
@@ -126,7 +116,7 @@ LINE_BY_LINE_MAX_TEXT = 16 << 20
 """...up to this much decompressed text (a small compressed file can inflate a lot)."""
 
 
-class LogReader:
+class LogReader(FactRecorder):
     """The state of one pass; use ``read_log``."""
 
     def __init__(
@@ -245,20 +235,6 @@ class LogReader:
             fold_summary_ooms(self.oom, self.summary_ooms)
             self.oom.items.sort(key=lambda e: e.source.line or 0)
             return log_facts(self)
-
-    def _tail(self, next_line: int) -> tuple[tuple[int, str], ...]:
-        """The last ``TAIL_LINES`` lines of the input, from its last 16 KiB (of however many
-        blocks: the same lines whatever the block size)."""
-        data = self.end_bytes
-        if not data:
-            return ()
-        lines = data.split(b"\n")
-        if data.endswith(b"\n"):
-            lines.pop()
-        lines = lines[1:] if len(data) >= 16384 else lines  # the first may be cut
-        lines = lines[-TAIL_LINES:]
-        first = next_line - len(lines)
-        return tuple((first + i, self.cleaner.clean(raw)[:2000]) for i, raw in enumerate(lines))
 
     def sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
@@ -591,187 +567,6 @@ class LogReader:
     def _add_oom(self, event: OomEvent) -> None:
         self.oom.add(event)
 
-    def flush_memory(self, stream: StreamState, cpu: tuple[int, float] | None) -> None:
-        pending, stream.pending_memory = stream.pending_memory, None
-        if pending is None:
-            return
-        ref, label, reading, when, step = pending
-        sample = MemorySample(
-            ref,
-            label,
-            reading.allocated,
-            reading.max_allocated,
-            reading.reserved,
-            reading.max_reserved,
-            cpu[0] if cpu else None,
-            cpu[1] if cpu else None,
-            step,
-            when,
-        )
-        key = (ref.rank, ref.host)
-        keeper = self.memory.get(key)
-        if keeper is None:
-            if len(self.memory) >= MAX_STREAMS:
-                return
-            keeper = self.memory[key] = MemoryKeeper(ref.rank, ref.host, self.limits)
-        keeper.add(sample)
-
-    def label_before(
-        self, data: bytes, start: int, key: tuple[object, ...], prev_tail: bytes | None = None
-    ) -> str | None:
-        """The previous line of the same stream (the ``see_memory_usage`` label): the line just
-        before when it starts with the same raw prefix, else the nearest of the 16 lines before
-        (within 16 KiB, the previous block's tail, ``prev_tail``, included) with the same
-        stream key.  A look behind: it counts no repairs (the lines it reads are counted, if
-        ever, when they are read themselves)."""
-        clean = self.quiet_cleaner.clean
-        if start > 0 and self.prefix_chars >= 0:
-            # Usually the line just before, with the same raw prefix: no need to re-parse it.
-            previous_start = data.rfind(b"\n", 0, start - 1) + 1
-            raw_prefix = data[start : start + self.prefix_chars]
-            after = previous_start + len(raw_prefix)
-            if data.startswith(raw_prefix, previous_start) and data[after : after + 1] not in (
-                b"[",
-                b"(",
-            ):
-                raw = data[after : start - 1]
-                label = deepspeed.strip_logger(clean(raw)).strip()
-                if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
-                    return None
-                return label[:200]
-        window = data[max(0, start - 16384) : start]
-        if start < 16384:
-            window = (self.prev_tail if prev_tail is None else prev_tail) + window
-        end = len(window)
-        for _ in range(16):
-            if end <= 0:
-                return None
-            begin = window.rfind(b"\n", 0, end - 1) + 1
-            raw = window[begin:end]
-            end = begin
-            rest, prefix = strip_prefixes(clean(raw), self.known_hosts)
-            if prefix.key != key:
-                continue
-            label = deepspeed.strip_logger(rest).strip()
-            if not label or "Max_MA" in label or "CPU Virtual Memory" in label:
-                return None
-            return label[:200]
-        return None
-
-    def cpu_line_after(self, data: bytes, start: int) -> tuple[int, float] | None:
-        """The ``CPU Virtual Memory`` line that follows a ``see_memory_usage`` MA line, read
-        ahead when it is the next line with the same raw prefix (the scan then skips it)."""
-        if self.prefix_chars < 0:
-            return None
-        end = data.find(b"\n", start)
-        if end < 0:
-            return None
-        following = end + 1
-        prefix = data[start : start + self.prefix_chars]
-        if not data.startswith(prefix + b"CPU Virtual Memory", following):
-            return None
-        stop = data.find(b"\n", following)
-        stop = len(data) if stop < 0 else stop
-        text = data[following + len(prefix) : stop].decode("ascii", "replace")
-        cpu = deepspeed.parse_cpu_line(text)
-        if cpu is not None:
-            self.consumed_until = stop
-        return cpu
-
-    def time_before(self, data: bytes, start: int, lines: int = 64) -> datetime | None:
-        """The timestamp of the nearest line before ``start`` that has one (within ``lines``
-        lines and 16 KiB), else the last time seen.  A scan from a later start in the same
-        block stops where the previous one began and reuses what it found: a log of
-        thousands of OOM messages in a row costs one scan of each line, not 64.  Near the
-        start of a block the previous block's tail is looked through too, so that where blocks
-        are cut changes no timestamp (those scans are not reused: at most 16 KiB per block)."""
-        if start < 16384 and data is self.block_data and self.prev_tail:
-            head = self.prev_tail[-(16384 - start) :]
-            data, start = head + data[:start], len(head) + start
-        floor = max(0, start - 16384)
-        stop, found_at, found = floor, -1, None
-        last = self._time_scan
-        if last is not None and last[0] is data and last[1] == lines and floor <= last[2] <= start:
-            stop, found_at, found = last[2], last[3], last[4]
-        end = start
-        for _ in range(lines):
-            if end <= stop:
-                break
-            newline = data.rfind(b"\n", stop, end - 1)
-            begin = newline + 1 if newline >= 0 else stop
-            raw = data[begin:end]
-            end = begin
-            rest, _ = strip_prefixes(self.cleaner.clean(raw))
-            when, _ = leading_timestamp(rest, self.year)
-            if when is not None:
-                found_at, found = begin, when
-                break
-        if found_at < floor:
-            found = None
-        self._time_scan = (data, lines, start, found_at, found)
-        return found if found is not None else self.last_time
-
-    def add_flush(self, warning: CacheFlushWarning) -> None:
-        self.flushes.add(warning)
-        self.flush_total += warning.flushes
-        self.flush_max = max(self.flush_max, warning.flushes)
-        if self.flush_first is None:
-            self.flush_first = warning
-        self.flush_last = warning
-
-    def launcher(self, message: str, ref: SourceRef, when: datetime | None) -> None:
-        line = deepspeed.parse_launcher_line(message)
-        if line is None:
-            return
-        if line.kind == "spawned" and line.pid is not None and line.local_rank is not None:
-            if len(self.pid_local_rank) < MAX_STREAMS:
-                self.pid_local_rank[line.pid] = line.local_rank
-        elif line.kind == "killing" and line.pid is not None:
-            self.killed.add(
-                KilledSubprocess(ref, line.pid, self.pid_local_rank.get(line.pid), when)
-            )
-        elif line.kind == "exit" and line.return_code is not None:
-            self.launcher_exits.add(LauncherExit(ref, line.return_code, line.local_rank, when))
-
-    def agent(
-        self, message: str, ref: SourceRef, when: datetime | None, data: bytes, start: int
-    ) -> bool:
-        line = torchrun.parse_agent_line(message)
-        if line is None:
-            return False
-        when = when or self.time_before(data, start)
-        if line.kind == "closing" and line.pid is not None:
-            self.closing.add(
-                ClosingSignal(
-                    ref, line.pid, line.signal or "", self.pid_local_rank.get(line.pid), when
-                )
-            )
-            return True
-        if (
-            line.pid is not None
-            and line.local_rank is not None
-            and len(self.pid_local_rank) < MAX_STREAMS
-        ):
-            self.pid_local_rank[line.pid] = line.local_rank
-        self.failures.add(
-            ProcessFailure(
-                source=ref,
-                origin="torchrun_agent" if line.kind == "failed" else "mp_spawn",
-                exitcode=line.exitcode,
-                signal=line.signal,
-                rank=None,
-                local_rank=line.local_rank,
-                pid=line.pid,
-                host=ref.host,
-                timestamp=when,
-                root_cause=False,
-                error_file=None,
-                message=None,
-                oom=None,
-            )
-        )
-        return True
-
     def _finish_failure_block(self, stream: StreamState) -> None:
         parser, stream.failure_block = stream.failure_block, None
         if parser is None or parser._rules == 0:
@@ -831,49 +626,6 @@ class LogReader:
                 )
                 break
 
-    def set_world(self, value: int | float, origin: str, ref: SourceRef) -> None:
-        if self.world is None or _WORLD_PRIORITY[origin] < _WORLD_PRIORITY[self.world.origin]:
-            self.world = WorldSize(value, origin, ref)
-
-    def kernel_event(self, event: object) -> None:
-        if isinstance(event, KernelOomKill):
-            self.kills.add(event)
-        elif isinstance(event, OomKillerInvoked):
-            self.invocations.add(event)
-        elif isinstance(event, SlurmOomKill):
-            self.slurm.add(event)
-        elif isinstance(event, FatalSignalLine):
-            self.fatal.add(event)
-
-    def add_step(self, reading: steps.StepReading, ref: SourceRef, when: datetime | None) -> None:
-        if ref.rank is None and reading.rank is not None:
-            ref = replace(ref, rank=reading.rank)
-        sample = StepSample(
-            ref,
-            reading.kind,
-            reading.step,
-            reading.total,
-            reading.loss,
-            reading.epoch,
-            reading.memory_allocated,
-            reading.max_memory_allocated,
-            reading.skipped,
-            when,
-        )
-        self.step_samples.add(sample)
-        if reading.step is not None:
-            self.last_step = reading.step
-            self.max_step = (
-                reading.step if self.max_step is None else max(self.max_step, reading.step)
-            )
-        if reading.loss is not None and reading.loss == reading.loss:
-            self.loss.add(reading.loss)
-        self.last_step_sample = sample
-        if ref.rank in self.last_by_rank or len(self.last_by_rank) < MAX_STREAMS:
-            self.last_by_rank[ref.rank] = sample
-            if reading.kind != "tqdm":  # a bar may be loading checkpoint shards
-                self.progress_line[ref.rank] = ref.line or 0
-
     # --- closing ----------------------------------------------------------------------------
 
     def close_stale(self, number: int) -> None:
@@ -901,10 +653,6 @@ class LogReader:
             if stream.pending_memory is not None:
                 self.flush_memory(stream, None)
             self.open_streams.pop(key, None)
-
-    def add_platform(self, kind: str, ref: SourceRef, text: str) -> None:
-        if kind not in self.platform:
-            self.platform[kind] = PlatformHint(ref, kind, text[:300])
 
 
 def read_log(

@@ -17,13 +17,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomlens.ingest.log import ANCHORS, batches, bulk, bulk_apply, read_log
+from oomlens.ingest.log import (
+    ANCHORS,
+    batches,
+    bulk,
+    bulk_apply,
+    bulk_arrow,
+    bulk_keys,
+    bulk_labels,
+    read_log,
+)
 from oomlens.ingest.log.prefixes import strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from tests.ingest.log._mixed_logs import _sources, mixed_log
 
 # the pure path imports pyarrow on its first scan; the tests below call its parts directly
-bulk._arrow()
+bulk_arrow.load()
 
 
 def _per_line(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -170,11 +179,11 @@ def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: 
     text = prefix + second + rest
     raw = text.encode()
     head = np.frombuffer((raw + b"\n" * 40)[:32], dtype=np.uint8)[None, :].copy()
-    keys, lengths = bulk.line_keys(head)
+    keys, lengths = bulk_keys.line_keys(head)
     if b"\r" in raw or b"\x1b" in raw:
         return  # the scan never trusts those lines (dirty), cleaning rewrites them
     key = int(keys[0])
-    if key == bulk.UNSURE:
+    if key == bulk_keys.UNSURE:
         return
     cleaned_rest, found = strip_prefixes(text, None)
     assert bulk_apply.stream_key(key) == found.key
@@ -234,7 +243,7 @@ def test_arrow_reads_decimals_as_float_does(texts: list[str]) -> None:
 
 def test_memory_values_round_as_the_parser_does() -> None:
     values = np.array([0.72, 2.02, 15.08, 0.005, 123456789.123456, 1.5 / 1024**3])
-    assert bulk._gib(values).tolist() == [round(v * 1024**3) for v in values.tolist()]
+    assert bulk_arrow.gib(values).tolist() == [round(v * 1024**3) for v in values.tolist()]
 
 
 @settings(max_examples=200, deadline=None)
@@ -337,13 +346,13 @@ def test_groups_read_from_arrow_buffers_as_arrow_reads_them(
     column = pa.array(values, pa.binary()).slice(lo, hi - lo)
     table = pa.StructArray.from_arrays([column], names=["a"])
     chosen = values[lo:hi]
-    assert bulk._ints(table, "a").tolist() == [int(v) if v else -1 for v in chosen]
-    floats = bulk._floats(table, "a").tolist()
+    assert bulk_arrow.ints(table, "a").tolist() == [int(v) if v else -1 for v in chosen]
+    floats = bulk_arrow.floats(table, "a").tolist()
     assert [None if f != f else f for f in floats] == [float(v) if v else None for v in chosen]
     flags = pa.array([None if v is None else v == "" for v in values], pa.bool_()).slice(
         lo, hi - lo
     )
-    assert bulk.numpy_bools(flags).tolist() == [v == "" for v in chosen]
+    assert bulk_arrow.numpy_bools(flags).tolist() == [v == "" for v in chosen]
 
 
 def test_reading_a_dense_log_leaves_pandas_unimported(tmp_path: Path) -> None:
@@ -416,22 +425,20 @@ def test_label_ids_in_bulk_are_those_of_row_by_row_lookups(texts: list[bytes]) -
         begins.append(at)
         ends.append(at + len(text))
         at += len(text) + 1
-    one, bulk_labels = bulk.Labels(), bulk.Labels()
+    one, in_bulk = bulk_labels.Labels(), bulk_labels.Labels()
     expected = [one.id_of(text) for text in texts]
     arr = np.frombuffer(data, dtype=np.uint8)
-    got = bulk_labels.ids_of(
-        arr, np.asarray(begins, dtype=np.int64), np.asarray(ends, dtype=np.int64)
-    )
+    got = in_bulk.ids_of(arr, np.asarray(begins, dtype=np.int64), np.asarray(ends, dtype=np.int64))
     assert got.tolist() == expected
-    assert bulk_labels.texts == one.texts
+    assert in_bulk.texts == one.texts
 
 
 @given(st.binary(max_size=40), st.sampled_from([b"", b"[2026-11-30 06:00:01,127] ["]))
 def test_stamp_test_in_numpy_is_the_pattern(tail: bytes, stamp: bytes) -> None:
     text = stamp + tail
     arr = np.frombuffer(text + b"\n", dtype=np.uint8)
-    found = bulk._stamped(arr, np.asarray([0]), np.asarray([len(text)]))
-    assert bool(found[0]) == bool(bulk._STAMPED.match(text))
+    found = bulk_labels.are_stamped(arr, np.asarray([0]), np.asarray([len(text)]))
+    assert bool(found[0]) == bool(bulk_labels.STAMPED.match(text))
 
 
 @settings(max_examples=100, deadline=None)

@@ -515,7 +515,7 @@ def test_a_wall_of_oom_messages_is_read_once_not_once_per_message(
 ) -> None:
     # found by the fuzzer: one real OOM line repeated 20,000 times took ~25 s, each message
     # scanning up to 64 lines back for a timestamp
-    from oomlens.ingest.log import reader
+    from oomlens.ingest.log import reader, reader_context
 
     message = next(line for line in _stderr_of("B2_frag_full") if "OutOfMemoryError" in line)
     calls = 0
@@ -526,7 +526,9 @@ def test_a_wall_of_oom_messages_is_read_once_not_once_per_message(
         calls += 1
         return real(text, year)
 
+    # the lines read and the back-scans for a time (reader_context.time_before) together
     monkeypatch.setattr(reader, "leading_timestamp", counted)
+    monkeypatch.setattr(reader_context, "leading_timestamp", counted)
     facts = read_log(_write(tmp_path, [message] * 3000))
     assert len(facts.oom_events) > 0
     assert calls < 4 * 3000  # was about 25 back-scanned lines per message: ~75,000

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomlens.ingest.log import ANCHORS, bulk, native, read_log
+from oomlens.ingest.log import ANCHORS, bulk, bulk_keys, bulk_labels, native, read_log
 from tests.ingest.log._mixed_logs import mixed_log
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -325,7 +325,7 @@ def test_the_fuzzers_mutated_logs_scan_alike(seed: int, monkeypatch: pytest.Monk
 
 @needs_extension
 def test_the_extension_shares_the_readers_constants() -> None:
-    # _scan.c writes bulk.py's and bits.py's constants again: they must not drift apart
+    # _scan.c writes the constants of bulk.py, bulk_keys.py and bits.py again: no drifting apart
     from oomlens.ingest.log import _scan, bits
     from oomlens.ingest.textstream import MAX_LINE_BYTES
 
@@ -335,9 +335,9 @@ def test_the_extension_shares_the_readers_constants() -> None:
         "FLUSH_LINE": bulk.FLUSH_LINE,
         "STEP_GENERIC": bulk.STEP_GENERIC,
         "STEP_DS": bulk.STEP_DS,
-        "NO_KEY": bulk.NO_KEY,
-        "UNSURE": bulk.UNSURE,
-        "DEFAULT_ROLE": bulk.DEFAULT_ROLE,
+        "NO_KEY": bulk_keys.NO_KEY,
+        "UNSURE": bulk_keys.UNSURE,
+        "DEFAULT_ROLE": bulk_keys.DEFAULT_ROLE,
         "LABEL_WINDOW": bulk.LABEL_WINDOW,
         "LABEL_LINES": bulk.LABEL_LINES,
         "MAX_LINE_BYTES": MAX_LINE_BYTES,
@@ -345,7 +345,7 @@ def test_the_extension_shares_the_readers_constants() -> None:
         "DS_CPU": bits.DS_CPU,
         "FLUSH": bits.FLUSH,
         "STEP": bits.STEP,
-        "HEAD": bulk._HEAD,
+        "HEAD": bulk_keys.HEAD,
     }
     assert {name: getattr(_scan, name) for name in python} == python
 
@@ -366,7 +366,7 @@ def test_the_room_made_for_hits_changes_nothing(expected: int) -> None:
 
 
 def _label_key(text: bytes) -> tuple[bool, bytes]:
-    stamped = bulk._STAMPED.match(text) is not None
+    stamped = bulk_labels.STAMPED.match(text) is not None
     return stamped, text[26:] if stamped else text
 
 
