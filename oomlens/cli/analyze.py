@@ -4,7 +4,10 @@ the fix."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +16,9 @@ from oomlens.errors import OomlensError, UsageError
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
 from oomlens.untrusted import one_line
+
+if TYPE_CHECKING:
+    from oomlens.triage.walk import RunSpec
 
 
 def write_output(path: str, text: str) -> None:
@@ -52,12 +58,25 @@ def refuse_several_runs(path: str) -> None:
         return
     names = [one_line(run.name) for run in runs]
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    first = os.path.join(path, os.path.relpath(runs[0].root, os.path.abspath(path)))
     raise UsageError(
         f"{one_line(path)}: holds {len(runs)} runs ({shown}); analyze one of them "
-        f"(oomlens analyze {one_line(first)}), all of them with oomlens triage "
-        f"{one_line(path)}, or, if they are parts of one job, pass --one-run"
+        f"({one_run_command(path, runs)}), all of them with oomlens triage "
+        f"{shlex.quote(one_line(path))}, or, if they are parts of one job, pass --one-run"
     )
+
+
+def one_run_command(path: str, runs: Sequence[RunSpec]) -> str:
+    """``oomlens analyze ...`` for one of ``runs`` (found under ``path``): the inputs triage
+    hands the analysis for it (``RunSpec.inputs``: the run's directory, or its files and
+    run-free sub-directories when other runs are nested in it), shown as under ``path``.  Not
+    the run's root: a run at ``path`` itself holds the others.  The run with the fewest
+    inputs gives the shortest command."""
+    run = min(runs, key=lambda r: (len(r.inputs), r.name))
+    top = os.path.abspath(path)
+    shown = [
+        os.path.normpath(os.path.join(path, os.path.relpath(item, top))) for item in run.inputs
+    ]
+    return "oomlens analyze " + " ".join(shlex.quote(one_line(item)) for item in shown)
 
 
 @click.command("analyze")

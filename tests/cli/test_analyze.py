@@ -392,3 +392,54 @@ def test_width_option_wraps_a_pipe_and_a_file_only_when_asked(tmp_path: Path) ->
     run("analyze", WRAP_CASE, "-o", tmp_path / "wrapped.txt", "--width", "100")
     assert (tmp_path / "wrapped.txt").read_text() == wrapped.stdout
     assert run("analyze", WRAP_CASE, "--width", "-1").returncode == 2
+
+
+_LOG_LINE = (
+    "step 3 loss 1.25\n"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 1 has a "
+    "total capacity of 39.39 GiB of which 100.00 MiB is free.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "logs",
+    [
+        # a run of its own at the top, another nested in a sub-folder
+        ("out.log", "retry/out.log"),
+        # three runs, each nested in the one before
+        ("job.err", "b/job.err", "b/c/job.err"),
+        # a run made of its files beside sub-folders that hold runs
+        ("rank0.log", "rank1.log", "sweep1/train.log", "sweep2/train.log"),
+    ],
+)
+def test_the_command_the_several_runs_refusal_suggests_analyzes_one_run(
+    tmp_path: Path, logs: tuple[str, ...]
+) -> None:
+    import shlex
+
+    top = tmp_path / "my runs"  # a space: the command must quote it
+    for name in logs:
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(_LOG_LINE)
+
+    def run_there(*args: str) -> subprocess.CompletedProcess[str]:
+        # from the folder the user is in, with this checkout's oomlens
+        env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return subprocess.run(
+            [sys.executable, "-m", "oomlens", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=120,
+        )
+
+    refused = run_there("analyze", "my runs/")
+    assert refused.returncode == 2, refused.stderr
+    suggested = re.search(r"analyze one of them \((oomlens analyze .+?)\), all", refused.stderr)
+    assert suggested is not None, refused.stderr
+    words = shlex.split(suggested.group(1))
+    assert words[:2] == ["oomlens", "analyze"]
+    done = run_there(*words[1:], "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "gpu_oom"
