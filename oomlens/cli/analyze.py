@@ -13,11 +13,13 @@ import click
 
 from oomlens.cli.params import COUNT, JOBS, SIZE, WIDTH_HELP, Progress, output_width
 from oomlens.errors import OomlensError, UsageError
+from oomlens.ingest.files import NamedStream, spooled_streams
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
 from oomlens.untrusted import one_line
 
 if TYPE_CHECKING:
+    from oomlens.report import Report
     from oomlens.triage.walk import RunSpec
 
 
@@ -77,6 +79,21 @@ def one_run_command(path: str, runs: Sequence[RunSpec]) -> str:
         os.path.normpath(os.path.join(path, os.path.relpath(item, top))) for item in run.inputs
     ]
     return "oomlens analyze " + " ".join(shlex.quote(one_line(item)) for item in shown)
+
+
+def shown_as_named(report: Report, streams: Sequence[NamedStream]) -> Report:
+    """``report`` with the file each stream was read from named as the user named the
+    stream (``<stdin>`` for ``-``), wherever the report says it."""
+    if not streams:
+        return report
+    from oomlens.render.redact import replace_strings
+
+    def rename(text: str) -> str:
+        for stream in streams:
+            text = text.replace(stream.path, stream.shown)
+        return text
+
+    return replace_strings(report, rename)
 
 
 @click.command("analyze")
@@ -187,9 +204,6 @@ def analyze_command(
     from oomlens.session import AnalysisOptions, analyze
 
     chosen = Format.choose(fmt, output)
-    if not one_run:
-        for path in inputs:
-            refuse_several_runs(path)
     options = AnalysisOptions(
         thresholds=load_thresholds(thresholds_file),
         params=params,
@@ -199,7 +213,13 @@ def analyze_command(
         log_jobs=jobs,
         progress=Progress() if sys.stderr.isatty() else None,
     )
-    report = analyze(list(inputs), config=config, options=options)
+    # a stream named (-, /dev/stdin, <(cmd)) is read once, into a file removed after reading
+    with spooled_streams(list(inputs)) as (paths, streams):
+        if not one_run:
+            for path in paths:
+                refuse_several_runs(path)
+        report = analyze(paths, config=config, options=options)
+    report = shown_as_named(report, streams)
     if redact:
         from oomlens.render.redact import redact_report
 

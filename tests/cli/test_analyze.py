@@ -443,3 +443,50 @@ def test_the_command_the_several_runs_refusal_suggests_analyzes_one_run(
     done = run_there(*words[1:], "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["verdict"] == "gpu_oom"
+
+
+_KERNEL_KILL = (
+    "[Tue Mar  4 10:01:02 2025] Out of memory: Killed process 4242 (python) total-vm:912345678kB, "
+    "anon-rss:501234567kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1000000kB "
+    "oom_score_adj:0\n"
+)
+
+
+def _analyze_streamed(
+    args: list[str], tmp_path: Path, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    spool = tmp_path / "tmp"
+    spool.mkdir(exist_ok=True)
+    return subprocess.run(  # type: ignore[call-overload,no-any-return]
+        [sys.executable, "-m", "oomlens", "analyze", *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"TMPDIR": str(spool)},
+        **kwargs,
+    )
+
+
+def test_standard_input_is_read_when_named_dash(tmp_path: Path) -> None:
+    log = (case_dir("other_process") / "train.log").read_text()
+    result = _analyze_streamed(["-"], tmp_path, input=log)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["diagnoses"][0]["id"] == "other_process"
+    assert [i["path"] for i in report["inputs"]] == ["<stdin>"]
+    assert str(tmp_path / "tmp") not in result.stdout  # the spool is never shown...
+    assert list((tmp_path / "tmp").iterdir()) == []  # ...and is gone
+
+
+def test_a_pipe_named_by_path_is_read_as_process_substitution_gives_it(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.write(write, _KERNEL_KILL.encode())
+    os.close(write)
+    try:
+        result = _analyze_streamed([f"/dev/fd/{read}"], tmp_path, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "host_oom"
+    assert [i["path"] for i in report["inputs"]] == [f"/dev/fd/{read}"]
