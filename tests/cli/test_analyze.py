@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -415,8 +416,6 @@ _LOG_LINE = (
 def test_the_command_the_several_runs_refusal_suggests_analyzes_one_run(
     tmp_path: Path, logs: tuple[str, ...]
 ) -> None:
-    import shlex
-
     top = tmp_path / "my runs"  # a space: the command must quote it
     for name in logs:
         (top / name).parent.mkdir(parents=True, exist_ok=True)
@@ -490,3 +489,35 @@ def test_a_pipe_named_by_path_is_read_as_process_substitution_gives_it(tmp_path:
     report = json.loads(result.stdout)
     assert report["verdict"] == "host_oom"
     assert [i["path"] for i in report["inputs"]] == [f"/dev/fd/{read}"]
+
+
+def test_what_the_summary_leaves_out_is_where_it_says(tmp_path: Path) -> None:
+    import html
+
+    case = case_dir("model_states_too_large")
+    summary = run("analyze", case)
+    more = re.search(r"\.\.\. (\d+) more in the full report \((.+)\)$", summary.stdout, re.M)
+    assert more is not None, summary.stdout
+    report = json.loads(run("analyze", case, "--format", "json").stdout)
+    left_out = [
+        e["text"]
+        for d in report["diagnoses"][:3]
+        if len(d["evidence"]) > 4
+        for e in d["evidence"][4:]
+    ]
+    assert len(left_out) >= int(more.group(1))
+    ways = more.group(2).split(", or ")
+    assert len(ways) >= 2
+    for way in ways:
+        args = shlex.split(way)
+        written = tmp_path / "report"
+        if args[0] == "-o":
+            written = tmp_path / args[1]
+            args = ["-o", str(written)]
+        done = run("analyze", case, *args)
+        assert done.returncode == 0, done.stderr
+        text = written.read_text() if written.exists() else done.stdout
+        # the text as a reader sees it: no Markdown escapes, no HTML entities or tags
+        plain = " ".join(html.unescape(re.sub(r"<[^>]+>|\\(?=\W)", "", text)).split())
+        for item in left_out:
+            assert " ".join(item.split())[:70] in plain, (way, item)
