@@ -16,27 +16,132 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import textwrap
+from dataclasses import dataclass
 from types import TracebackType
 
-USAGE = (
-    "usage: python -m oomlens.capture [--dir DIR] [--run NAME] [--max-mb MB] [--max-entries N]\n"
-    "                                 [--stacks-at FRACTION] [--interval S] [--no-history]\n"
-    "                                 [--no-sentinel] SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+from oomlens.capture.settings import ENVIRONMENT, CaptureSettings
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    flag: str
+    setting: str
+    metavar: str
+    help: str
+    value: object = None
+    """For a flag without a value: the setting it sets."""
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("--dir", "directory", "DIR", "parent of the per-run capture directory"),
+    _Option(
+        "--run",
+        "run",
+        "NAME",
+        "the run directory's name, by default slurm-<job id>, torchrun-<run id> or the "
+        "launcher's start time and pid",
+    ),
+    _Option("--max-mb", "max_mb", "MB", "disk budget per rank, all files together"),
+    _Option("--max-entries", "max_entries", "N", "allocator trace entries kept, the newest"),
+    _Option(
+        "--stacks-at",
+        "stacks_at",
+        "FRACTION",
+        "record Python stacks once peak reserved memory reaches this fraction of the limit, "
+        "0 from the start, 1 never",
+    ),
+    _Option("--interval", "interval", "S", "seconds between host memory samples"),
+    _Option("--step-interval", "step_interval", "S", "at most one step sample per S seconds"),
+    _Option(
+        "--no-history",
+        "history",
+        "",
+        "do not record the allocator's history: the snapshot then has no trace",
+        False,
+    ),
+    _Option(
+        "--no-sentinel",
+        "sentinel",
+        "",
+        "start no watcher process: a kernel OOM kill then leaves no record",
+        False,
+    ),
 )
-_OPTIONS = {
-    "--dir": "directory",
-    "--run": "run",
-    "--max-mb": "max_mb",
-    "--max-entries": "max_entries",
-    "--stacks-at": "stacks_at",
-    "--interval": "interval",
-    "--step-interval": "step_interval",
-}
-_FLAGS = {"--no-history": ("history", False), "--no-sentinel": ("sentinel", False)}
+"""The options, their settings (``oomlens.capture.settings.CaptureSettings``) and their help:
+one table for the parser and both help texts (``python -m oomlens.capture`` and ``oomlens
+capture``, which hands its arguments to ``main``)."""
+_BY_FLAG = {option.flag: option for option in OPTIONS}
+
+PROGRAM = "python -m oomlens.capture"
+_HELP_WIDTH = 88
+
+
+def usage(prog: str = PROGRAM) -> str:
+    """The usage line(s), every option named."""
+    head = f"usage: {prog} "
+    words = [f"[{o.flag} {o.metavar}]" if o.metavar else f"[{o.flag}]" for o in OPTIONS]
+    words += ["SCRIPT [ARGS...] | -m MODULE [ARGS...]"]
+    lines = [head]
+    for word in words:
+        if len(lines[-1]) + len(word) > 95 and lines[-1].strip():
+            lines.append(" " * len(head))
+        lines[-1] += word + " "
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _described(option: _Option) -> str:
+    """The option's help with its default and its environment variable, from ``settings``
+    (the one place they are defined)."""
+    variable = ENVIRONMENT[option.setting]
+    if not option.metavar:
+        return f"{option.help} ({variable}={int(bool(option.value))})"
+    default = getattr(CaptureSettings(), option.setting)
+    if default is None:
+        return f"{option.help} ({variable})"
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{option.help} (default {shown}; {variable})"
+
+
+def help_text(prog: str = PROGRAM) -> str:
+    """``--help``: what the command does, its arguments and every option."""
+    rows = [(f"{o.flag} {o.metavar}".strip(), _described(o)) for o in OPTIONS]
+    rows.append(("-h, --help", "show this help and exit"))
+    width = max(len(name) for name, _ in rows) + 2
+    options = "\n".join(
+        textwrap.fill(
+            text,
+            _HELP_WIDTH,
+            initial_indent=f"  {name.ljust(width)}",
+            subsequent_indent=" " * (width + 2),
+            break_on_hyphens=False,
+        )
+        for name, text in rows
+    )
+    return (
+        f"{usage(prog)}\n\n"
+        "Run a training script (or, with -m, a module) with oomlens capture on, exactly as\n"
+        "python would run it: same argv, exceptions and exit status. Each rank writes its\n"
+        "events, memory series, an allocator snapshot at the OOM and, when it is killed, the\n"
+        "kernel's lines, into DIR/<run>/; after a crash: oomlens analyze DIR/<run>.\n"
+        "As a launcher's program: torchrun ... -m oomlens.capture train.py ARGS,\n"
+        "deepspeed --module oomlens.capture train.py ARGS (its --local_rank is handed to the\n"
+        "script), accelerate launch -m oomlens.capture train.py ARGS.\n\n"
+        "arguments:\n"
+        "  SCRIPT [ARGS...]    the training script and its arguments (the first argument that is\n"
+        "                      not an option; -- ends the options)\n"
+        "  -m MODULE [ARGS...] run a module as python -m does\n\n"
+        f"options (each also an environment variable, which every rank inherits):\n{options}\n\n"
+        "OOMLENS_CAPTURE=0 turns the capture off; the script then runs alone.\n"
+    )
 
 
 class UsageError(Exception):
-    pass
+    """A bad command line; the message says what (empty: none, only the usage)."""
+
+
+class HelpRequested(Exception):
+    """``-h``/``--help`` before the script: print the help, exit 0."""
 
 
 def parse(argv: list[str]) -> tuple[dict[str, object], list[str], str | None, list[str]]:
@@ -49,16 +154,16 @@ def parse(argv: list[str]) -> tuple[dict[str, object], list[str], str | None, li
     while index < len(argv):
         arg = argv[index]
         name, eq, value = arg.partition("=")
-        if name in _OPTIONS:
+        option = _BY_FLAG.get(name)
+        if option is not None and option.metavar:
             if not eq:
                 index += 1
                 if index >= len(argv):
                     raise UsageError(f"{name} needs a value")
                 value = argv[index]
-            settings[_OPTIONS[name]] = value
-        elif arg in _FLAGS:
-            key, flag = _FLAGS[arg]
-            settings[key] = flag
+            settings[option.setting] = value
+        elif option is not None and not eq:
+            settings[option.setting] = option.value
         elif name in ("--local_rank", "--local-rank"):
             if not eq:
                 index += 1
@@ -71,7 +176,7 @@ def parse(argv: list[str]) -> tuple[dict[str, object], list[str], str | None, li
                 raise UsageError("-m needs a module name")
             return settings, passthrough, argv[index + 1], argv[index + 2 :]
         elif arg in ("-h", "--help"):
-            raise UsageError("")
+            raise HelpRequested
         elif arg == "--":
             index += 1
             break
@@ -102,14 +207,22 @@ def _strip_own_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = PROGRAM) -> None:
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run the script under capture; ``prog``
+    names the command in the usage and help (``oomlens capture`` when run from the CLI).
+    A bad command line exits 2 (the usage on stderr), ``--help`` 0 (the help on stdout);
+    otherwise the script's own status."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         settings, passthrough, module, target = parse(args)
+    except HelpRequested:
+        sys.stdout.write(help_text(prog))
+        sys.stdout.flush()
+        sys.exit(0)
     except UsageError as exc:
         if str(exc):
             sys.stderr.write(f"oomlens capture: {exc}\n")
-        sys.stderr.write(USAGE + "\n")
+        sys.stderr.write(usage(prog) + f"\n(more: {prog} --help)\n")
         sys.exit(2)
 
     if module is None and not os.path.isfile(target[0]):

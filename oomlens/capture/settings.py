@@ -77,6 +77,7 @@ _ENV = {
     "snapshot_every_s": "OOMLENS_CAPTURE_SNAPSHOT_EVERY_S",
 }
 """The environment variable of each setting (what a launcher passes to every rank)."""
+ENVIRONMENT: Mapping[str, str] = _ENV
 
 ENABLED_ENV = "OOMLENS_CAPTURE"
 """``0`` turns the capture off entirely (``install()`` does nothing)."""

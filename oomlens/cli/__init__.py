@@ -11,6 +11,7 @@ import click
 
 from oomlens import __version__
 from oomlens.cli.analyze import analyze_command
+from oomlens.cli.capture import capture_command
 from oomlens.cli.check import check
 from oomlens.cli.epilog import epilog
 from oomlens.cli.triage import triage_command
@@ -26,6 +27,7 @@ def cli() -> None:
 
 
 cli.add_command(analyze_command)
+cli.add_command(capture_command)
 cli.add_command(check)
 cli.add_command(epilog)
 cli.add_command(triage_command, "triage")
@@ -34,9 +36,9 @@ cli.add_command(whatif_command)
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; turn every oomlens error into one line on stderr and its exit code."""
-    _one_blas_thread()
+    defaults = _one_blas_thread()
     try:
-        code = cli.main(args=argv, prog_name="oomlens", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="oomlens", standalone_mode=False, obj=defaults)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("oomlens: interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
@@ -66,13 +68,18 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
-def _one_blas_thread() -> None:
+def _one_blas_thread() -> dict[str, str]:
     """numpy's OpenBLAS, unless told otherwise, starts a thread per core when numpy is first
     imported (the commands import it later, not ``oomlens.cli``), and they spin for a while:
     2.3 s of CPU on a 16-core node for an import and a second's sleep, 0.42 s with one.  No
     command does linear algebra, and the SLURM epilog runs on nodes of 128 cores that must not
-    pay for it.  A setting of the user's own is kept; children (triage's workers) inherit it."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    pay for it.  A setting of the user's own is kept; children (triage's workers) inherit it.
+    Returns the variables set here (``oomlens capture`` takes them back: the training it runs
+    keeps the environment it was given)."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return {}
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    return {"OPENBLAS_NUM_THREADS": "1"}
 
 
 _WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})

@@ -4,15 +4,23 @@ the fix."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from oomlens.cli.params import COUNT, JOBS, SIZE, WIDTH_HELP, Progress, output_width
 from oomlens.errors import OomlensError, UsageError
+from oomlens.ingest.files import NamedStream, spooled_streams
 from oomlens.render.registry import Format
 from oomlens.rules.thresholds import load_thresholds
 from oomlens.untrusted import one_line
+
+if TYPE_CHECKING:
+    from oomlens.report import Report
+    from oomlens.triage.walk import RunSpec
 
 
 def write_output(path: str, text: str) -> None:
@@ -52,12 +60,40 @@ def refuse_several_runs(path: str) -> None:
         return
     names = [one_line(run.name) for run in runs]
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    first = os.path.join(path, os.path.relpath(runs[0].root, os.path.abspath(path)))
     raise UsageError(
         f"{one_line(path)}: holds {len(runs)} runs ({shown}); analyze one of them "
-        f"(oomlens analyze {one_line(first)}), all of them with oomlens triage "
-        f"{one_line(path)}, or, if they are parts of one job, pass --one-run"
+        f"({one_run_command(path, runs)}), all of them with oomlens triage "
+        f"{shlex.quote(one_line(path))}, or, if they are parts of one job, pass --one-run"
     )
+
+
+def one_run_command(path: str, runs: Sequence[RunSpec]) -> str:
+    """``oomlens analyze ...`` for one of ``runs`` (found under ``path``): the inputs triage
+    hands the analysis for it (``RunSpec.inputs``: the run's directory, or its files and
+    run-free sub-directories when other runs are nested in it), shown as under ``path``.  Not
+    the run's root: a run at ``path`` itself holds the others.  The run with the fewest
+    inputs gives the shortest command."""
+    run = min(runs, key=lambda r: (len(r.inputs), r.name))
+    top = os.path.abspath(path)
+    shown = [
+        os.path.normpath(os.path.join(path, os.path.relpath(item, top))) for item in run.inputs
+    ]
+    return "oomlens analyze " + " ".join(shlex.quote(one_line(item)) for item in shown)
+
+
+def shown_as_named(report: Report, streams: Sequence[NamedStream]) -> Report:
+    """``report`` with the file each stream was read from named as the user named the
+    stream (``<stdin>`` for ``-``), wherever the report says it."""
+    if not streams:
+        return report
+    from oomlens.render.redact import replace_strings
+
+    def rename(text: str) -> str:
+        for stream in streams:
+            text = text.replace(stream.path, stream.shown)
+        return text
+
+    return replace_strings(report, rename)
 
 
 @click.command("analyze")
@@ -168,9 +204,6 @@ def analyze_command(
     from oomlens.session import AnalysisOptions, analyze
 
     chosen = Format.choose(fmt, output)
-    if not one_run:
-        for path in inputs:
-            refuse_several_runs(path)
     options = AnalysisOptions(
         thresholds=load_thresholds(thresholds_file),
         params=params,
@@ -180,7 +213,13 @@ def analyze_command(
         log_jobs=jobs,
         progress=Progress() if sys.stderr.isatty() else None,
     )
-    report = analyze(list(inputs), config=config, options=options)
+    # a stream named (-, /dev/stdin, <(cmd)) is read once, into a file removed after reading
+    with spooled_streams(list(inputs)) as (paths, streams):
+        if not one_run:
+            for path in paths:
+                refuse_several_runs(path)
+        report = analyze(paths, config=config, options=options)
+    report = shown_as_named(report, streams)
     if redact:
         from oomlens.render.redact import redact_report
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from oomlens.cli.params import SIZE
+from oomlens.cli.params import SIZE, WIDTH_HELP, output_width
 from oomlens.render.registry import formats_for
 
 
@@ -46,6 +46,7 @@ from oomlens.render.registry import formats_for
     help="Output format (default: json for an -o file ending .json, else text).",
 )
 @click.option("-o", "--output", type=click.Path(), default=None, help="Write to this file instead.")
+@click.option("--width", type=click.IntRange(min=0), default=None, metavar="N", help=WIDTH_HELP)
 def whatif_command(
     snapshot: str,
     alloc_confs: tuple[str, ...],
@@ -53,19 +54,20 @@ def whatif_command(
     device: int | None,
     fmt: str | None,
     output: str | None,
+    width: int | None,
 ) -> None:
     """Replay a snapshot's recorded allocations through a model of PyTorch's caching
     allocator under other settings, after checking that the model reproduces the recording."""
     from oomlens.cli.analyze import write_output
-    from oomlens.render.registry import Format, render
+    from oomlens.render.registry import Format, RenderOptions, render
     from oomlens.session import what_if
 
     report = what_if(snapshot, alloc_confs, device=device, allowed=allowed)
     if fmt is None:
         fmt = "json" if output is not None and output.lower().endswith(".json") else "text"
-    text = render(report, Format(fmt))
     if output is not None:
-        write_output(output, text)
+        # a file is wrapped only when asked: it is read with grep and diff
+        write_output(output, render(report, Format(fmt), RenderOptions(width=width or 0)))
         click.echo(f"oomlens whatif: written to {output}", err=True)
         return
-    click.echo(text, nl=False)
+    click.echo(render(report, Format(fmt), RenderOptions(width=output_width(width))), nl=False)

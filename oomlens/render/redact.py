@@ -361,6 +361,13 @@ def redact_report(report: T, redactor: Redactor | None = None) -> T:
     return redactor.apply(report)
 
 
+def replace_strings(obj: T, replace: Callable[[str], str]) -> T:
+    """``obj`` (a report, or any graph of report objects) with every string in it passed
+    through ``replace``: the walk redaction makes, for other consistent rewrites (a spooled
+    stream's file shown under the name the user gave it)."""
+    return _walk(obj, replace, {})  # type: ignore[no-any-return]
+
+
 def redact_all(items: Iterable[str], redactor: Redactor) -> list[str]:
     """Convenience for callers holding loose strings (CLI messages)."""
     return [redactor.text(item) for item in items]

@@ -36,6 +36,9 @@ _VERDICT_COLOUR = {
 }
 SHOWN_DIAGNOSES = 3
 SHOWN_EVIDENCE = 4
+FULL_REPORT = "--format markdown, or -o report.html"
+"""How to get the full report, which lists what the summary leaves out (``oomlens analyze``'s
+options: every other format is the full report)."""
 
 
 def clean(text: str) -> str:
@@ -90,7 +93,8 @@ def _diagnosis_lines(index: int, d: Diagnosis, style: bool, out: Wrapped) -> Non
             text = short_quote(text)
         out.add(f"    {mark} {text}{where}", hang=6, keep=[where.strip()] if where else ())
     if len(d.evidence) > SHOWN_EVIDENCE:
-        out.add(f"    ... {len(d.evidence) - SHOWN_EVIDENCE} more in the full report", hang=8)
+        more = len(d.evidence) - SHOWN_EVIDENCE
+        out.add(f"    ... {more} more in the full report ({FULL_REPORT})", hang=8)
     for fix in d.fixes[:1]:
         _fix_lines(fix, out)
 
@@ -149,7 +153,7 @@ class TextRenderer(Renderer):
             # a config's keys and values are untrusted text, printed in many places
             return clean(check_text(document, width=options.width)) + "\n"
         if isinstance(document, WhatIfReport):
-            return whatif_text(document)
+            return whatif_text(document, width=options.width)
         return render_text(document, colour=options.colour, width=options.width)
 
 

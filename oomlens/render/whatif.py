@@ -20,6 +20,7 @@ from oomlens.facts.whatif import (
     SelfCheck,
     TraceCoverage,
 )
+from oomlens.render.wrap import Wrapped
 from oomlens.report import WhatIfReport
 from oomlens.units import format_size
 from oomlens.untrusted import strip_controls
@@ -197,8 +198,10 @@ def _check_line(check: SelfCheck) -> str:
     return f"self-check: FAILED ({figures}); first difference: {check.first_mismatch}"
 
 
-def whatif_text(report: WhatIfReport) -> str:
-    """The terminal summary: the recording, the self-check, one row per setting."""
+def whatif_text(report: WhatIfReport, width: int = 0) -> str:
+    """The terminal summary: the recording, the self-check, one row per setting; ``width`` >
+    0 wraps it to that many columns (``wrap.wrap``: a hanging indent under each item's text),
+    the table becoming one item per setting when it is wider."""
     whatif = report.whatif
     coverage = whatif.coverage
     recorded = whatif.recorded
@@ -248,10 +251,20 @@ def whatif_text(report: WhatIfReport) -> str:
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines.extend(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+    table = [
+        "  ".join(cell.ljust(size) for cell, size in zip(row, widths, strict=True)).rstrip()
         for row in rows
-    )
+    ]
+    if not width or max(len(row) for row in table) <= width:
+        lines.extend(table)
+    else:
+        # too wide for the terminal: one item per setting, each wrapped, not a cut table
+        heads = rows[0][2:]
+        lines.extend(
+            f"- {row[0]}: {row[1]}; "
+            + ", ".join(f"{head} {cell}" for head, cell in zip(heads, row[2:], strict=True))
+            for row in rows[1:]
+        )
     past_oom = [
         p
         for p in whatif.predictions
@@ -282,4 +295,9 @@ def whatif_text(report: WhatIfReport) -> str:
         lines.append("")
         lines.append("not a forecast where:")
         lines.extend(notes)
-    return strip_controls("\n".join(lines) + "\n")
+    out = Wrapped(width)
+    for line in lines:
+        text = strip_controls(line)
+        indent = len(text) - len(text.lstrip(" "))
+        out.add(text, hang=indent + (4 if text.lstrip().startswith("- ") else 2))
+    return out.text() + "\n"

@@ -9,6 +9,11 @@ one.  A kept span longer than a whole line is cut at its spaces after all; a wor
 that stays whole on a line of its own (the terminal wraps it): a path may be longer than the
 terminal is wide.
 
+A shell command quoted in the text (``dmesg -T | grep -i -E 'killed process|oom'``,
+``sacct -j JOBID -o JobID,State``: ``command_spans``) is never cut: a user copies it whole, and
+a line break inside it (inside its quotes above all) makes another command.  It goes on a line
+of its own when it does not fit where it stands, and stays whole however long it is.
+
 Widths are counted in terminal columns: ANSI colour codes count nothing, East Asian wide
 characters two, combining marks nothing.  ``width`` 0 leaves every line as it is (a pipe, a
 file: what grep and diff read).
@@ -45,6 +50,68 @@ def columns(text: str) -> int:
     return total
 
 
+_OPTION = re.compile(r"--?[A-Za-z][\w.=/,:+-]*")
+"""A command-line option: ``-T``, ``-E``, ``--log-dir``, ``--since=today``."""
+_OPERATOR = frozenset({"|", "||", "&&", ">", ">>", "<", "2>&1", "|&"})
+_PROGRAM = re.compile(r"[A-Za-z0-9_][\w./+-]*")
+"""A word that can name a program (``dmesg``, ``python3``, ``./run.sh``)."""
+
+
+def _tokens(line: str) -> list[tuple[int, int]]:
+    """The shell words of ``line`` as ``(start, end)``: split at spaces outside quotes.  A
+    quote opens only at a word's start and only when it closes later in the line: the
+    apostrophe of prose (``the scheduler's record``) quotes nothing."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char == " ":
+            if start is not None:
+                spans.append((start, index))
+                start = None
+        elif start is None:
+            start = index
+            if char in "'\"" and line.find(char, index + 1) > 0:
+                quote = char
+    if start is not None:
+        spans.append((start, len(line)))
+    return spans
+
+
+def command_spans(line: str) -> list[str]:
+    """The shell commands quoted in ``line``: a program's name followed by an option or an
+    operator (``dmesg -T``, ``python -m``), and what follows as long as it reads as shell:
+    options, operators, quoted words, the word after an option or an operator (its value, the
+    next program).  A command whose program is followed by a plain word first (``git log
+    -p``) is found from that option on only: from prose, its start cannot be told."""
+    tokens = _tokens(line)
+    words = [line[a:b] for a, b in tokens]
+    shell = [bool(_OPTION.fullmatch(w)) or w in _OPERATOR for w in words]
+    found: list[str] = []
+    index = 0
+    while index < len(tokens) - 1:
+        if not (_PROGRAM.fullmatch(words[index]) and shell[index + 1]):
+            index += 1
+            continue
+        end = index + 1
+        while end + 1 < len(tokens):
+            following = words[end + 1]
+            quoted = following[:1] in "'\"" and " " in following
+            # the word after an option is its value (``-o JobID``; not after ``--o=v``),
+            # after an operator the next program (``| grep``)
+            takes_next = shell[end] and "=" not in words[end]
+            if shell[end + 1] or quoted or (takes_next and not following.startswith("(")):
+                end += 1
+            else:
+                break
+        found.append(line[tokens[index][0] : tokens[end][1]])
+        index = end + 1
+    return found
+
+
 def wrap(line: str, width: int, hang: int | None = None, keep: Sequence[str] = ()) -> list[str]:
     """``line`` as lines of at most ``width`` columns, cut at spaces outside the ``keep``
     spans, in a run of spaces (a table's padding) and before a number's unit or a bare number
@@ -58,9 +125,11 @@ def wrap(line: str, width: int, hang: int | None = None, keep: Sequence[str] = (
     if hang is None:
         hang = indent + 2
     hang = max(0, min(hang, width - MIN_TEXT))
+    commands = command_spans(line)
     words: list[str] = []
-    for word in _words(line, indent, keep):
-        if " " in word and hang + columns(word) > width:
+    for word in _words(line, indent, [*keep, *commands]):
+        whole = any(command in word for command in commands)
+        if " " in word and hang + columns(word) > width and not whole:
             words += _words(word, 0, (), glue=False)  # longer than a line: cut after all
         else:
             words.append(word)

@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -392,3 +393,131 @@ def test_width_option_wraps_a_pipe_and_a_file_only_when_asked(tmp_path: Path) ->
     run("analyze", WRAP_CASE, "-o", tmp_path / "wrapped.txt", "--width", "100")
     assert (tmp_path / "wrapped.txt").read_text() == wrapped.stdout
     assert run("analyze", WRAP_CASE, "--width", "-1").returncode == 2
+
+
+_LOG_LINE = (
+    "step 3 loss 1.25\n"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 1 has a "
+    "total capacity of 39.39 GiB of which 100.00 MiB is free.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "logs",
+    [
+        # a run of its own at the top, another nested in a sub-folder
+        ("out.log", "retry/out.log"),
+        # three runs, each nested in the one before
+        ("job.err", "b/job.err", "b/c/job.err"),
+        # a run made of its files beside sub-folders that hold runs
+        ("rank0.log", "rank1.log", "sweep1/train.log", "sweep2/train.log"),
+    ],
+)
+def test_the_command_the_several_runs_refusal_suggests_analyzes_one_run(
+    tmp_path: Path, logs: tuple[str, ...]
+) -> None:
+    top = tmp_path / "my runs"  # a space: the command must quote it
+    for name in logs:
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(_LOG_LINE)
+
+    def run_there(*args: str) -> subprocess.CompletedProcess[str]:
+        # from the folder the user is in, with this checkout's oomlens
+        env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return subprocess.run(
+            [sys.executable, "-m", "oomlens", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=120,
+        )
+
+    refused = run_there("analyze", "my runs/")
+    assert refused.returncode == 2, refused.stderr
+    suggested = re.search(r"analyze one of them \((oomlens analyze .+?)\), all", refused.stderr)
+    assert suggested is not None, refused.stderr
+    words = shlex.split(suggested.group(1))
+    assert words[:2] == ["oomlens", "analyze"]
+    done = run_there(*words[1:], "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "gpu_oom"
+
+
+_KERNEL_KILL = (
+    "[Tue Mar  4 10:01:02 2025] Out of memory: Killed process 4242 (python) total-vm:912345678kB, "
+    "anon-rss:501234567kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1000000kB "
+    "oom_score_adj:0\n"
+)
+
+
+def _analyze_streamed(
+    args: list[str], tmp_path: Path, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    spool = tmp_path / "tmp"
+    spool.mkdir(exist_ok=True)
+    return subprocess.run(  # type: ignore[call-overload,no-any-return]
+        [sys.executable, "-m", "oomlens", "analyze", *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"TMPDIR": str(spool)},
+        **kwargs,
+    )
+
+
+def test_standard_input_is_read_when_named_dash(tmp_path: Path) -> None:
+    log = (case_dir("other_process") / "train.log").read_text()
+    result = _analyze_streamed(["-"], tmp_path, input=log)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["diagnoses"][0]["id"] == "other_process"
+    assert [i["path"] for i in report["inputs"]] == ["<stdin>"]
+    assert str(tmp_path / "tmp") not in result.stdout  # the spool is never shown...
+    assert list((tmp_path / "tmp").iterdir()) == []  # ...and is gone
+
+
+def test_a_pipe_named_by_path_is_read_as_process_substitution_gives_it(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.write(write, _KERNEL_KILL.encode())
+    os.close(write)
+    try:
+        result = _analyze_streamed([f"/dev/fd/{read}"], tmp_path, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "host_oom"
+    assert [i["path"] for i in report["inputs"]] == [f"/dev/fd/{read}"]
+
+
+def test_what_the_summary_leaves_out_is_where_it_says(tmp_path: Path) -> None:
+    import html
+
+    case = case_dir("model_states_too_large")
+    summary = run("analyze", case)
+    more = re.search(r"\.\.\. (\d+) more in the full report \((.+)\)$", summary.stdout, re.M)
+    assert more is not None, summary.stdout
+    report = json.loads(run("analyze", case, "--format", "json").stdout)
+    left_out = [
+        e["text"]
+        for d in report["diagnoses"][:3]
+        if len(d["evidence"]) > 4
+        for e in d["evidence"][4:]
+    ]
+    assert len(left_out) >= int(more.group(1))
+    ways = more.group(2).split(", or ")
+    assert len(ways) >= 2
+    for way in ways:
+        args = shlex.split(way)
+        written = tmp_path / "report"
+        if args[0] == "-o":
+            written = tmp_path / args[1]
+            args = ["-o", str(written)]
+        done = run("analyze", case, *args)
+        assert done.returncode == 0, done.stderr
+        text = written.read_text() if written.exists() else done.stdout
+        # the text as a reader sees it: no Markdown escapes, no HTML entities or tags
+        plain = " ".join(html.unescape(re.sub(r"<[^>]+>|\\(?=\W)", "", text)).split())
+        for item in left_out:
+            assert " ".join(item.split())[:70] in plain, (way, item)

@@ -4,12 +4,14 @@ code for bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from oomlens.cli import main
 from tests.analysis.whatif._recording import MiB, record, rounds, write
+from tests.cli._terminal import on_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAGMENTATION = ROOT / "fixtures" / "crash_logs" / "fragmentation" / "snapshot_rank0.pickle"
@@ -174,3 +176,29 @@ def test_an_output_file_ending_json_gets_json(
     text = tmp_path / "w.txt"
     assert run(capsys, str(rescued), "-o", str(text))[0] == 0
     assert text.read_text().startswith("oomlens whatif:")
+
+
+_RAW_BYTES = re.compile(r"\b\d{4,} bytes\b")
+
+
+@pytest.mark.parametrize(
+    "snapshot", sorted((ROOT / "fixtures" / "whatif").glob("*/snapshot.pickle")), ids=str
+)
+def test_the_text_gives_sizes_with_units_and_wraps_at_width(
+    capsys: pytest.CaptureFixture[str], snapshot: Path
+) -> None:
+    code, out, _ = run(capsys, str(snapshot), "--width", "56")
+    assert code == 0
+    assert not _RAW_BYTES.search(out), out
+    long = [line for line in out.splitlines() if len(line) > 56]
+    # only a word longer than the line itself (the snapshot's path) may go over
+    assert all(" " not in line.strip().split(": ", 1)[-1] for line in long), long
+    _, unwrapped, _ = run(capsys, str(snapshot), "--width", "0")
+    assert " ".join(out.split()) == " ".join(unwrapped.split()) or "- " in out
+
+
+def test_on_a_terminal_it_wraps_to_the_terminal(rescued: Path) -> None:
+    code, shown = on_terminal(["whatif", str(rescued)], 64)
+    assert code == 0
+    assert shown.splitlines() and all(len(line) <= 64 for line in shown.splitlines()[1:]), shown
+    assert "self-check: passed" in " ".join(shown.split())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.render.registry import Format, RenderOptions, render
-from oomlens.render.wrap import columns, json_members, wrap
+from oomlens.render.wrap import columns, command_spans, json_members, wrap
 from oomlens.report import Report
 from oomlens.session import analyze, check_config
 from tests._corpus import CORPUS_DIR, case_dir, case_names, check_arguments, checkable
@@ -208,3 +208,31 @@ def test_a_json_patch_is_cut_between_members_not_inside_one() -> None:
     single = '{"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": false}}'
     lines = wrap("         ds_config patch: " + single, 100, hang=26, keep=json_members(single))
     assert lines[-1].strip() == '{"stage3_gather_16bit_weights_on_model_save": false}}'
+
+
+_COMMANDS = [
+    "journalctl -k --since '1 hour ago' | grep -i 'out of memory'",
+    "nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+    "sacct -j 1234 --format=JobID,MaxRSS,State",
+    "python3 -c 'import torch; print(torch.cuda.mem_get_info())'",
+]
+
+
+@pytest.mark.parametrize("command", _COMMANDS)
+@pytest.mark.parametrize("width", [34, 45, 60, 80])
+def test_a_command_in_the_text_is_never_cut(command: str, width: int) -> None:
+    line = (
+        f"  - the record of the node's memory at the time (the scheduler's own), e.g. {command} "
+        "run on the node where the rank was, before the logs rotate"
+    )
+    assert command_spans(line) == [command]
+    wrapped = wrap(line, width, hang=4)
+    # on a line of its own when it does not fit where it stands, whole however long it is
+    assert any(piece.strip() == command or command in piece for piece in wrapped), wrapped
+    assert " ".join(piece.strip() for piece in wrapped) == line.strip()
+    assert all(columns(piece) <= width for piece in wrapped if command not in piece)
+
+
+def test_prose_is_no_command() -> None:
+    assert command_spans("the run's last step - as far as the log goes - was 12") == []
+    assert command_spans("the scheduler's record and the kernel's lines") == []

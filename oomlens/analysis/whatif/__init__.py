@@ -59,6 +59,7 @@ from oomlens.facts.whatif import (
     TraceCoverage,
     WhatIf,
 )
+from oomlens.units import format_size
 
 __all__ = [
     "AllocConf",
@@ -251,8 +252,8 @@ class _Context:
             if margin is not None and (margin < 0 or uncertain and margin <= limit.uncertainty):
                 conclusive = False
                 notes.append(
-                    f"the margin ({margin} bytes) is within the limit's uncertainty "
-                    f"(+-{limit.uncertainty} bytes)"
+                    f"the margin ({format_size(margin)}) is within the limit's uncertainty "
+                    f"(+-{format_size(limit.uncertainty)})"
                 )
         if run.continued_after_oom:
             notes.append(
