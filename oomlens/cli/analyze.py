@@ -24,14 +24,11 @@ if TYPE_CHECKING:
 
 
 def write_output(path: str, text: str) -> None:
-    """Write a report as triage writes its tables (``write_atomically``): never left
+    """Write a report as triage writes its tables (``oomlens.render.output``): never left
     half-written, and a device or FIFO (``/dev/null``) written in place, never replaced."""
-    from oomlens.triage.worker import write_atomically
+    from oomlens.render.output import write_text
 
-    try:
-        write_atomically(path, text.encode("utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
+    write_text(path, text)
 
 
 def refuse_several_runs(path: str) -> None:
@@ -200,6 +197,7 @@ def analyze_command(
     the run's directory. Prints the verdict, the diagnoses with their evidence, and the fix."""
     # Renderers and the analysis are imported when used: `oomlens epilog` and `--help` start
     # without loading them.
+    from oomlens.render.output import write_rendered
     from oomlens.render.registry import RenderOptions, render
     from oomlens.session import AnalysisOptions, analyze
 
@@ -228,10 +226,10 @@ def analyze_command(
     # A file is wrapped only when asked (--width): it is read with grep and diff.
     to_file = RenderOptions(redacted=redact, width=width or 0)
     if html_output is not None:
-        write_output(html_output, render(report, Format.HTML, to_file))
+        write_rendered(html_output, report, Format.HTML, to_file)
         click.echo(f"{summary}; HTML report written to {html_output}", err=True)
     if output is not None:
-        write_output(output, render(report, chosen, to_file))
+        write_rendered(output, report, chosen, to_file)
         click.echo(f"{summary}; report written to {output}", err=True)
         return
     use_colour = sys.stdout.isatty() if colour is None else colour

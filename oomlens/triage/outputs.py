@@ -38,9 +38,9 @@ import pandas
 from oomlens import __version__
 from oomlens.errors import InputError, UsageError
 from oomlens.ingest.files import is_special_target, refuse_special
+from oomlens.render.output import current_umask, write_atomically
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
 from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, normalize
-from oomlens.triage.worker import current_umask, write_atomically
 from oomlens.units import format_size
 from oomlens.untrusted import (
     BIDI_CONTROLS,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from oomlens.errors import NoUsableInputError, OomlensError
-from oomlens.ingest.files import is_special_target
+from oomlens.render.output import write_atomically
 from oomlens.triage import adapter
 
 
@@ -63,36 +61,3 @@ def analyze_task(task: AnalysisTask) -> AnalysisResult:
         except OSError as exc:
             problem = f"{task.report_path}: cannot be written ({exc.strerror or exc})"
     return AnalysisResult(report, error, report_file, problem, time.perf_counter() - started)
-
-
-def current_umask() -> int:
-    """This process' umask (read by setting it and setting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Write ``path`` so that it holds either its old content or all of ``data``, never a part
-    (a device or FIFO such as ``/dev/null`` is written in place, never replaced).
-
-    Raises ``OSError`` when the directory cannot be written.
-    """
-    if is_special_target(path):
-        with open(path, "wb") as out:
-            out.write(data)
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=".oomlens-", suffix=".tmp", dir=directory)
-    try:
-        # mkstemp makes 0600; an output is a normal file, readable as the user's umask says.
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
