@@ -42,11 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from oomlens.analysis.whatif.alloc_conf import AllocConf  # noqa: E402
-from oomlens.analysis.whatif.allocator_model import (  # noqa: E402
-    Block,
-    CachingAllocatorModel,
-    Limit,
-)
+from oomlens.analysis.whatif.allocator_blocks import Block  # noqa: E402
+from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit  # noqa: E402
 
 MiB = 1024**2
 TEMPLATE = (

@@ -29,6 +29,7 @@ from oomlens.facts.config import (
     settings_fields,
     show_value,
 )
+from oomlens.facts.ds_keys import canonical_dtype
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
@@ -37,7 +38,6 @@ from oomlens.facts.ds_schema import (
     ZERO,
     ModelSpec,
     ValidatedModel,
-    canonical_dtype,
     given_key,
     validate_model,
 )

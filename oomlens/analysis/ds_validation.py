@@ -49,12 +49,10 @@ from oomlens.facts.config import (
     Origin,
     ValidationProblem,
 )
+from oomlens.facts.ds_keys import KNOWN_TOP_LEVEL_KEYS, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
-    KNOWN_TOP_LEVEL_KEYS,
-    REMOVED_TOP_LEVEL_KEYS,
-    REMOVED_ZERO_KEYS,
     ZERO,
     ValidatedModel,
     validate_model,

@@ -1,4 +1,5 @@
-"""DeepSpeed 0.19.8's config models, restated as data, and pydantic's lax coercion rules.
+"""DeepSpeed 0.19.8's config models, restated as data, and pydantic's validation of them (its
+lax coercion of scalars is in ``pydantic_lax``, DeepSpeed's top-level key tables in ``ds_keys``).
 
 DeepSpeed validates ``zero_optimization`` (with ``offload_param``, ``offload_optimizer``,
 ``leaf_module``, ``zenflow``), ``fp16`` and ``bf16``/``bfloat16`` with pydantic v2 models
@@ -17,10 +18,11 @@ got a number with a fractional part").
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from oomlens.facts.pydantic_lax import CoercionError, lax_bool, lax_float, lax_int, lax_str
 
 Loc = tuple[str | int, ...]
 
@@ -34,111 +36,8 @@ class FieldError:
     message: str
 
 
-class CoercionError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _fmt_bound(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
-
-
-_INT_STRING = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
-_PY_WHITESPACE = " \t\n\r\x0b\x0c"
-
-
-_MAX_INT_DIGITS = 4300
-"""Python's (and pydantic-core's) limit on the digits of an integer read from text."""
-
-
-def lax_int(value: object) -> int:
-    """pydantic v2 lax ``int`` (what DeepSpeed's integer fields accept)."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise CoercionError("finite_number", "Input should be a finite number")
-        if not value.is_integer():
-            raise CoercionError(
-                "int_from_float",
-                "Input should be a valid integer, got a number with a fractional part",
-            )
-        if abs(value) >= 2**63:
-            raise CoercionError(
-                "int_parsing_size",
-                "Unable to parse input string as an integer, exceeded maximum size",
-            )
-        return int(value)
-    if isinstance(value, str):
-        text = value.strip(_PY_WHITESPACE)
-        if not _INT_STRING.fullmatch(text):
-            raise CoercionError(
-                "int_parsing",
-                "Input should be a valid integer, unable to parse string as an integer",
-            )
-        digits = text.split(".")[0].replace("_", "")
-        if len(digits.lstrip("+-")) > _MAX_INT_DIGITS:
-            raise CoercionError(
-                "int_parsing_size",
-                "Unable to parse input string as an integer, exceeded maximum size",
-            )
-        return int(digits)
-    raise CoercionError("int_type", "Input should be a valid integer")
-
-
-_TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def lax_bool(value: object) -> bool:
-    """pydantic v2 lax ``bool``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if value in (0, 1):
-            return bool(value)
-        raise CoercionError(
-            "bool_parsing", "Input should be a valid boolean, unable to interpret input"
-        )
-    if isinstance(value, float):
-        if value in (0.0, 1.0):
-            return bool(value)
-        raise CoercionError("bool_type", "Input should be a valid boolean")
-    if isinstance(value, str):
-        lowered = value.lower()
-        if lowered in _TRUE_STRINGS:
-            return True
-        if lowered in _FALSE_STRINGS:
-            return False
-        raise CoercionError(
-            "bool_parsing", "Input should be a valid boolean, unable to interpret input"
-        )
-    raise CoercionError("bool_type", "Input should be a valid boolean")
-
-
-def lax_float(value: object) -> float:
-    """pydantic v2 lax ``float``."""
-    if isinstance(value, bool | int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip(_PY_WHITESPACE))
-        except ValueError:
-            raise CoercionError(
-                "float_parsing",
-                "Input should be a valid number, unable to parse string as a number",
-            ) from None
-    raise CoercionError("float_type", "Input should be a valid number")
-
-
-def lax_str(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    raise CoercionError("string_type", "Input should be a valid string")
 
 
 # -- model description ---------------------------------------------------------------------
@@ -689,112 +588,6 @@ _DEPRECATED_MAPPERS: dict[str, Callable[[object], object]] = {
     "cpu_offload": _offload_cpu_if,
     "cpu_offload_param": _offload_param_cpu_if,
 }
-
-#: Top-level blocks and keys that DeepSpeed 0.19.8 refuses outright
-#: (``_REMOVED_TOP_LEVEL_CONFIG_KEYS`` / ``_REMOVED_ZERO_CONFIG_KEYS`` in runtime/config.py).
-REMOVED_TOP_LEVEL_KEYS: tuple[str, ...] = (
-    "nebula",
-    "compression_training",
-    "amp",
-    "quantize_training",
-    "sparse_gradients",
-    "eigenvalue",
-    "sparse_attention",
-    "elasticity",
-    "graph_harvesting",
-    "curriculum_learning",
-    "progressive_layer_drop",
-)
-REMOVED_ZERO_KEYS: tuple[str, ...] = (
-    "mics_shard_size",
-    "mics_hierarchical_params_gather",
-    "zeropp_loco_param",
-)
-
-#: Every top-level key DeepSpeed 0.19.8's ``DeepSpeedConfig`` (and the sub-configs it builds
-#: from the top-level dict) reads.  DeepSpeed does not reject other keys: it ignores them,
-#: which is how a misspelled ``zero_optimization`` silently means ZeRO stage 0.
-KNOWN_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
-    {
-        "activation_checkpointing",
-        "aio",
-        "allgather_size",
-        "autotuning",
-        "bf16",
-        "bfloat16",
-        "checkpoint",
-        "comet",
-        "comms_logger",
-        "communication_data_type",
-        "compile",
-        "csv_monitor",
-        "data_efficiency",
-        "data_types",
-        "dataloader_drop_last",
-        "datastates_ckpt",
-        "disable_allgather",
-        "disable_python_gc",
-        "dump_state",
-        "expert_parallel",
-        "flops_profiler",
-        "fp16",
-        "gradient_accumulation_steps",
-        "gradient_allreduce_op",
-        "gradient_clipping",
-        "gradient_predivide_factor",
-        "hybrid_engine",
-        "log_level",
-        "managed_gradient_accumulation",
-        "memory_breakdown",
-        "optimizer",
-        "pipeline",
-        "prescale_gradients",
-        "scheduler",
-        "seq_parallel_communication_data_type",
-        "sequence_parallel_size",
-        "steps_per_print",
-        "tensor_parallel",
-        "tensorboard",
-        "timers",
-        "torch_autocast",
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "use_data_before_expert_parallelism",
-        "vocabulary_size",
-        "wall_clock_breakdown",
-        "wandb",
-        "weight_quantization",
-        "zero_allow_untested_optimizer",
-        "zero_force_ds_cpu_optimizer",
-        "zero_optimization",
-    }
-)
-
-
-_CANONICAL_DTYPES = {
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "torch.float16": "fp16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "torch.bfloat16": "bf16",
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "torch.float32": "fp32",
-    "int8": "int8",
-    "torch.int8": "int8",
-}
-
-
-def canonical_dtype(value: object) -> str | None:
-    """``"BF16"``, ``"bfloat16"``, ``"torch.bfloat16"`` -> ``"bf16"``; None stays None; anything
-    else comes back lower-cased (DeepSpeed fails on it later, the validator says so)."""
-    if value is None:
-        return None
-    text = str(value).strip().lower()
-    return _CANONICAL_DTYPES.get(text, text)
 
 
 def given_key(fspec: FieldSpec, given: Mapping[str, object]) -> tuple[str | None, object]:

@@ -45,6 +45,7 @@ from oomlens.facts.config import (
     ZeroSettings,
     settings_fields,
 )
+from oomlens.facts.ds_keys import canonical_dtype
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
@@ -53,7 +54,6 @@ from oomlens.facts.ds_schema import (
     ZERO,
     FieldSpec,
     ModelSpec,
-    canonical_dtype,
     given_key,
 )
 from oomlens.ingest._jsonpos import DuplicateKeyError, JsonSyntaxError, parse_json_with_positions

@@ -17,15 +17,13 @@ from oomlens.analysis.ds_validation import (
     validate_with_oomlens,
 )
 from oomlens.facts.config import ConfigDocument, ConfigSeverity
+from oomlens.facts.ds_keys import KNOWN_TOP_LEVEL_KEYS, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
 from oomlens.facts.ds_schema import (
     BF16,
     FP16,
-    KNOWN_TOP_LEVEL_KEYS,
     LEAF_MODULE,
     OFFLOAD_OPTIMIZER,
     OFFLOAD_PARAM,
-    REMOVED_TOP_LEVEL_KEYS,
-    REMOVED_ZERO_KEYS,
     ZENFLOW,
     ZERO,
     ModelSpec,

@@ -74,6 +74,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from oomlens.analysis.whatif.alloc_conf import AllocConf
+from oomlens.analysis.whatif.allocator_blocks import (
+    ADDR_BITS,
+    ADDR_MASK,
+    SYNTHETIC_TOP,
+    Block,
+    Pool,
+    Reservation,
+    SegmentEvent,
+)
 
 MiB = 1024**2
 K_MIN_BLOCK = 512
@@ -83,146 +92,6 @@ K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
 EXPANDABLE_RESERVATION = 1 << 40
 """Virtual address space of a modelled expandable segment (torch reserves 9/8 of the card)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentEvent:
-    """A segment the model allocated, freed, mapped or unmapped (torch's trace ``action``)."""
-
-    action: str
-    addr: int
-    size: int
-    stream: int
-
-
-class Reservation:
-    """The virtual range of one expandable segment (one per stream and pool)."""
-
-    __slots__ = ("base", "page", "size", "small", "stream")
-
-    def __init__(self, base: int, size: int, page: int, stream: int, small: bool) -> None:
-        self.base = base
-        self.size = size
-        self.page = page
-        self.stream = stream
-        self.small = small
-
-    def pages_covering(self, addr: int, size: int) -> tuple[int, int]:
-        """Page range [begin, end) from the page holding ``addr`` to the one holding its end."""
-        begin = (addr - self.base) // self.page
-        end = -(-(addr + size - self.base) // self.page)
-        return begin, end
-
-    def pages_inside(self, addr: int, size: int) -> tuple[int, int]:
-        """Page range [begin, end) of the pages lying wholly inside ``[addr, addr + size)``."""
-        begin = -(-(addr - self.base) // self.page)
-        end = (addr + size - self.base) // self.page
-        return begin, end
-
-
-class Block:
-    """One block: a piece of a segment, allocated or free (torch's ``Block``).
-
-    ``freed`` marks an allocated block whose tensor was freed (``free_requested``) while the
-    block is not back in the cache yet: it no longer counts as allocated in torch's statistics.
-    """
-
-    __slots__ = (
-        "addr",
-        "allocated",
-        "freed",
-        "gc_base",
-        "mapped",
-        "next",
-        "prev",
-        "requested",
-        "reservation",
-        "size",
-        "small",
-        "stream",
-    )
-
-    def __init__(
-        self,
-        addr: int,
-        size: int,
-        stream: int,
-        small: bool,
-        reservation: Reservation | None = None,
-    ) -> None:
-        self.addr = addr
-        self.size = size
-        self.stream = stream
-        self.small = small
-        self.allocated = False
-        self.freed = False
-        self.requested = 0
-        self.prev: Block | None = None
-        self.next: Block | None = None
-        self.mapped = True
-        self.reservation = reservation
-        self.gc_base = 0
-
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-
-ADDR_BITS = 50
-"""Free-block keys are ``size << ADDR_BITS | addr``: one int sorts as torch's (size, address)
-order does, and bisects much faster than a tuple.  Model addresses stay below 2**50: recorded
-ones are below 2**48 (user virtual addresses), a recorded start is shifted by
-:data:`SYNTHETIC_TOP` at most, the model's own segments lie below it (see ``_place_below``) and
-its expandable ranges above the shifted start."""
-ADDR_MASK = (1 << ADDR_BITS) - 1
-SYNTHETIC_TOP = 1 << 49
-"""New segments the model places itself go below this, down to half of it."""
-
-
-class _Pool:
-    """Free blocks of one pool: per stream, keys in best-fit order (see :data:`ADDR_BITS`)."""
-
-    __slots__ = ("by_addr", "free", "gc_calls", "small", "unmapped", "unmapped_by_addr")
-
-    def __init__(self, small: bool) -> None:
-        self.small = small
-        self.free: dict[int, list[int]] = {}
-        self.by_addr: dict[int, Block] = {}
-        self.unmapped: dict[int, list[int]] = {}
-        self.unmapped_by_addr: dict[int, Block] = {}
-        self.gc_calls = 0
-
-    def insert(self, block: Block) -> None:
-        block.gc_base = self.gc_calls
-        keys = self.free.get(block.stream)
-        if keys is None:
-            keys = self.free[block.stream] = []
-        insort(keys, block.size << ADDR_BITS | block.addr)
-        self.by_addr[block.addr] = block
-
-    def remove(self, block: Block) -> None:
-        keys = self.free[block.stream]
-        del keys[bisect_left(keys, block.size << ADDR_BITS | block.addr)]
-        del self.by_addr[block.addr]
-
-    def insert_unmapped(self, block: Block) -> None:
-        addrs = self.unmapped.get(block.stream)
-        if addrs is None:
-            addrs = self.unmapped[block.stream] = []
-        insort(addrs, block.addr)
-        self.unmapped_by_addr[block.addr] = block
-
-    def remove_unmapped(self, block: Block) -> None:
-        addrs = self.unmapped[block.stream]
-        del addrs[bisect_left(addrs, block.addr)]
-        del self.unmapped_by_addr[block.addr]
-
-    def ordered(self) -> list[Block]:
-        """Free blocks in torch's set order: stream, size, address."""
-        return [
-            self.by_addr[key & ADDR_MASK]
-            for stream in sorted(self.free)
-            for key in self.free[stream]
-        ]
 
 
 AddressOracle = Callable[[str, int, int], int | None]
@@ -271,7 +140,7 @@ class CachingAllocatorModel:
         self.conf = conf
         self.limit = limit
         self.oracle = oracle
-        self.pools = (_Pool(small=False), _Pool(small=True))
+        self.pools = (Pool(small=False), Pool(small=True))
         self.reservations: list[Reservation] = []
         self.reserved = 0
         self.peak_reserved = 0
@@ -487,7 +356,7 @@ class CachingAllocatorModel:
         self.peak_checked = max(self.peak_checked, self.reserved)
 
     @staticmethod
-    def _head_of(pieces: dict[int, Block], start: int, pool: _Pool) -> Block | None:
+    def _head_of(pieces: dict[int, Block], start: int, pool: Pool) -> Block | None:
         return pieces.get(start) or pool.by_addr.get(start)
 
     def _tile(
@@ -528,7 +397,7 @@ class CachingAllocatorModel:
 
     # -------------------------------------------------------------------------- internals
 
-    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> Block | None:
+    def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
         if self._gc_on:
             pool.gc_calls += 1
         keys = pool.free.get(stream)
@@ -571,12 +440,12 @@ class CachingAllocatorModel:
             return block.size + following.size
         return block.size
 
-    def _try_merge(self, dst: Block, src: Block | None, pool: _Pool) -> None:
+    def _try_merge(self, dst: Block, src: Block | None, pool: Pool) -> None:
         if src is not None and not src.allocated and src.mapped == dst.mapped:
             self._merge(dst, src, pool)
 
     @staticmethod
-    def _merge(dst: Block, src: Block, pool: _Pool) -> None:
+    def _merge(dst: Block, src: Block, pool: Pool) -> None:
         """torch's ``try_merge_blocks`` once it decided to: ``dst`` takes in its free
         neighbour ``src``, which leaves the pool."""
         if src.mapped:
@@ -649,7 +518,7 @@ class CachingAllocatorModel:
                 return False
         return self.limit.capacity is None or self.reserved + size <= self.limit.capacity
 
-    def _alloc_block(self, pool: _Pool, stream: int, size: int, alloc_size: int) -> Block | None:
+    def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int) -> Block | None:
         checked = self.reserved + alloc_size
         if self.limit.allowed is not None and checked > self.limit.allowed:
             return None
@@ -671,7 +540,7 @@ class CachingAllocatorModel:
         self.events.append(SegmentEvent("segment_alloc", addr, alloc_size, stream))
         return Block(addr, alloc_size, stream, pool.small)
 
-    def _release_block(self, pool: _Pool, block: Block) -> None:
+    def _release_block(self, pool: Pool, block: Block) -> None:
         pool.remove(block)
         self.reserved -= block.size
         self.segments.discard(block.addr)
@@ -679,7 +548,7 @@ class CachingAllocatorModel:
             del self._placed[bisect_left(self._placed, block.addr)]
         self.events.append(SegmentEvent("segment_free", block.addr, block.size, block.stream))
 
-    def _release_available(self, pool: _Pool, stream: int, size: int) -> bool:
+    def _release_available(self, pool: Pool, stream: int, size: int) -> bool:
         """torch's ``release_available_cached_blocks``: free oversize cached blocks."""
         if self.conf.max_split_size is None:
             return False
@@ -734,7 +603,7 @@ class CachingAllocatorModel:
 
     # ----------------------------------------------------------------- expandable segments
 
-    def _allocate_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
+    def _allocate_expandable(self, pool: Pool, stream: int, size: int) -> Block | None:
         candidate = self._find_expandable(pool, stream, size)
         if candidate is None:
             return None
@@ -751,7 +620,7 @@ class CachingAllocatorModel:
         pool.remove(candidate)
         return candidate
 
-    def _find_expandable(self, pool: _Pool, stream: int, size: int) -> Block | None:
+    def _find_expandable(self, pool: Pool, stream: int, size: int) -> Block | None:
         def usable(block: Block | None) -> bool:
             return block is not None and not block.allocated
 
@@ -778,7 +647,7 @@ class CachingAllocatorModel:
         pool.insert_unmapped(block)
         return block
 
-    def _map(self, pool: _Pool, block: Block, size: int) -> bool:
+    def _map(self, pool: Pool, block: Block, size: int) -> bool:
         reservation = block.reservation
         assert reservation is not None
         begin, end = reservation.pages_covering(block.addr, size)
@@ -806,7 +675,7 @@ class CachingAllocatorModel:
         self.events.append(SegmentEvent("segment_map", start, mapped, block.stream))
         return True
 
-    def _unmap_block(self, pool: _Pool, block: Block) -> None:
+    def _unmap_block(self, pool: Pool, block: Block) -> None:
         reservation = block.reservation
         assert reservation is not None
         begin, end = reservation.pages_inside(block.addr, block.size)

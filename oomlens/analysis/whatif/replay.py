@@ -21,13 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomlens.analysis.whatif.alloc_conf import AllocConf
-from oomlens.analysis.whatif.allocator_model import (
-    SYNTHETIC_TOP,
-    Block,
-    CachingAllocatorModel,
-    Limit,
-    SegmentEvent,
-)
+from oomlens.analysis.whatif.allocator_blocks import SYNTHETIC_TOP, Block, SegmentEvent
+from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
 from oomlens.analysis.whatif.rewind import StartState
 from oomlens.gcpause import gc_paused
 

@@ -18,12 +18,13 @@ NCCL ``Cuda failure 'out of memory'`` and ``Failed to CUDA calloc``; host
 a kernel config) is deliberately not an OOM.
 
 All patterns are linear (no nested repetition) and every field is searched separately, so
-time is bounded by the text's length.
+time is bounded by the text's length.  The caching allocator's messages are parsed here; the
+other libraries' and runtimes' in ``oom_libraries``; the text helpers (squeezing, clipping, the
+exception class before a message) are in ``oom_text``.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections.abc import Iterator
 from itertools import islice
@@ -31,10 +32,15 @@ from itertools import islice
 import regex
 
 from oomlens.facts.log import OomKind, OomMessage, ProcessMemory
+from oomlens.ingest.log import oom_libraries
+from oomlens.ingest.log.oom_text import (
+    MAX_MESSAGE_CHARS,
+    clip,
+    exception_class_before,
+    squeeze,
+)
 from oomlens.lazyregex import lazy_regex
 from oomlens.units import parse_size
-
-MAX_MESSAGE_CHARS = 4000
 
 ANCHORS: tuple[bytes, ...] = (
     b"out of memory",
@@ -87,13 +93,9 @@ _QUICK_SQUEEZED = (
     "RESOURCE_EXHAUSTED",
     "OOMwhenallocating",
 )
+# The caching allocator's message is read from a squeezed copy of the text (``oom_text``).
 _SIZE = r"(\d{1,24}(?:\.\d{1,6})?)\s?(bytes|[KMGTP]i?B|B)\b"
 
-# The caching allocator's message is read from a *squeezed* copy of the text: spaces, tabs,
-# line ends and non-breaking spaces removed.  A message wrapped by a terminal or a paste at any
-# column (inside a word, a number or a unit) and one whose spaces became line ends read the
-# same as the message printed on one line.  Units are then told apart by their spelling alone.
-_SQUEEZED_OUT = frozenset(" \t\n\r\u00a0\u3000\u2007\u202f")
 _SZ = r"(\d{1,24}(?:\.\d{1,6})?)(bytes|[KMGTPE]iB|[KMGTP]B|B)"
 _BACKENDS = (
     r"(?P<backend>CUDA|HIP|XPU|NPU|MPS|MUSA|MLU|GCU|DPCPP|HPU|ROCm|"
@@ -140,31 +142,6 @@ _SQ_ASYNC_FIELD = lazy_regex(
 )
 _MPS_FIELDS = lazy_regex(r"(?P<label>MPS allocated|other allocations|max allowed): " + _SIZE)
 _MPS_TRIED = lazy_regex(r"Tried to allocate " + _SIZE + r" on (?:private|shared) pool")
-_NVML_ASSERT = lazy_regex(
-    r"NVML_SUCCESS == [^\n]{0,300}?INTERNAL ASSERT FAILED at [^\n]{0,200}?CUDACachingAllocator"
-)
-_HOST = lazy_regex(
-    r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d{1,24}) bytes"
-)
-_CUBLAS = lazy_regex(r"CUBLAS_STATUS_(ALLOC_FAILED|NOT_INITIALIZED)")
-_CUDNN = lazy_regex(
-    r"CUDNN_STATUS_(ALLOC_FAILED|NOT_INITIALIZED|INTERNAL_ERROR)|Unable to find a valid cuDNN alg"
-    r"orithm"
-)
-_CUSOLVER = lazy_regex(r"(?i:cusolver_status_alloc_failed)")
-_NCCL_CALLOC = lazy_regex(r"Failed to CUDA calloc (?:async )?(\d{1,24}) bytes")
-_NCCL_CUDA_FAILURE = lazy_regex(r"Cuda failure (?:\d{1,4} )?'out of memory'")
-_NCCL_ERROR = lazy_regex(r"NCCL error|ncclUnhandledCudaError|NCCL WARN")
-_DRIVER = lazy_regex(
-    r"(?P<backend>CUDA|HIP|cuda) (?:driver )?error: out of memory|hipErrorOutOfMemory|"
-    r"CUDA_ERROR_OUT_OF_MEMORY|HSA_STATUS_ERROR_OUT_OF_RESOURCES|"
-    # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
-    r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
-)
-_THC = lazy_regex(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
-_EXCEPTION_BEFORE = lazy_regex(
-    r"(?P<cls>[A-Za-z_][\w.:]{0,120}?(?:Error|Exception))\s{0,4}:\s{0,4}['\"]?\s{0,2}\Z"
-)
 
 
 def looks_like_oom(text: str) -> bool:
@@ -206,14 +183,6 @@ def _size(number: str, unit: str) -> int:
     return parse_size(f"{number} {unit}")
 
 
-def _exception_class(text: str, start: int) -> str | None:
-    before = text[max(0, start - 160) : start]
-    if "\n" in before:
-        before = before.replace("\n", "")  # a class name wrapped by the terminal
-    match = _EXCEPTION_BEFORE.search(before)
-    return match.group("cls") if match else None
-
-
 @functools.lru_cache(maxsize=64)
 def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMessage | None:
     """What the OOM message in ``text`` says, or None when ``text`` holds none.
@@ -229,15 +198,15 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
         _parse_malloc_async,
         _parse_mps,
         _parse_allocator,
-        _parse_nvml_assert,
-        _parse_host,
-        _parse_cublas,
-        _parse_cudnn,
-        _parse_cusolver,
-        _parse_nccl,
-        _parse_driver,
-        _parse_thc,
-        _parse_framework,
+        oom_libraries.parse_nvml_assert,
+        oom_libraries.parse_host,
+        oom_libraries.parse_cublas,
+        oom_libraries.parse_cudnn,
+        oom_libraries.parse_cusolver,
+        oom_libraries.parse_nccl,
+        oom_libraries.parse_driver,
+        oom_libraries.parse_thc,
+        oom_libraries.parse_framework,
         _parse_class_only,
     ):
         result = parser(text, exception_class)
@@ -260,57 +229,6 @@ def parse_oom_messages(text: str, *, exception_class: str | None = None) -> tupl
         return (first,)
     more = [parse_oom_message(text[s:], exception_class=first.exception_class) for s in starts[1:]]
     return (first, *(m for m in more[:63] if m is not None))
-
-
-def _clip(text: str, start: int) -> str:
-    return text[start : start + MAX_MESSAGE_CHARS].rstrip("'\" \n")
-
-
-_SQUEEZE_TABLE = dict.fromkeys(map(ord, _SQUEEZED_OUT))
-_KEPT_RUN = lazy_regex("[^" + regex.escape("".join(sorted(_SQUEEZED_OUT))) + "]+")
-
-
-class Kept:
-    """For every character of a squeezed text, its index in the text it was squeezed from;
-    worked out on demand from the runs of kept characters, only as far as the indices looked
-    up (most callers look up one or two near the start, or none when their pattern is absent).
-    """
-
-    __slots__ = ("_covered", "_raw", "_runs", "_squeezed")
-
-    def __init__(self, text: str) -> None:
-        self._runs: Iterator[regex.Match[str]] | None = _KEPT_RUN.finditer(text)
-        self._squeezed: list[int] = []  # where each run starts in the squeezed text
-        self._raw: list[int] = []  # ... and in the text
-        self._covered = 0  # squeezed characters the runs read so far hold
-
-    def __getitem__(self, index: int) -> int:
-        if index < 0:
-            raise IndexError(index)
-        while index >= self._covered and self._runs is not None:
-            run = next(self._runs, None)
-            if run is None:
-                self._runs = None
-                break
-            self._squeezed.append(self._covered)
-            self._raw.append(run.start())
-            self._covered += run.end() - run.start()
-        if index >= self._covered:
-            raise IndexError(index)
-        at = bisect.bisect_right(self._squeezed, index) - 1
-        return self._raw[at] + index - self._squeezed[at]
-
-
-def squeeze(text: str) -> tuple[str, Kept]:
-    """``text`` without spaces, tabs, line ends and non-breaking spaces, and for every kept
-    character its index in ``text``.  Linear and in C: a log's reader calls it on every line
-    of a message being collected."""
-    return text.translate(_SQUEEZE_TABLE), Kept(text)
-
-
-def squeezed_text(text: str) -> str:
-    """``squeeze(text)`` without the index map."""
-    return text.translate(_SQUEEZE_TABLE)
 
 
 def _sq_size(match: regex.Match[str], first: int = 1) -> int:
@@ -495,9 +413,9 @@ def _parse_allocator(text: str, exception_class: str | None) -> OomMessage | Non
         kind=OomKind.ALLOCATOR if backend != "MPS" else OomKind.MPS,
         message_format=message_format,
         certain=True,
-        text=_clip(body, 0),
+        text=clip(body, 0),
         complete=complete,
-        exception_class=_exception_class(text, start) or exception_class,
+        exception_class=exception_class_before(text, start) or exception_class,
         backend=backend,
         **fields,  # type: ignore[arg-type]
     )
@@ -570,9 +488,9 @@ def _parse_malloc_async(text: str, exception_class: str | None) -> OomMessage | 
         kind=OomKind.ALLOCATOR_ASYNC,
         message_format="malloc_async",
         certain=True,
-        text=_clip(text, start),
+        text=clip(text, start),
         complete=limit is not None,
-        exception_class=_exception_class(text, start) or exception_class,
+        exception_class=exception_class_before(text, start) or exception_class,
         backend="CUDA",
         device=int(start_match.group("dev")),
         tried_to_allocate=values.get("Requested"),
@@ -597,172 +515,15 @@ def _parse_mps(text: str, exception_class: str | None) -> OomMessage | None:
         kind=OomKind.MPS,
         message_format="mps",
         certain=True,
-        text=_clip(text, start),
+        text=clip(text, start),
         complete=tried is not None,
-        exception_class=_exception_class(text, start) or exception_class,
+        exception_class=exception_class_before(text, start) or exception_class,
         backend="MPS",
         tried_to_allocate=_size(tried.group(1), tried.group(2)) if tried else None,
         allocated_by_pytorch=values.get("MPS allocated"),
         other_allocations=values.get("other allocations"),
         allowed=values.get("max allowed"),
     )
-
-
-def _simple(
-    kind: OomKind,
-    message_format: str,
-    text: str,
-    start: int,
-    exception_class: str | None,
-    *,
-    certain: bool = True,
-    backend: str | None = "CUDA",
-    tried: int | None = None,
-) -> OomMessage:
-    return OomMessage(
-        kind=kind,
-        message_format=message_format,
-        certain=certain,
-        text=_clip(text, _line_start(text, start)),
-        complete=True,
-        exception_class=_exception_class(text, _line_start(text, start))
-        or _exception_class(text, start)
-        or exception_class,
-        backend=backend,
-        tried_to_allocate=tried,
-    )
-
-
-def _line_start(text: str, pos: int) -> int:
-    """Start of the message that holds ``pos``: after ``Error: `` on its line, else the line."""
-    line_start = text.rfind("\n", 0, pos) + 1
-    match = _EXCEPTION_BEFORE.search(text, line_start, pos)
-    return match.end() if match else line_start
-
-
-def _parse_nvml_assert(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _NVML_ASSERT.search(text)
-    if match is None:
-        return None
-    return _simple(
-        OomKind.PROBABLE_OOM_ASSERT,
-        "nvml_assert",
-        text,
-        match.start(),
-        exception_class,
-        certain=False,
-    )
-
-
-def _parse_host(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _HOST.search(text)
-    if match is None:
-        return None
-    return _simple(
-        OomKind.HOST,
-        "host",
-        text,
-        match.start(),
-        exception_class,
-        backend="CPU",
-        tried=int(match.group(1)),
-    )
-
-
-def _parse_cublas(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _CUBLAS.search(text)
-    if match is None:
-        return None
-    return _simple(
-        OomKind.CUBLAS,
-        "cublas",
-        text,
-        match.start(),
-        exception_class,
-        certain=match.group(1) == "ALLOC_FAILED",
-    )
-
-
-def _parse_cudnn(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _CUDNN.search(text)
-    if match is None:
-        return None
-    return _simple(
-        OomKind.CUDNN,
-        "cudnn",
-        text,
-        match.start(),
-        exception_class,
-        certain=match.group(1) == "ALLOC_FAILED",
-    )
-
-
-def _parse_cusolver(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _CUSOLVER.search(text)
-    if match is None:
-        return None
-    return _simple(OomKind.CUSOLVER, "cusolver", text, match.start(), exception_class)
-
-
-def _parse_nccl(text: str, exception_class: str | None) -> OomMessage | None:
-    calloc = _NCCL_CALLOC.search(text)
-    failure = _NCCL_CUDA_FAILURE.search(text)
-    if calloc is None and failure is None:
-        return None
-    first = min(m.start() for m in (calloc, failure) if m is not None)
-    nccl = _NCCL_ERROR.search(text)
-    start = nccl.start() if nccl is not None and nccl.start() < first else first
-    message_format = "nccl_warn" if "NCCL WARN" in text else "nccl"
-    return _simple(
-        OomKind.NCCL,
-        message_format,
-        text,
-        start,
-        exception_class,
-        tried=int(calloc.group(1)) if calloc else None,
-    )
-
-
-def _parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _DRIVER.search(text)
-    if match is None:
-        return None
-    backend = (
-        "HIP"
-        if "HIP" in match.group(0) or "hip" in match.group(0) or "HSA" in match.group(0)
-        else "CUDA"
-    )
-    return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
-
-
-_SQ_XLA = lazy_regex(
-    r"(?i:resource_?exhausted):?Outofmemorywhiletryingtoallocate(?P<n>\d{1,24})bytes"
-)
-_SQ_TF = lazy_regex(r"OOMwhenallocatingtensor(?:withshape\[[^\]]{0,400}\])?")
-_SQ_MXNET = lazy_regex(r"cudaMalloc(?:retry)?failed:outofmem")
-
-
-def _parse_framework(text: str, exception_class: str | None) -> OomMessage | None:
-    """Another framework's GPU allocator in the same job: XLA/JAX, TensorFlow, MXNet."""
-    squeezed, kept = squeeze(text[: MAX_MESSAGE_CHARS * 2])
-    for message_format, pattern in (("xla", _SQ_XLA), ("tensorflow", _SQ_TF), ("mxnet", _SQ_MXNET)):
-        match = pattern.search(squeezed)
-        if match is None:
-            continue
-        tried = match.groupdict().get("n")
-        start = _line_start(text, kept[match.start()])
-        return OomMessage(
-            kind=OomKind.FRAMEWORK,
-            message_format=message_format,
-            certain=True,
-            text=_clip(text, start).replace("\n", ""),
-            complete=message_format != "mxnet"
-            or "memory" in squeezed[match.end() : match.end() + 8],
-            exception_class=_exception_class(text, start) or exception_class,
-            backend=message_format.upper() if message_format == "xla" else None,
-            tried_to_allocate=int(tried) if tried else None,
-        )
-    return None
 
 
 _CUT_FORMS = tuple(f"{backend}outofmemory" for backend in ("CUDA", "HIP", "XPU", "NPU", "MPS"))
@@ -783,17 +544,10 @@ def _parse_class_only(text: str, exception_class: str | None) -> OomMessage | No
         kind=OomKind.ALLOCATOR,
         message_format="class_only",
         certain=True,
-        text=_clip(text, 0).replace("\n", ""),
+        text=clip(text, 0).replace("\n", ""),
         complete=False,
         exception_class=match.group("cls"),
     )
-
-
-def _parse_thc(text: str, exception_class: str | None) -> OomMessage | None:
-    match = _THC.search(text)
-    if match is None:
-        return None
-    return _simple(OomKind.DRIVER, "thc", text, match.start(), exception_class)
 
 
 def preamble(text: str, message: str, exception_class: str | None) -> str | None:

@@ -23,6 +23,7 @@ from datetime import datetime
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import Frame, Phase, Traceback
+from oomlens.ingest.log.oom_text import squeezed_text
 from oomlens.ingest.log.tb_shapes import (
     LineShape,
     Shape,
@@ -31,12 +32,7 @@ from oomlens.ingest.log.tb_shapes import (
     is_source_line,
     line_shape,
 )
-from oomlens.ingest.log.torch_oom import (
-    ANCHOR_CONTEXT,
-    has_allocator_start,
-    looks_like_oom,
-    squeezed_text,
-)
+from oomlens.ingest.log.torch_oom import ANCHOR_CONTEXT, has_allocator_start, looks_like_oom
 from oomlens.lazyregex import lazy_regex
 
 HEADER = "Traceback (most recent call last):"

@@ -7,12 +7,8 @@ comment); the model's agreement with real torch 2.11 recordings is checked in
 from __future__ import annotations
 
 from oomlens.analysis.whatif.alloc_conf import parse_alloc_conf
-from oomlens.analysis.whatif.allocator_model import (
-    SYNTHETIC_TOP,
-    Block,
-    CachingAllocatorModel,
-    Limit,
-)
+from oomlens.analysis.whatif.allocator_blocks import SYNTHETIC_TOP, Block
+from oomlens.analysis.whatif.allocator_model import CachingAllocatorModel, Limit
 
 MiB = 1024**2
 

@@ -314,9 +314,10 @@ def _matches_searching_everywhere(squeezed: str) -> list[int]:
 
 
 def _message_starts_searching_everywhere(text: str) -> list[int]:
+    from oomlens.ingest.log import oom_text
     from oomlens.ingest.log import torch_oom as t
 
-    squeezed, kept = t.squeeze(text)
+    squeezed, kept = oom_text.squeeze(text)
     found: list[int] = []
     for start in _matches_searching_everywhere(squeezed):
         cls = t._SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
@@ -355,7 +356,8 @@ def test_message_starts_finds_what_a_search_from_every_character_finds(
     pieces: list[str], cut: int
 ) -> None:
     text = "".join(pieces)[cut:]
-    from oomlens.ingest.log.torch_oom import allocator_starts, message_starts, squeeze
+    from oomlens.ingest.log.oom_text import squeeze
+    from oomlens.ingest.log.torch_oom import allocator_starts, message_starts
 
     assert message_starts(text) == _message_starts_searching_everywhere(text)
     squeezed, kept = squeeze(text)
@@ -370,7 +372,7 @@ def test_message_starts_searches_from_the_literals_not_every_character(
     # fuzz campaign J: a 5.8 KB bzip2 log inflating to 100 MB of digit lines spent 7 of its
     # 12-18 CPU seconds in message_starts (16 MiB of it are read as a paste): the pattern was
     # searched from every character, ~0.4 s a MiB
-    from oomlens.ingest.log import torch_oom
+    from oomlens.ingest.log import oom_text, torch_oom
 
     searched_from: list[int] = []
     pattern = torch_oom._SQ_MESSAGE_START
@@ -385,5 +387,5 @@ def test_message_starts_searches_from_the_literals_not_every_character(
     assert torch_oom.message_starts(flood) == [] and searched_from == []
     message = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
     assert torch_oom.message_starts(flood + message) == [len(flood)]
-    squeezed_flood = len(torch_oom.squeezed_text(flood))
+    squeezed_flood = len(oom_text.squeezed_text(flood))
     assert searched_from and min(searched_from) >= squeezed_flood - torch_oom._START_REACH
