@@ -140,7 +140,9 @@ def triage(
             for run in runs
         }
         stored = store.get_results(keys.values())
-        todo = [run for run in runs if _needs_analysis(stored.get(keys[run.identity]), options)]
+        todo = [
+            run for run in runs if _needs_analysis(run, stored.get(keys[run.identity]), options)
+        ]
         progress.start("analyzing", len(todo))
         for run, result in _analyze_runs(todo, config, options, analyze):
             if result.report_problem:
@@ -342,13 +344,13 @@ def _config_key(config: str | None, deepspeed: bool) -> str:
     return f"{key}\0{config}\0{digest}"
 
 
-def _needs_analysis(result: StoredResult | None, options: TriageOptions) -> bool:
+def _needs_analysis(run: RunSpec, result: StoredResult | None, options: TriageOptions) -> bool:
     if result is None:
         return True
     if result.error is not None:
         return options.retry_errors
     if options.reports_dir is not None and adapter.html_available():
-        expected = _report_path_for(result.run_id, options.reports_dir)
+        expected = _report_path_for(run, options.reports_dir)
         return result.report_file != expected or not os.path.isfile(expected)
     return False
 
@@ -356,8 +358,24 @@ def _needs_analysis(result: StoredResult | None, options: TriageOptions) -> bool
 def _report_path(run: RunSpec, options: TriageOptions) -> str | None:
     if options.reports_dir is None:
         return None
-    return _report_path_for(run.identity, options.reports_dir)
+    return _report_path_for(run, options.reports_dir)
 
 
-def _report_path_for(identity: str, reports_dir: str) -> str:
-    return os.path.join(os.path.abspath(reports_dir), f"run-{identity[:20]}.html")
+_NAME_CHARS = 80
+"""The most characters of a run's name a report's file name keeps."""
+
+
+def report_file_name(run: RunSpec) -> str:
+    """The file name of ``run``'s HTML report: the run's name (``RunSpec.name``: its path
+    under the directory given), so that a reader finds a run's report by its name, then the
+    start of its identity (two runs may share a name: ``a/x`` and ``a_x``, or one named
+    twice on the command line).  A name's ``/`` and every character that is not a letter,
+    a digit, ``.``, ``-`` or ``_`` (spaces, controls, undecodable bytes) become ``_``; it
+    never starts with a dot (a hidden file)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run.name)
+    safe = safe[:_NAME_CHARS].lstrip(".") or "run"
+    return f"{safe}-{run.identity[:12]}.html"
+
+
+def _report_path_for(run: RunSpec, reports_dir: str) -> str:
+    return os.path.join(os.path.abspath(reports_dir), report_file_name(run))

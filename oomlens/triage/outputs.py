@@ -40,7 +40,7 @@ from oomlens.errors import InputError, UsageError
 from oomlens.ingest.files import is_special_target, refuse_special
 from oomlens.render.output import current_umask, write_atomically
 from oomlens.triage.summary import diagnosis_counts, group_table, verdict_counts
-from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, normalize
+from oomlens.triage.table import COLUMNS, EXACT_COLUMNS, format_time, normalize
 from oomlens.units import format_size
 from oomlens.untrusted import (
     BIDI_CONTROLS,
@@ -77,13 +77,18 @@ def output_format(path: str) -> str:
 
 
 def check_outputs(paths: Iterable[str]) -> None:
-    """Fail early, before any analysis, on an output that cannot be written."""
+    """Fail early, before any analysis, on an output that cannot be written; create an
+    output's missing directories (as ``--reports`` does), as the user asked to write there."""
     for path in paths:
         if output_format(path) == "parquet":
             _require_pyarrow(path)
         directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            raise UsageError(f"{path}: its directory {directory} does not exist")
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"{path}: its directory {directory} cannot be created ({exc.strerror or exc})"
+            ) from exc
 
 
 def write_table(table: pandas.DataFrame, path: str, *, title: str = "oomlens triage") -> None:
@@ -321,7 +326,21 @@ def _environment() -> jinja2.Environment:
     environment.filters["size"] = lambda v: "" if v is None else format_size(int(v))
     environment.filters["percent"] = lambda v: "" if v is None else f"{float(v) * 100:.0f}%"
     environment.filters["shown"] = lambda v: "" if v is None else shown(str(v))
+    environment.filters["when"] = shown_time
     return environment
+
+
+_ZONE = re.compile(r"(?:Z|[+-]\d\d:\d\d)$")
+
+
+def shown_time(value: object) -> str:
+    """A time of the table (``table.format_time``) as the index shows it: the same ISO 8601
+    text, its zone included; a log's time that printed none says so rather than pass for
+    UTC or local time."""
+    if value is None or _missing(value):
+        return ""
+    text = str(value)
+    return text if _ZONE.search(text) else f"{text} (zone unknown)"
 
 
 def _link(report: str | None, index_dir: str) -> str | None:
@@ -349,7 +368,7 @@ def render_index(table: pandas.DataFrame, *, index_path: str, title: str) -> str
             for group in group_table(table).to_dict(orient="records")
         ],
         errors=int(table["error"].notna().sum()),
-        generated=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        generated=format_time(datetime.datetime.now(datetime.UTC)),
         version=__version__,
     )
 

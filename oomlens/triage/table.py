@@ -60,8 +60,10 @@ offset), ``2026-11-30T06:59:01.123`` (a log that printed none: no zone is made u
 ``path`` and ``report`` are exactly as the file system spells them (``EXACT_COLUMNS``); every
 other text cell is one line without control or bidi characters.  Byte counts are bytes.
 ``capacity`` is what the process was allowed (the ``allowed`` clause when torch printed one, else
-the card's total).  ``figures`` is the top diagnosis' named numbers as a JSON object.  ``report``
-is the path of the run's HTML report, ``error`` why the run could not be analyzed."""
+the card's total) and ``free`` what was left of that capacity (under a limit: the limit less
+what PyTorch had reserved, not the card's free memory), so ``free <= capacity``.
+``figures`` is the top diagnosis' named numbers as a JSON object.  ``report`` is the path of
+the run's HTML report, ``error`` why the run could not be analyzed."""
 
 EXACT_COLUMNS = ("run", "path", "report")
 """The columns that name a file or directory and so are kept exactly, control characters and
@@ -236,14 +238,32 @@ def summarize_report(report: Mapping[str, Any]) -> dict[str, Any]:
     out["tried_to_allocate"] = _integer(event.get("tried_to_allocate"))
     out["allocated_by_pytorch"] = _integer(event.get("allocated_by_pytorch"))
     out["reserved_unallocated"] = _integer(event.get("reserved_unallocated"))
-    out["capacity"] = _integer(event.get("allowed")) or _integer(event.get("total_capacity"))
-    out["free"] = _integer(event.get("free"))
+    out["capacity"], out["free"] = _capacity_and_free(event)
     out["knob"] = _knob(top)
     out["call_site"] = _call_site(_culprit_site(top) or _text(event.get("phase_evidence")))
     out["problems"] = sum(
         1 for i in _list(report.get("inputs")) if isinstance(i, Mapping) and i.get("problem")
     )
     return out
+
+
+def _capacity_and_free(event: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """What the process could use and how much of it was left, of one kind.
+
+    torch's message says how much of the *card* is free (``free`` of ``total_capacity``,
+    other processes counted).  Under a memory-fraction limit (its ``allowed`` clause) the
+    card's free memory can be far more than the whole limit; what the allocator could still
+    take is the limit less what it had reserved (allocated + reserved but unallocated), as
+    torch refuses a request that takes reserved memory over the limit.  Without the two
+    figures that room is unknown: None, never the card's free beside the limit."""
+    allowed = _integer(event.get("allowed"))
+    if allowed is None:
+        return _integer(event.get("total_capacity")), _integer(event.get("free"))
+    allocated = _integer(event.get("allocated_by_pytorch"))
+    unallocated = _integer(event.get("reserved_unallocated"))
+    if allocated is None or unallocated is None:
+        return allowed, None
+    return allowed, max(0, allowed - allocated - unallocated)
 
 
 def _culprit_site(diagnosis: Mapping[str, Any]) -> str | None:
