@@ -15,6 +15,7 @@ from oomlens.analysis.batch import (
     check_batch,
     world_sizes_accepted,
 )
+from oomlens.analysis.config_hazards import find_config_hazards
 from oomlens.analysis.config_traps import (
     bf16_spelling_hazards,
     loss_scale_hazards,
@@ -23,7 +24,6 @@ from oomlens.analysis.config_traps import (
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
     deepspeed_available,
-    find_config_hazards,
     validate_with_deepspeed,
     validate_with_oomlens,
 )

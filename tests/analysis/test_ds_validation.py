@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from oomlens.analysis.config_hazards import find_config_hazards
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
 from oomlens.analysis.ds_validation import (
-    find_config_hazards,
     validate,
     validate_with_deepspeed,
     validate_with_oomlens,

@@ -36,13 +36,13 @@ The facts they produce (``MemoryBudget``, ``CapacityVerdict``, ``ConfigPatch``..
 
 from __future__ import annotations
 
-from oomlens.analysis.zero_model.budget import (
+from oomlens.analysis.zero_model.accounting import (
     POW2_ROUNDING_FACTOR,
-    build_budget,
     optimizer_state_elements,
     pinned_allocation,
     sub_group_sizes,
 )
+from oomlens.analysis.zero_model.budget import build_budget
 from oomlens.analysis.zero_model.estimators import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,

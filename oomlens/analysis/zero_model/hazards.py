@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from oomlens.analysis.zero_model.budget import build_budget, num
+from oomlens.analysis.zero_model.accounting import num
+from oomlens.analysis.zero_model.budget import build_budget
 from oomlens.analysis.zero_model.patches import with_settings
 from oomlens.facts.config import ConfigHazard, ConfigSeverity, EffectiveDsConfig, show_value
 from oomlens.facts.memory_model import CapacityVerdict, Device, MemoryBudget

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlens.analysis.config_patch import make_patch
-from oomlens.analysis.zero_model.budget import build_budget, ceil_div
+from oomlens.analysis.zero_model.accounting import ceil_div
+from oomlens.analysis.zero_model.budget import build_budget
 from oomlens.analysis.zero_model.timeline import gpu_peak, phase_of_step
 from oomlens.facts.config import ConfigValue, EffectiveDsConfig, Origin, Precision
 from oomlens.facts.memory_model import (
