@@ -225,11 +225,11 @@ def test_each_run_shows_the_limit_it_ran_under(folder: Path) -> None:
 
 
 @pytest.mark.skipif(not GPU_FAMILIES, reason="the GPU validation fixtures are not collected yet")
-def test_the_readme_shows_the_agreement_as_it_is() -> None:
+def test_the_whatif_docs_show_the_agreement_as_it_is() -> None:
     spec = importlib.util.spec_from_file_location("agreement", SCENARIOS / "agreement.py")
     assert spec is not None and spec.loader is not None
     agreement = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(agreement)
     table = agreement.table(FIXTURES)
     assert table.count("\n") >= len(GPU_FAMILIES) + 2
-    assert table in (ROOT / "README.md").read_text()
+    assert table in (ROOT / "docs" / "whatif.md").read_text()
