@@ -44,7 +44,7 @@ Usage (on a GPU machine; ``bench/run_capture_bench.py`` runs both within four mi
         python bench/capture_overhead.py --mode zero3 --out DIR
 
 Writes ``DIR/overhead_<mode>.json`` (rank 0; also after each loop, so a killed run leaves what
-it measured) and prints a table per loop.  The README's figures come from this JSON.
+it measured) and prints a table per loop.  The figures of docs/capture.md come from this JSON.
 """
 
 from __future__ import annotations

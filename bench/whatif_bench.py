@@ -22,7 +22,7 @@ Usage::
     python bench/whatif_bench.py --size-mb 20
     python bench/whatif_bench.py --file existing.pickle
 
-Measured on the project's 2-core development machine: see the README's benchmark table.
+Measured on the project's 2-core development machine: see docs/benchmarks.md.
 """
 
 from __future__ import annotations

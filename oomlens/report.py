@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = "1.0"
-"""Of the JSON report (README, "JSON schema"): keys are only added within a major version."""
+"""Of the JSON report (docs/json-schema.md): keys are only added within a major version."""
 CHECK_SCHEMA_VERSION = "1.0"
 """Of ``oomlens check``'s JSON, the same way."""
 

@@ -1,7 +1,7 @@
 """The torch side of the capture: the allocator's history, the out-of-memory observer and its
 snapshot, the per-step counters, and when to turn Python stacks on.
 
-Recording policy (measured; README "What capture costs"): from CUDA's initialisation the
+Recording policy (measured; docs/capture.md): from CUDA's initialisation the
 allocator keeps a bounded ring of alloc/free events *without stacks*
 (``_record_memory_history(enabled="all", context=None)``), which costs nothing measurable on
 training loops.  Stacks cost 7-25% of the step time, so they are turned on (``context="alloc",

@@ -1,7 +1,7 @@
 """What the capture records, and where: defaults, the ``OOMLENS_CAPTURE_*`` environment, and
 explicit overrides (``install(**settings)``, the ``python -m oomlens.capture`` options).
 
-The defaults are the measured policy (README, "What capture costs"): allocator history without
+The defaults are the measured policy (docs/capture.md): allocator history without
 stacks from the start, Python stacks only once memory comes close to the limit, a bounded ring
 of trace entries, one snapshot at the out-of-memory, memory counters once per step and host
 counters once per second, 20 MB per rank at most.

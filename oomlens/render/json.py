@@ -1,4 +1,4 @@
-"""The JSON report: a documented, versioned schema (README, "JSON schema").
+"""The JSON report: a documented, versioned schema (docs/json-schema.md).
 
 ``report_to_dict`` is the contract other tools build on (``oomlens triage``, the SLURM epilog,
 ticket bots): keys are only ever added within a major ``schema_version``; a removal or a change

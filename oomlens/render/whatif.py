@@ -1,5 +1,5 @@
 """``oomlens whatif``'s report (``WhatIfReport``): the JSON renderer's half and the text
-renderer's half for it (README, "What-if"); picked through ``oomlens.render.registry`` like
+renderer's half for it (docs/whatif.md); picked through ``oomlens.render.registry`` like
 every other document.
 
 ``whatif_to_dict`` is the JSON contract (``schema_version`` 1.0; keys are only ever added):
