@@ -6,7 +6,7 @@ main, about torch 2.5: no 2.11 copy of the file was available to read) and the
 to torch 2.11 by replaying every real 2.11 recording of the corpus (:mod:`.selfcheck`: segment
 events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif`` (25 runs
 on an H200 under torch 2.11.0: outcomes, the request each run died on and peaks reserved agree;
-see the README).  Where 2.11 may differ from what was read: whether
+see docs/whatif.md).  Where 2.11 may differ from what was read: whether
 ``release_available_cached_blocks`` and garbage collection skip expandable blocks (the model
 skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13 headers).
 What it does, as torch does it:
