@@ -134,7 +134,7 @@ def test_a_damaged_trace_is_named(capsys: pytest.CaptureFixture[str], tmp_path: 
     path.write_bytes(pickle.dumps(data))
     code, out, err = run(capsys, str(path))
     assert code == 3 and out == ""
-    assert f"device_traces[0][{index}] (alloc) has no valid 'size'" in err
+    assert f"device_traces[0][{index}].size is a str, not an int" in err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -46,7 +46,7 @@ _ALLOWED_TAGS = frozenset(
     "html head meta title style script body header nav main section article footer div span "
     "p a h1 h2 h3 h4 ul ol li dl dt dd table thead tbody tr th td pre code details summary "
     "figure figcaption svg g line polyline rect circle text title button br strong em b small "
-    "sub sup abbr wbr".split()
+    "sub sup abbr wbr time".split()
 )
 _LIVE_PAYLOADS = tuple(p for p in PAYLOADS if "<" in p)
 
