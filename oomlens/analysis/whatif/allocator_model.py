@@ -5,8 +5,8 @@ main, about torch 2.5: no 2.11 copy of the file was available to read) and the
 ``AcceleratorAllocatorConfig`` parser of torch 2.9+ (``c10/core/AllocatorConfig.cpp``); held
 to torch 2.11 by replaying every real 2.11 recording of the corpus (:mod:`.selfcheck`: segment
 events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif`` (25 runs
-on an H200 under torch 2.11.0: outcomes, the request each run died on and peaks reserved agree;
-see docs/whatif.md).  Where 2.11 may differ from what was read: whether
+on an H200 and 28 on an H100 under torch 2.11.0: outcomes, the request each run died on and
+peaks reserved agree; see docs/whatif.md).  Where 2.11 may differ from what was read: whether
 ``release_available_cached_blocks`` and garbage collection skip expandable blocks (the model
 skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13 headers).
 What it does, as torch does it:
