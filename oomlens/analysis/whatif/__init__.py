@@ -190,7 +190,7 @@ class _Context:
                 request_segment=lambda size: arithmetic.allocation_size(
                     arithmetic.round_size(size)
                 ),
-                gc_enabled=self.conf.garbage_collection_threshold > 0,
+                gc_threshold=self.conf.garbage_collection_threshold,
                 releases=self.releases,
             ),
             logged,

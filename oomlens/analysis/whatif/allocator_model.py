@@ -5,8 +5,8 @@ main, about torch 2.5: no 2.11 copy of the file was available to read) and the
 ``AcceleratorAllocatorConfig`` parser of torch 2.9+ (``c10/core/AllocatorConfig.cpp``); held
 to torch 2.11 by replaying every real 2.11 recording of the corpus (:mod:`.selfcheck`: segment
 events, addresses and OOMs all agree) and by the GPU families of ``fixtures/whatif`` (25 runs
-on an H200 under torch 2.11.0: outcomes, the request each run died on and peaks reserved agree;
-see docs/whatif.md).  Where 2.11 may differ from what was read: whether
+on an H200 and 28 on an H100 under torch 2.11.0: outcomes, the request each run died on and
+peaks reserved agree; see docs/whatif.md).  Where 2.11 may differ from what was read: whether
 ``release_available_cached_blocks`` and garbage collection skip expandable blocks (the model
 skips them), and ``large_segment_size_mb`` (modelled, default 20 MiB, as in the 2.13 headers).
 What it does, as torch does it:
@@ -54,14 +54,18 @@ Simplifications (what the model leaves out, and what it does to the replay):
 * ``trigger_free_memory_callbacks`` (IPC collection) frees nothing;
 * where a new segment lands is the driver's choice, which no recording of another run shows
   (the self-check supplies the recorded addresses).  Addresses decide only ties: the best fit
-  takes the lowest address among equal-size free blocks.  The model places each new segment
-  below the segments alive (and a recorded start above its own), which is what the CUDA driver
-  mostly did in the real recordings: of the 259,563 pairs of same-size segments in the traces
-  of the corpus, the lab samples and the GPU families, the later one lies lower in 96 % (91 %
-  leaving out the ``small_pool`` family's, most of them).  Not always: the driver also fills a
-  region upwards, and the transformer's ``max_split_size_mb:64`` run, the one validation run
-  where ties change the peak, is predicted 1.8 % below its real peak reserved (2.8 % with each
-  new segment placed above the others).
+  takes the lowest address among equal-size free blocks.  The model places each new segment at
+  the top of the highest gap between the live segments that holds it, else below the lowest
+  (a recorded start lies above its own), which is what the CUDA driver mostly did in the real
+  recordings: of the 259,563 pairs of same-size segments in the traces of the corpus, the lab
+  samples and the GPU families, the later one lies lower in 96 % (91 % leaving out the
+  ``small_pool`` family's, most of them); and where released segments left a hole, the driver
+  put the next segment that fits there, at its top (every release-then-allocate of the
+  ``rounding_wide`` family: with ``roundup_power2_divisions:2`` many blocks tie, and placing
+  below the lowest live segment instead predicts its OOM six rounds late).  Not always: the
+  driver also fills a region upwards, and the transformer's ``max_split_size_mb:64`` run, the
+  one other validation run where ties change the peak, is predicted 1.8 % below its real peak
+  reserved (2.8 % with each new segment placed above the others).
 
 The model reports every segment it creates, frees, maps and unmaps as a :class:`SegmentEvent`
 (in torch's trace order), which the self-check compares with the recording.
@@ -491,22 +495,22 @@ class CachingAllocatorModel:
         return addr
 
     def _place_below(self, size: int) -> int | None:
-        """A new segment just below the lowest live one the model placed (the driver's habit:
-        see the module docstring); where that leaves the band, the highest gap that fits."""
+        """A new segment at the top of the highest free gap between the live segments the
+        model placed that holds it, else just below the lowest of them (the driver's habit:
+        see the module docstring); None below the band."""
         placed = self._placed
-        floor = self._top >> 1
-        addr = ((placed[0] if placed else self._top) - size) & ~(K_ROUND_LARGE - 1)
-        if addr < floor:
-            addr = -1
-            above = self._top
-            for start in reversed(placed):
-                if above - (start + self._placed_sizes[start]) >= size:
-                    addr = (above - size) & ~(K_ROUND_LARGE - 1)
-                    if addr >= start + self._placed_sizes[start]:
-                        break
-                    addr = -1
-                above = start
-            if addr < 0:
+        addr = -1
+        above = self._top
+        for start in reversed(placed):
+            end = start + self._placed_sizes[start]
+            candidate = (above - size) & ~(K_ROUND_LARGE - 1)
+            if candidate >= end:
+                addr = candidate
+                break
+            above = start
+        if addr < 0:
+            addr = (above - size) & ~(K_ROUND_LARGE - 1)
+            if addr < self._top >> 1:
                 return None
         insort(placed, addr)
         self._placed_sizes[addr] = size

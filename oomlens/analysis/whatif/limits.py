@@ -16,8 +16,14 @@ of that test:
   for, the device itself was full and the limit is exactly reserved + free (no fraction
   needed); otherwise a fraction was in force and the evidence above brackets it.
 
-With ``garbage_collection_threshold`` the allocator also releases segments without failing
-first, so those releases are not taken as evidence.
+With ``garbage_collection_threshold`` (only in force with a fraction) the allocator also
+releases segments without failing first: before every new segment (and every OOM) it runs
+``garbage_collect_cached_blocks``, which releases whole cached large segments when reserved
+exceeds ``threshold * allowed``, and releases at least one whenever there is one (the oldest is
+always at least as old as the average).  So releases before a new segment prove that either
+the collection fired or the first attempt failed (the limit was below the larger of the two
+bounds), and a new segment got with no release while a whole cached large segment was there
+proves the collection did not fire (``allowed >= reserved / threshold``).
 
 The log's OOM message, when it is the same process's, says more (:func:`narrow`): its
 ``X allowed`` is the fraction itself, printed to two decimals of GiB (+-5.12 MiB) or MiB; its
@@ -27,6 +33,7 @@ than the printed figure's rounding, the two together narrow it.
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +43,8 @@ from oomlens.facts.whatif import LoggedLimit
 from oomlens.units import format_size
 
 _RELEASES = frozenset({"segment_free", "segment_unmap"})
+_SMALL_SEGMENT = 2 * 1024**2
+"""The small pool's segments (``kSmallBuffer``); the large pool's are larger."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +75,17 @@ def infer_limit(
     start_reserved: int,
     *,
     request_segment: Callable[[int], int],
-    gc_enabled: bool,
+    gc_threshold: float,
     releases: dict[int, int] | None = None,
 ) -> InferredLimit:
     """Bracket the recording's limit; see the module docstring.
 
     ``request_segment(size)`` is the segment size the recorded setting asks for a request of
-    ``size`` bytes (rounding, then ``get_allocation_size``).
+    ``size`` bytes (rounding, then ``get_allocation_size``); ``gc_threshold`` the recorded
+    ``garbage_collection_threshold`` (0: off).
     """
+    gc_enabled = gc_threshold > 0
+    cached = _WholeSegments()
     reserved = start_reserved
     low = reserved
     high: int | None = None
@@ -97,6 +109,7 @@ def infer_limit(
             if attempt_reserved is None:
                 attempt_reserved = reserved
             reserved -= entry["size"]
+            cached.remove(entry["addr"])
         elif action in ("segment_alloc", "segment_map"):
             checked = entry["size"]
             if action == "segment_map":
@@ -104,9 +117,16 @@ def infer_limit(
             if attempt_reserved is not None and not gc_enabled:
                 high = _lower(high, attempt_reserved + checked - 1)
                 failures += 1
+            elif gc_enabled:
+                collected = _collection_bounds(
+                    attempt_reserved, reserved, checked, gc_threshold, cached.whole
+                )
+                low, high, failures = _apply(collected, low, high, failures)
             attempt_reserved = None
             low = max(low, reserved + checked)
             reserved += entry["size"]
+            if action == "segment_alloc":
+                cached.add(entry["addr"], entry["size"])
         elif action == "oom":
             segment = request_segment(entry["size"])
             before = attempt_reserved if attempt_reserved is not None else reserved
@@ -116,9 +136,14 @@ def infer_limit(
             elif not gc_enabled or attempt_reserved is None:
                 high = _lower(high, min(before, reserved) + segment - 1)
                 failures += 1
+            if gc_enabled and attempt_reserved is None and cached.whole:
+                low = max(low, _ceil_div(reserved, gc_threshold))
             attempt_reserved = None
         elif action == "alloc":
             attempt_reserved = None
+            cached.use(entry["addr"])
+        elif action == "free_completed":
+            cached.release(entry["addr"])
         index += 1
     if capacity is not None:
         return InferredLimit(
@@ -143,6 +168,85 @@ def infer_limit(
 
 def _lower(current: int | None, value: int) -> int:
     return value if current is None else min(current, value)
+
+
+def _ceil_div(reserved: int, threshold: float) -> int:
+    return int(-(-reserved // threshold))
+
+
+def _collection_bounds(
+    attempt_reserved: int | None, reserved: int, checked: int, threshold: float, whole: int
+) -> tuple[int | None, int | None]:
+    """What one new segment under garbage collection says of the limit, as (at least, below):
+    releases before it (``attempt_reserved`` set) mean the collection fired or the first
+    attempt failed; none while ``whole`` cached segments were there, that it did not fire."""
+    if attempt_reserved is not None:
+        fired = _ceil_div(attempt_reserved, threshold)
+        return None, max(fired, attempt_reserved + checked) - 1
+    if whole:
+        return _ceil_div(reserved, threshold), None
+    return None, None
+
+
+def _apply(
+    bounds: tuple[int | None, int | None], low: int, high: int | None, failures: int
+) -> tuple[int, int | None, int]:
+    at_least, below = bounds
+    if at_least is not None:
+        low = max(low, at_least)
+    if below is not None:
+        high = _lower(high, below)
+        failures += 1
+    return low, high, failures
+
+
+class _WholeSegments:
+    """The recorded (non-expandable) segments of the large pool and the blocks in use in each:
+    ``whole`` counts those with none, the whole cached segments garbage collection can
+    release.  Blocks of segments the trace did not create (before the recording) are ignored."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._sizes: dict[int, int] = {}
+        self._in_use: dict[int, int] = {}
+        self._block_segment: dict[int, int] = {}
+        self.whole = 0
+
+    def add(self, addr: int, size: int) -> None:
+        if size <= _SMALL_SEGMENT or addr in self._sizes:
+            return
+        insort(self._starts, addr)
+        self._sizes[addr] = size
+        self._in_use[addr] = 0
+        self.whole += 1
+
+    def remove(self, addr: int) -> None:
+        if addr not in self._sizes:
+            return
+        del self._starts[bisect_right(self._starts, addr) - 1]
+        del self._sizes[addr]
+        if self._in_use.pop(addr) == 0:
+            self.whole -= 1
+
+    def use(self, addr: int) -> None:
+        position = bisect_right(self._starts, addr) - 1
+        if position < 0:
+            return
+        start = self._starts[position]
+        if addr >= start + self._sizes[start]:
+            return
+        self._block_segment[addr] = start
+        if self._in_use[start] == 0:
+            self.whole -= 1
+        self._in_use[start] += 1
+
+    def release(self, addr: int) -> None:
+        start = self._block_segment.pop(addr, None)
+        if start is None or start not in self._in_use:
+            return
+        self._in_use[start] -= 1
+        if self._in_use[start] == 0:
+            self.whole += 1
 
 
 class _NextRequest:

@@ -99,6 +99,21 @@ def test_among_equal_free_blocks_the_later_segment_is_taken() -> None:
     assert served(allocator, 40 * MiB).addr == kept.addr - 40 * MiB == spare.addr - 10 * MiB
 
 
+def test_a_new_segment_takes_the_top_of_the_highest_gap_that_holds_it() -> None:
+    # The driver's placement seen in every GPU family (rounding_wide: 768 MiB lands at the top
+    # of the hole released segments left, not below the lowest live one): top-down first fit.
+    allocator = model(allowed=200 * MiB)
+    top, middle, low = (served(allocator, size * MiB) for size in (50, 60, 40))
+    assert top.addr - 60 * MiB == middle.addr and middle.addr - 40 * MiB == low.addr
+    allocator.free(middle)
+    allocator.empty_cache()
+    # 44 MiB fits the 60 MiB hole: at its top, right below the top segment.
+    fitted = served(allocator, 44 * MiB)
+    assert fitted.addr == top.addr - 44 * MiB
+    # 30 MiB fits only below the lowest segment (16 MiB are left in the hole).
+    assert served(allocator, 30 * MiB).addr == low.addr - 30 * MiB
+
+
 def test_a_recorded_start_lies_above_the_segments_the_model_adds() -> None:
     # Predicting from a mid-run trace: the start's segments were there first, so the driver
     # would have put the new ones below them; the start's blocks still answer to their

@@ -178,7 +178,7 @@ def test_a_limit_is_bracketed_by_the_trace(tmp_path: Path) -> None:
         snapshot.raw.device_traces[0],
         0,
         request_segment=lambda size: model.allocation_size(model.round_size(size)),
-        gc_enabled=False,
+        gc_threshold=0.0,
     )
     assert inferred.kind == "allowed" and inferred.high is not None
     assert inferred.low <= allowed <= inferred.high
@@ -229,3 +229,32 @@ def test_a_state_only_snapshot_cannot_be_replayed() -> None:
     snapshot = load_snapshot("tests/assets/snapshots/snapshot_t211_enabled_state.pickle")
     with pytest.raises(InputError, match="no allocation history"):
         run_whatif(snapshot, [])
+
+
+def growing_buffers(memory: Any) -> None:
+    """Buffers that each outgrow the cached ones (30, 34, ... MiB), freed after use, beside a
+    kept 12 MiB tensor a round: every round needs a new segment."""
+    kept = []
+    for index in range(14):
+        memory.step(f"round{index}")
+        buffer = memory.alloc((30 + 4 * index) * MiB + 4096)
+        kept.append(memory.alloc(12 * MiB))
+        memory.free(buffer)
+
+
+def test_garbage_collection_that_fired_brackets_the_fraction(tmp_path: Path) -> None:
+    # The collection releases cached segments with no failure (the run fits), which only a
+    # memory fraction allows: its releases and the new segments got without one bracket it,
+    # so the self-check runs the collection as torch did.
+    allowed = 500 * MiB + 777
+    conf = "garbage_collection_threshold:0.5"
+    recorded, step = record(growing_buffers, conf, allowed=allowed)
+    assert step is None
+    snapshot = write(recorded, tmp_path / "gc.pickle")
+    releases = [e for e in snapshot.raw.device_traces[0] if e["action"] == "segment_free"]
+    assert releases  # the collection fired
+    whatif = run_whatif(snapshot, [])
+    limit = whatif.recorded_limit
+    assert limit.fraction and limit.bytes is not None
+    assert limit.bytes - limit.uncertainty <= allowed <= limit.bytes + limit.uncertainty
+    assert whatif.self_check.passed, whatif.self_check.first_mismatch

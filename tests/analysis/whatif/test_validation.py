@@ -36,8 +36,11 @@ FAMILIES = (
     "expandable_rescues",
     "live_too_large",
     "rounding",
+    "rounding_wide",
     "small_pool",
+    "split_carve",
     "transformer",
+    "two_stream",
 )
 
 
