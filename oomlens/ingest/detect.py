@@ -4,8 +4,9 @@
 asks the registered kinds (``oomlens.ingest.kinds``) in their precedence order (the binary
 kinds first; a JSON object only the JSON kinds, whatever the others' precedence); it returns a
 ``Detection``: the kind with the reason, or none with what the file looked like instead.  Names
-are never trusted.  A text file shaped like a document (Markdown prose, TOML, Python source,
-a CSV table: ``ingest.documents``) is no input, whatever error it quotes.  ``accept`` is the
+are never trusted.  A text file in a document's format (an HTML page, a JUnit report, Python
+source, a script, a CSV table, Markdown...: ``ingest.documents``) is no input, whatever error
+it quotes; a Markdown paste of a log is one only when the user names it.  ``accept`` is the
 one place that decides what to do with a text file no kind recognised (a quiet training log,
 when the user named it or its name or place says so).
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from oomlens.errors import InputError
 from oomlens.ingest import kinds
-from oomlens.ingest.documents import document_kind
+from oomlens.ingest.documents import Document, document
 from oomlens.ingest.kinds import FoundInput, InputKind, Sample
 from oomlens.ingest.layout import (
     DEEPSPEED_RANK_LOG,
@@ -54,6 +55,9 @@ class Detection:
     """Why this kind (or, without one, what the file looked like instead)."""
     plain_text: bool = False
     """No kind, but text: a log that prints no marker may still be one (see ``accept``)."""
+    quoted_in: str | None = None
+    """The document (``a Markdown document``...) that quotes the log: read as a log only when
+    the user names it (see ``accept``)."""
 
     @property
     def kind_id(self) -> str:
@@ -145,14 +149,16 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
                 return Detection(shown, candidate, compression, reason)
         labels = " nor ".join(sorted(k.label for k in json_kinds))
         return Detection(shown, None, compression, f"JSON, but neither {labels}")
-    document = document_kind(sample.lines)
-    if document is not None:
-        # an error quoted in prose (a README, the training script) is not a crash
-        return Detection(shown, None, compression, f"{document}, not a log")
+    found = document(sample.text, whole=sample.whole)
+    if found is not None and not _quotes_log(found, ordered, shown):
+        # an error quoted in a document (a README, the training script, a report) is no crash
+        return Detection(shown, None, compression, f"{found.what}, not a log")
+    # a document that quotes a log: a ticket's paste when named, notes beside the run's log
+    quoted_in = found.what if found is not None else None
     for candidate in (k for k in ordered if not k.binary):
         reason = candidate.recognise(sample)
         if reason is not None:
-            return Detection(shown, candidate, compression, reason)
+            return Detection(shown, candidate, compression, reason, quoted_in=quoted_in)
     if sample.whole and _old_protocol_pickle(head):
         # text no kind recognised: what a user names is read as a quiet log, but not this
         return Detection(
@@ -167,7 +173,21 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         compression,
         "text without any training-log, kernel-log or config marker in its first 64 KiB",
         plain_text=True,
+        quoted_in=quoted_in,
     )
+
+
+def _quotes_log(found: Document, ordered: tuple[InputKind, ...], shown: str) -> bool:
+    """What the document quotes (its code blocks of output, a snippet's comments) has log
+    lines or is recognised by a text kind: the document holds a log."""
+    if not found.quoted.strip():
+        return False
+    if found.quotes_log_lines:
+        return True
+    quoted = found.quoted.encode("utf-8", "surrogateescape")
+    sample = Sample(shown, len(quoted), quoted, Compression.NONE)
+    text_kinds = (k for k in ordered if not k.binary and not k.json_document)
+    return any(k.recognise(sample) is not None for k in text_kinds)
 
 
 _NOWHERE = Location()
@@ -184,8 +204,11 @@ def accept(
 
     A recognised kind stands.  A text file no kind recognised is taken by the kind that accepts
     plain text (the training log) when the user named the file, when it is a per-rank file of a
-    launcher's layout, or when its name is a log's.
+    launcher's layout, or when its name is a log's.  A document that quotes a log is taken only
+    when the user named it (a ticket's paste; in a run directory, notes).
     """
+    if detection.quoted_in is not None and not named_by_user:
+        return None
     if detection.kind is not None:
         return detection.kind, detection.reason
     if not detection.plain_text:
@@ -285,11 +308,17 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
             where = location(os.path.relpath(entry.path, root))
             accepted = accept(detection, where=where, name=entry.name)
             if accepted is None:
-                skipped.append((shown, detection.reason))
+                skipped.append((shown, _why_not(detection)))
                 continue
             files.append(FoundInput(entry.path, accepted[0], accepted[1], where))
         stack.extend((path, depth + 1) for path in reversed(subdirs))
     return RunInputs(shown_root, _layout(files), tuple(files), tuple(skipped), truncated)
+
+
+def _why_not(detection: Detection) -> str:
+    if detection.quoted_in is not None:
+        return f"{detection.quoted_in} that quotes a log, not a log (name it to read it as one)"
+    return detection.reason
 
 
 def _layout(files: list[FoundInput]) -> str:
