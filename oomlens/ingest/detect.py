@@ -10,8 +10,9 @@ it quotes; a Markdown paste of a log is one only when the user names it.  ``acce
 one place that decides what to do with a text file no kind recognised (a quiet training log,
 when the user named it or its name or place says so).
 
-``discover_run(directory)`` walks a run directory (bounded depth and file count, the junk of
-``oomlens.ingest.layout`` skipped) and returns ``RunInputs``: every recognised file with what
+``discover_run(directory)`` walks a run directory (bounded depth, the junk of
+``oomlens.ingest.layout`` skipped; beyond ``MAX_FILES`` files, those named like inputs are
+looked into first) and returns ``RunInputs``: every recognised file with what
 its location says (rank, torchrun local rank and attempt), and what was skipped and why.  All
 files of one directory are one run; ``run_id`` tells torchrun runs apart when a directory holds
 several.
@@ -36,6 +37,8 @@ from oomlens.ingest.layout import (
     location,
     not_an_input,
     skipped_dir,
+    text_log_name,
+    without_compression,
 )
 from oomlens.ingest.textstream import HEAD_BYTES, Compression, open_text, read_head
 
@@ -234,7 +237,8 @@ class RunInputs:
     skipped: tuple[tuple[str, str], ...]
     """``(path, why)`` for files and directories not used."""
     truncated: bool
-    """True when the walk stopped at ``MAX_FILES`` files."""
+    """True when more than ``MAX_FILES`` files could be inputs: the others were not examined
+    (each is in ``skipped``, with how many were left out)."""
 
 
 def discover_run(directory: str | os.PathLike[str], *, display: str | None = None) -> RunInputs:
@@ -255,8 +259,8 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
         ) from exc
     files: list[FoundInput] = []
     skipped: list[tuple[str, str]] = []
-    examined = 0
-    truncated = False
+    candidates: list[tuple[str, str, str, int]] = []
+    """``(path, shown, name, size)`` of every regular file that may be an input, in walk order."""
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         current, depth = stack.pop()
@@ -289,30 +293,59 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
             if not_an_input(entry.name):
                 skipped.append((shown, "not a log, snapshot, config or kernel log (by its name)"))
                 continue
-            if examined >= MAX_FILES:
-                truncated = True
-                skipped.append((shown, f"more than {MAX_FILES} files; not examined"))
-                continue
-            examined += 1
-            if info.st_size == 0:
-                skipped.append((shown, "empty"))
-                continue
-            try:
-                detection = detect_kind(entry.path, display=shown)
-            except InputError as exc:
-                skipped.append((shown, exc.problem))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one file's bug must not cost the run
-                skipped.append((shown, f"internal error while reading it: {type(exc).__name__}"))
-                continue
-            where = location(os.path.relpath(entry.path, root))
-            accepted = accept(detection, where=where, name=entry.name)
-            if accepted is None:
-                skipped.append((shown, _why_not(detection)))
-                continue
-            files.append(FoundInput(entry.path, accepted[0], accepted[1], where))
+            candidates.append((entry.path, shown, entry.name, info.st_size))
         stack.extend((path, depth + 1) for path in reversed(subdirs))
+    chosen = _examined(root, candidates)
+    truncated = len(chosen) < len(candidates)
+    for path, shown, name, size in candidates:
+        if path not in chosen:
+            skipped.append(
+                (
+                    shown,
+                    f"not examined: one of {len(candidates) - len(chosen)} files left out of "
+                    f"{len(candidates)} (at most {MAX_FILES} are read; those named like inputs "
+                    "first)",
+                )
+            )
+            continue
+        if size == 0:
+            skipped.append((shown, "empty"))
+            continue
+        try:
+            detection = detect_kind(path, display=shown)
+        except InputError as exc:
+            skipped.append((shown, exc.problem))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one file's bug must not cost the run
+            skipped.append((shown, f"internal error while reading it: {type(exc).__name__}"))
+            continue
+        where = location(os.path.relpath(path, root))
+        accepted = accept(detection, where=where, name=name)
+        if accepted is None:
+            skipped.append((shown, _why_not(detection)))
+            continue
+        files.append(FoundInput(path, accepted[0], accepted[1], where))
     return RunInputs(shown_root, _layout(files), tuple(files), tuple(skipped), truncated)
+
+
+def _examined(root: str, candidates: list[tuple[str, str, str, int]]) -> set[str]:
+    """The paths of the files to look into: all of them up to ``MAX_FILES``; beyond, those
+    whose name or place says they are an input (an input kind's name, a log's name, a per-rank
+    file of a launcher's layout) first, then the largest: a cap never hides the run's log
+    behind thousands of small files that sort before it."""
+    if len(candidates) <= MAX_FILES:
+        return {path for path, _, _, _ in candidates}
+
+    def order(candidate: tuple[str, str, str, int]) -> tuple[int, int, str]:
+        path, _, name, size = candidate
+        hinted = (
+            kinds.kind_by_name(without_compression(name)) is not None
+            or text_log_name(name)
+            or location(os.path.relpath(path, root)).per_rank
+        )
+        return (0 if hinted else 1, -size, path)
+
+    return {path for path, _, _, _ in sorted(candidates, key=order)[:MAX_FILES]}
 
 
 def _why_not(detection: Detection) -> str:
