@@ -4,13 +4,15 @@
 asks the registered kinds (``oomlens.ingest.kinds``) in their precedence order (the binary
 kinds first; a JSON object only the JSON kinds, whatever the others' precedence); it returns a
 ``Detection``: the kind with the reason, or none with what the file looked like instead.  Names
-are never trusted.  A text file shaped like a document (Markdown prose, TOML, Python source,
-a CSV table: ``ingest.documents``) is no input, whatever error it quotes.  ``accept`` is the
+are never trusted.  A text file in a document's format (an HTML page, a JUnit report, Python
+source, a script, a CSV table, Markdown...: ``ingest.documents``) is no input, whatever error
+it quotes; a Markdown paste of a log is one only when the user names it.  ``accept`` is the
 one place that decides what to do with a text file no kind recognised (a quiet training log,
 when the user named it or its name or place says so).
 
-``discover_run(directory)`` walks a run directory (bounded depth and file count, the junk of
-``oomlens.ingest.layout`` skipped) and returns ``RunInputs``: every recognised file with what
+``discover_run(directory)`` walks a run directory (bounded depth, the junk of
+``oomlens.ingest.layout`` skipped; beyond ``MAX_FILES`` files, those named like inputs are
+looked into first) and returns ``RunInputs``: every recognised file with what
 its location says (rank, torchrun local rank and attempt), and what was skipped and why.  All
 files of one directory are one run; ``run_id`` tells torchrun runs apart when a directory holds
 several.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from oomlens.errors import InputError
 from oomlens.ingest import kinds
-from oomlens.ingest.documents import document_kind
+from oomlens.ingest.documents import Document, document
 from oomlens.ingest.kinds import FoundInput, InputKind, Sample
 from oomlens.ingest.layout import (
     DEEPSPEED_RANK_LOG,
@@ -35,6 +37,8 @@ from oomlens.ingest.layout import (
     location,
     not_an_input,
     skipped_dir,
+    text_log_name,
+    without_compression,
 )
 from oomlens.ingest.textstream import HEAD_BYTES, Compression, open_text, read_head
 
@@ -54,6 +58,9 @@ class Detection:
     """Why this kind (or, without one, what the file looked like instead)."""
     plain_text: bool = False
     """No kind, but text: a log that prints no marker may still be one (see ``accept``)."""
+    quoted_in: str | None = None
+    """The document (``a Markdown document``...) that quotes the log: read as a log only when
+    the user names it (see ``accept``)."""
 
     @property
     def kind_id(self) -> str:
@@ -145,14 +152,16 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
                 return Detection(shown, candidate, compression, reason)
         labels = " nor ".join(sorted(k.label for k in json_kinds))
         return Detection(shown, None, compression, f"JSON, but neither {labels}")
-    document = document_kind(sample.lines)
-    if document is not None:
-        # an error quoted in prose (a README, the training script) is not a crash
-        return Detection(shown, None, compression, f"{document}, not a log")
+    found = document(sample.text, whole=sample.whole)
+    if found is not None and not _quotes_log(found, ordered, shown):
+        # an error quoted in a document (a README, the training script, a report) is no crash
+        return Detection(shown, None, compression, f"{found.what}, not a log")
+    # a document that quotes a log: a ticket's paste when named, notes beside the run's log
+    quoted_in = found.what if found is not None else None
     for candidate in (k for k in ordered if not k.binary):
         reason = candidate.recognise(sample)
         if reason is not None:
-            return Detection(shown, candidate, compression, reason)
+            return Detection(shown, candidate, compression, reason, quoted_in=quoted_in)
     if sample.whole and _old_protocol_pickle(head):
         # text no kind recognised: what a user names is read as a quiet log, but not this
         return Detection(
@@ -167,7 +176,21 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         compression,
         "text without any training-log, kernel-log or config marker in its first 64 KiB",
         plain_text=True,
+        quoted_in=quoted_in,
     )
+
+
+def _quotes_log(found: Document, ordered: tuple[InputKind, ...], shown: str) -> bool:
+    """What the document quotes (its code blocks of output, a snippet's comments) has log
+    lines or is recognised by a text kind: the document holds a log."""
+    if not found.quoted.strip():
+        return False
+    if found.quotes_log_lines:
+        return True
+    quoted = found.quoted.encode("utf-8", "surrogateescape")
+    sample = Sample(shown, len(quoted), quoted, Compression.NONE)
+    text_kinds = (k for k in ordered if not k.binary and not k.json_document)
+    return any(k.recognise(sample) is not None for k in text_kinds)
 
 
 _NOWHERE = Location()
@@ -184,8 +207,11 @@ def accept(
 
     A recognised kind stands.  A text file no kind recognised is taken by the kind that accepts
     plain text (the training log) when the user named the file, when it is a per-rank file of a
-    launcher's layout, or when its name is a log's.
+    launcher's layout, or when its name is a log's.  A document that quotes a log is taken only
+    when the user named it (a ticket's paste; in a run directory, notes).
     """
+    if detection.quoted_in is not None and not named_by_user:
+        return None
     if detection.kind is not None:
         return detection.kind, detection.reason
     if not detection.plain_text:
@@ -211,7 +237,8 @@ class RunInputs:
     skipped: tuple[tuple[str, str], ...]
     """``(path, why)`` for files and directories not used."""
     truncated: bool
-    """True when the walk stopped at ``MAX_FILES`` files."""
+    """True when more than ``MAX_FILES`` files could be inputs: the others were not examined
+    (each is in ``skipped``, with how many were left out)."""
 
 
 def discover_run(directory: str | os.PathLike[str], *, display: str | None = None) -> RunInputs:
@@ -232,8 +259,8 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
         ) from exc
     files: list[FoundInput] = []
     skipped: list[tuple[str, str]] = []
-    examined = 0
-    truncated = False
+    candidates: list[tuple[str, str, str, int]] = []
+    """``(path, shown, name, size)`` of every regular file that may be an input, in walk order."""
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         current, depth = stack.pop()
@@ -266,30 +293,65 @@ def discover_run(directory: str | os.PathLike[str], *, display: str | None = Non
             if not_an_input(entry.name):
                 skipped.append((shown, "not a log, snapshot, config or kernel log (by its name)"))
                 continue
-            if examined >= MAX_FILES:
-                truncated = True
-                skipped.append((shown, f"more than {MAX_FILES} files; not examined"))
-                continue
-            examined += 1
-            if info.st_size == 0:
-                skipped.append((shown, "empty"))
-                continue
-            try:
-                detection = detect_kind(entry.path, display=shown)
-            except InputError as exc:
-                skipped.append((shown, exc.problem))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one file's bug must not cost the run
-                skipped.append((shown, f"internal error while reading it: {type(exc).__name__}"))
-                continue
-            where = location(os.path.relpath(entry.path, root))
-            accepted = accept(detection, where=where, name=entry.name)
-            if accepted is None:
-                skipped.append((shown, detection.reason))
-                continue
-            files.append(FoundInput(entry.path, accepted[0], accepted[1], where))
+            candidates.append((entry.path, shown, entry.name, info.st_size))
         stack.extend((path, depth + 1) for path in reversed(subdirs))
+    chosen = _examined(root, candidates)
+    truncated = len(chosen) < len(candidates)
+    for path, shown, name, size in candidates:
+        if path not in chosen:
+            skipped.append(
+                (
+                    shown,
+                    f"not examined: one of {len(candidates) - len(chosen)} files left out of "
+                    f"{len(candidates)} (at most {MAX_FILES} are read; those named like inputs "
+                    "first)",
+                )
+            )
+            continue
+        if size == 0:
+            skipped.append((shown, "empty"))
+            continue
+        try:
+            detection = detect_kind(path, display=shown)
+        except InputError as exc:
+            skipped.append((shown, exc.problem))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one file's bug must not cost the run
+            skipped.append((shown, f"internal error while reading it: {type(exc).__name__}"))
+            continue
+        where = location(os.path.relpath(path, root))
+        accepted = accept(detection, where=where, name=name)
+        if accepted is None:
+            skipped.append((shown, _why_not(detection)))
+            continue
+        files.append(FoundInput(path, accepted[0], accepted[1], where))
     return RunInputs(shown_root, _layout(files), tuple(files), tuple(skipped), truncated)
+
+
+def _examined(root: str, candidates: list[tuple[str, str, str, int]]) -> set[str]:
+    """The paths of the files to look into: all of them up to ``MAX_FILES``; beyond, those
+    whose name or place says they are an input (an input kind's name, a log's name, a per-rank
+    file of a launcher's layout) first, then the largest: a cap never hides the run's log
+    behind thousands of small files that sort before it."""
+    if len(candidates) <= MAX_FILES:
+        return {path for path, _, _, _ in candidates}
+
+    def order(candidate: tuple[str, str, str, int]) -> tuple[int, int, str]:
+        path, _, name, size = candidate
+        hinted = (
+            kinds.kind_by_name(without_compression(name)) is not None
+            or text_log_name(name)
+            or location(os.path.relpath(path, root)).per_rank
+        )
+        return (0 if hinted else 1, -size, path)
+
+    return {path for path, _, _, _ in sorted(candidates, key=order)[:MAX_FILES]}
+
+
+def _why_not(detection: Detection) -> str:
+    if detection.quoted_in is not None:
+        return f"{detection.quoted_in} that quotes a log, not a log (name it to read it as one)"
+    return detection.reason
 
 
 def _layout(files: list[FoundInput]) -> str:

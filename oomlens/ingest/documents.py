@@ -1,21 +1,48 @@
-"""Text files that are not logs: a Markdown document, a TOML or INI file, Python source, a CSV
-table.  People hand oomlens such files by mistake (the project's README, a ``pyproject.toml``,
-the training script instead of its output); an example error quoted in prose must not be read
-as a crash.
+"""Text files that are not logs: an HTML page, an XML file (a JUnit test report), Python source,
+a shell or batch script, a JSON array, a CSV/TSV table, a Markdown document, a TOML or INI
+file.  People hand oomlens such files by mistake (the project's README, a saved issue page, a
+test report, the training script instead of its output), and run directories hold them (a
+dataset of issues, notes): an error quoted in one must not be read as a crash.
 
-``document_kind(lines)`` looks at the first non-blank lines of a file and names what it is, or
-returns None.  A file with the structure of a log (a traceback, logger records, launcher
-prefixes, progress bars) is never a document, whatever else it holds: a paste of an issue's
-log keeps its Markdown around it sometimes, and is still a log.
+``document(text, whole=...)`` looks at a file's head and names what it is, or returns None.
+Recognition is by each format's own structure, whatever the file quotes:
+
+* markup: the root element (``<!DOCTYPE html>``/``<html>``; ``<testsuites>``/``<testsuite>``
+  after an optional ``<?xml ...?>`` declaration and comments);
+* Python: the head parses (``ast``) and defines or imports something at module level; its
+  comments are ``quoted`` (a reproduction snippet with its output in them);
+* a script: a shell shebang (``#!/bin/bash``, ``#!/usr/bin/env sh``...) and shell syntax with
+  no more log lines than a script's ``echo`` could print;
+* JSON: an array whose elements decode (``[{...}, ...``);
+* CSV/TSV: a header of column names (``csv`` module's quoting: a quoted field may hold commas
+  and newlines) and the same number of fields in most records after it; a log whose lines
+  carry commas has no header of names, or its "header" has the form of its other lines;
+* Markdown: a fenced code block or headings, and prose or Markdown marks outside its code
+  blocks; log lines outside the code blocks make it a log (a paste with prose around).  A code
+  block that is not code (commands, Python, a config) nor oomlens' own report is ``quoted``: a
+  program's output; when it is a log, the document is a ticket's paste when the user names
+  it, notes when found in a run directory;
+* oomlens' own text or Markdown report (its evidence quotes the errors it read);
+* TOML/INI and Python that does not parse: by the form of their lines, only when the file has
+  (almost) no log lines.
 """
 
 from __future__ import annotations
+
+import ast
+import csv
+import io
+import json
+import tomllib
+import warnings
+from dataclasses import dataclass
+from itertools import islice
 
 import regex
 
 _LOG_LINE = regex.compile(
     r"\s{0,4}(?:\[?(?:rank|default)\d{1,6}\]?:|Traceback \(most recent call last\)|"
-    r'File "[^"]{1,500}", line \d|'
+    r'File "[^"]{1,500}", line \d|File [^\s,]{1,500}:\d{1,9}, in |\[enforce fail at |'
     r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|"
     r"[\w.-]{1,64}:\d{1,10}:\d{1,10} \[\d{1,3}\] NCCL|"
     r"[\w.]{1,200}(?:Error|Exception): |"
@@ -27,7 +54,7 @@ _HEADING = regex.compile(r"#{1,6} \S")
 _FENCE = regex.compile(r"\s{0,3}(?:`{3,}|~{3,})")
 _MARKDOWN = regex.compile(
     r"#{1,6} \S|\s{0,3}(?:[-*+]|\d{1,3}\.) \S|\|.{0,2000}\|\s{0,8}\Z|"
-    r".{0,2000}\]\([^)\s]{1,500}\)|\s{0,3}>\s"
+    r".{0,2000}\]\([^)\s]{1,500}\)|\s{0,3}>\s|\s{0,3}(?:\*\*|__)\S"
 )
 _WORD = regex.compile(r"(?<![\w/.])[A-Za-z][a-z'’-]{1,30}(?![\w/])")
 _TOML_SECTION = regex.compile(r"\s{0,4}\[\[?[\w.\"' -]{1,200}\]\]?\s{0,8}(?:#.{0,500})?\Z")
@@ -37,45 +64,290 @@ _PY_TOP = regex.compile(
     r"if __name__ ==|\"\"\"|[A-Z_][A-Z0-9_]{1,60} ?(?::[^=]{1,200})?= )"
 )
 _PY_BODY = regex.compile(r"(?: {4}|\t){1,20}\s{0,3}\S|\s{0,8}#|\s{0,8}[)\]}]")
+_PY_STATEMENT_START = regex.compile(r"[A-Za-z_@]")
+"""A line that starts a module-level statement (where a cut head can be parsed up to)."""
+
+_MARKUP_ROOT = regex.compile(r"<(?P<name>[A-Za-z][\w.:-]{0,100})(?=[\s/>])")
+_SHEBANG = regex.compile(
+    r"#!\s{0,4}/[\w/.-]{0,200}?/(?:env\s{1,4}(?:-\S{1,20}\s{1,4}){0,3})?(?:ba|da|z|k|mk|a)?sh"
+    r"(?:\s|\Z)"
+)
+_SHELL_LINE = regex.compile(
+    r"\s{0,40}(?:#(?:SBATCH|PBS|BSUB|\$)\s|(?:export\s{1,8}|local\s{1,8}|readonly\s{1,8})?"
+    r"[A-Za-z_]\w{0,100}=|(?:if|then|elif|else|fi|for|while|until|do|done|case|esac|function|"
+    r"set|shift|source|exec|trap|exit|return)(?:\s|;|\Z)|\[\[? |\S.{0,2000}(?: \\|\$\{|\$\(|"
+    r"\$[A-Za-z_]|&&|\|\|)\S{0,2000})"
+)
+"""Shell syntax: a scheduler directive, an assignment, a keyword, a test, a continued line, an
+expansion or a command list."""
+_HEADER_FIELD = regex.compile(r"[^\W\d][^\[\]{}:=<>\"]{0,63}")
+"""A column name: starts with a letter, no brackets, colons, equals signs or quotes."""
+_OOMLENS_REPORT = regex.compile(r"(?:# )?oomlens: [A-Z]{2,}(?: [A-Z]{2,}){0,3}(?::\s|\s*\Z)")
+"""The first line of oomlens' own text or Markdown report (``oomlens: GPU OOM``)."""
+_NAME_WORD = regex.compile(r"[A-Za-z]{2,}")
+_MAX_RECORDS = 2000
 
 
-def document_kind(lines: list[str]) -> str | None:
-    """What kind of document ``lines`` (the first non-blank lines of a file) are, in words
-    (``a Markdown document``...), or None when they may be a log."""
+@dataclass(frozen=True, slots=True)
+class Document:
+    """What a text file is, when it is no log."""
+
+    what: str
+    """In words: ``an HTML page``, ``a CSV table``..."""
+    quoted: str = ""
+    """What Markdown's code blocks that are not code (commands, Python, a config) nor oomlens'
+    own report hold, or a Python snippet's comments: when it is a log (``quotes_log``, or a
+    text input kind recognises it: ``oomlens.ingest.detect``), the document is a ticket's paste
+    when the user names it, notes that quote one in a run directory."""
+
+    @property
+    def quotes_log_lines(self) -> bool:
+        """A quoted line has a log line's form (a traceback frame, a logger's record...)."""
+        return any(_LOG_LINE.match(line.lstrip()) for line in self.quoted.splitlines())
+
+
+def document(text: str, *, whole: bool) -> Document | None:
+    """What ``text`` (a file's head; ``whole`` when it is all of the file) is, when it is a
+    document (see the module docstring), else None."""
+    text = text.lstrip("\ufeff")
+    if not whole:
+        text = text[: text.rfind("\n") + 1]  # without the line the head may have cut
+    markup = _markup(text)
+    if markup is not None:
+        return Document(markup)
+    if _json_array(text, whole=whole):
+        return Document("a JSON array")
+    if _python_source(text, whole=whole):
+        # a snippet with its output pasted into comments (an issue's reproduction)
+        comments = (line.lstrip() for line in text.splitlines())
+        quoted = "\n".join(c[1:] for c in comments if c.startswith("#"))
+        return Document("Python source code", quoted=quoted)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and _OOMLENS_REPORT.match(lines[0]):
+        return Document("a report of oomlens")
     if len(lines) < 3:
         return None
-    logged = sum(1 for line in lines if _LOG_LINE.match(line))
-    if logged > max(1, len(lines) // 20):
+    script = _script(lines)
+    if script is not None:
+        return Document(script)
+    table = _table(text, whole=whole)
+    if table is not None:
+        return Document(table)
+    markdown = _markdown(lines)
+    if markdown is not None:
+        return markdown
+    head = lines[:400]
+    logged = sum(1 for line in head if _LOG_LINE.match(line))
+    if logged > max(1, len(head) // 20):
         return None
-    if _toml(lines):
-        return "a TOML/INI file"
-    if _python(lines):
-        return "Python source code"
-    if _csv(lines):
-        return "a CSV table"
-    if _markdown(lines):
-        return "a Markdown document"
+    if _toml(head):
+        return Document("a TOML/INI file")
+    if _python(head):
+        return Document("Python source code")
     return None
 
 
-def _markdown(lines: list[str]) -> bool:
-    """Headings, and outside its code blocks mostly prose and Markdown's own marks."""
-    headings = 0
+def _markup(text: str) -> str | None:
+    """``an HTML page`` or ``a JUnit XML test report`` (``an XML document``) by the root
+    element, after the declarations and comments markup may open with."""
+    rest = text.lstrip()
+    declared = False
+    for _ in range(50):
+        low = rest[:16].lower()
+        if low.startswith("<?xml"):
+            end = rest.find("?>")
+            if end < 0:
+                return None
+            declared, rest = True, rest[end + 2 :].lstrip()
+        elif low.startswith("<!--"):
+            end = rest.find("-->")
+            if end < 0:
+                return None
+            rest = rest[end + 3 :].lstrip()
+        elif low.startswith("<!doctype"):
+            end = rest.find(">")
+            if end < 0:
+                return None
+            if rest[9:end].lower().split()[:1] == ["html"]:
+                return "an HTML page"
+            declared, rest = True, rest[end + 1 :].lstrip()
+        else:
+            break
+    match = _MARKUP_ROOT.match(rest)
+    if match is None:
+        return None
+    name = match.group("name").lower()
+    if name == "html":
+        return "an HTML page"
+    if name in ("testsuites", "testsuite"):
+        return "a JUnit XML test report"
+    return "an XML document" if declared else None
+
+
+def _json_array(text: str, *, whole: bool) -> bool:
+    """An array whose elements decode one by one up to its end or the head's."""
+    body = text.lstrip()
+    if not body.startswith("["):
+        return False
+    decoder = json.JSONDecoder()
+    position, decoded = 1, 0
+    while True:
+        while position < len(body) and body[position] in " \t\r\n":
+            position += 1
+        if position >= len(body):
+            return not whole and decoded > 0  # the head ends inside the array
+        if body[position] == "]":
+            return decoded > 0 and not body[position + 1 :].strip()
+        try:
+            _, position = decoder.raw_decode(body, position)
+        except (ValueError, RecursionError):
+            return not whole and decoded > 0  # the element the head cut
+        decoded += 1
+        while position < len(body) and body[position] in " \t\r\n":
+            position += 1
+        if position < len(body) and body[position] == ",":
+            position += 1
+        elif position < len(body) and body[position] != "]":
+            return False
+
+
+def _python_source(text: str, *, whole: bool) -> bool:
+    """The head parses as Python (up to a module-level statement the head did not cut) and
+    defines or imports something at module level."""
+    sources = [text]
+    if not whole:
+        lines = text.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if _PY_STATEMENT_START.match(line)]
+        sources = ["".join(lines[:i]) for i in reversed(starts[-3:]) if i > 0]
+    for source in sources:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in the file's strings
+                tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            continue
+        return any(
+            isinstance(
+                node,
+                ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
+            )
+            for node in tree.body
+        )
+    return False
+
+
+def _script(lines: list[str]) -> str | None:
+    """A shell script: its shebang, shell syntax, and no more log lines than it could echo."""
+    if not _SHEBANG.match(lines[0]):
+        return None
+    body = lines[1:401]
+    logged = sum(1 for line in body if _LOG_LINE.match(line))
+    if logged > max(1, len(body) // 20) or not any(_SHELL_LINE.match(line) for line in body):
+        return None
+    if any(line.startswith("#SBATCH") for line in body):
+        return "a SLURM batch script"
+    return "a shell script"
+
+
+def _table(text: str, *, whole: bool) -> str | None:
+    """A CSV or TSV table: a header of column names, most records as wide as it."""
+    first = text.lstrip("\r\n").split("\n", 1)[0]
+    for delimiter, what in ((",", "a CSV table"), ("\t", "a TSV table"), (";", "a CSV table")):
+        if delimiter not in first:
+            continue
+        try:
+            reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+            records = [r for r in islice(reader, _MAX_RECORDS) if r]
+        except csv.Error:
+            continue
+        if not whole and len(records) < _MAX_RECORDS:
+            records = records[:-1]  # the head may have cut the last one
+        if len(records) < 3:
+            continue
+        header, rows = records[0], records[1:]
+        names = [field.strip() for field in header]
+        if (
+            len(names) < 2
+            or len(set(names)) < len(names)
+            or not all(_HEADER_FIELD.fullmatch(name) for name in names)
+        ):
+            continue
+        width = sum(1 for row in rows if len(row) == len(header))
+        if width < 0.9 * len(rows):
+            continue
+        # a log line that only looks like names: the other lines repeat its words, column by
+        # column, where a table's rows hold values
+        if sum(1 for row in rows if _repeats(names, row)) * 2 >= len(rows):
+            continue
+        return what
+    return None
+
+
+def _repeats(names: list[str], row: list[str]) -> bool:
+    """Most of the header's words recur in the same columns of ``row``."""
+    shared = total = 0
+    for name, field in zip(names, row, strict=False):
+        words = set(_NAME_WORD.findall(name))
+        total += len(words)
+        shared += len(words & set(_NAME_WORD.findall(field)))
+    return total > 0 and shared * 2 >= total
+
+
+def _markdown(lines: list[str]) -> Document | None:
+    """Code fences or headings, and outside its code blocks mostly prose and Markdown's own
+    marks, with (almost) no log line; see the module docstring."""
+    headings = fences = 0
     outside: list[str] = []
+    blocks: list[list[str]] = []
     fenced = False
     for line in lines:
         if _FENCE.match(line):
             fenced = not fenced
+            fences += not fenced
+            if fenced:
+                blocks.append([])
             continue
-        if not fenced:
+        if fenced:
+            blocks[-1].append(line)
+        else:
             outside.append(line)
             headings += _HEADING.match(line) is not None
-    if headings < 2 or not outside:
-        return False
+    if (headings < 2 and fences == 0) or not outside:
+        return None
+    if sum(1 for line in outside if _LOG_LINE.match(line)) > max(1, len(outside) // 20):
+        return None  # a log with prose around it
     marked = sum(
         1 for line in outside if _MARKDOWN.match(line) or len(_WORD.findall(line[:400])) >= 4
     )
-    return marked >= 0.7 * len(outside)
+    if marked < 0.7 * len(outside):
+        return None
+    quoted = [line for block in blocks if _output(block) for line in block]
+    return Document("a Markdown document", quoted="\n".join(quoted))
+
+
+def _output(block: list[str]) -> bool:
+    """A code block that may be a program's output (a pasted log): not code (commands at a
+    prompt, a script, Python, a JSON, TOML or INI config) nor oomlens' own report (its evidence
+    quotes errors)."""
+    shown = [line for line in block if not line.lstrip().startswith(("$ ", "# ", ">>> "))]
+    if not shown or _OOMLENS_REPORT.match(shown[0]):
+        return False
+    text = "\n".join(block) + "\n"
+    if _python_source(text, whole=True) or _config(text):
+        return False
+    return not all(_SHELL_LINE.match(line) or line.lstrip().startswith("#") for line in shown)
+
+
+def _config(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return bool(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return False
 
 
 def _toml(lines: list[str]) -> bool:
@@ -97,11 +369,3 @@ def _python(lines: list[str]) -> bool:
         elif _PY_BODY.match(line):
             body += 1
     return top >= 3 and top + body >= 0.8 * len(lines)
-
-
-def _csv(lines: list[str]) -> bool:
-    commas = [line.count(",") for line in lines[:200]]
-    if commas[0] < 1:
-        return False
-    same = sum(1 for c in commas if c == commas[0])
-    return len(lines) >= 3 and same >= 0.9 * len(commas)

@@ -13,7 +13,9 @@ capture`` directory (``<process>.events.jsonl`` files) with no run directory aro
 of its own; inside one, it is that run's.  Every other
 directory below a run directory belongs to it, down to the next run directory.  SLURM output
 files of several jobs in one directory (``slurm-<job>.out``, ``<name>.<job>.err``...) are one
-run per job.
+run per job, and so are logs that each start with a launcher's header and ran one after the
+other (``attempt1.log``, ``attempt2.log``: ``oomlens.ingest.launches``); the directory's other
+files then belong to neither (a snapshot or config could be either's).
 
 The walk lists directories with ``os.scandir`` and looks inside files only to tell a training
 log from other text (``is_log``, which the caller may cache); it never follows symbolic links
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from oomlens.errors import InputError, UsageError
 from oomlens.ingest.files import not_regular_problem
 from oomlens.ingest.kinds import kind, kind_by_name
+from oomlens.ingest.launches import launch_span, separate_launches
 from oomlens.ingest.layout import (
     CAPTURE_FILE,
     DEEPSPEED_RANK_LOG,
@@ -317,6 +320,8 @@ def _runs_in_tree(
         name = _run_name(top, root)
         files = _owned_files(root, tree, roots)
         jobs = _slurm_jobs(logs_of.get(root, []))
+        if len(jobs) < 2:
+            jobs = _launches(logs_of.get(root, []))
         if len(jobs) >= 2:
             job_paths = {f.path for job_files in jobs.values() for f in job_files}
             for job, job_files in sorted(jobs.items()):
@@ -405,6 +410,25 @@ def _explicit_inputs(
             else:
                 inputs.append(sub)
     return tuple(sorted(inputs))
+
+
+def _launches(logs: list[FileEntry]) -> dict[str, list[FileEntry]]:
+    """Logs that each hold a launch of their own (a launcher's header, and times that do not
+    overlap the others': ``oomlens.ingest.launches``) by name (``attempt1.log`` is launch
+    ``attempt1``); empty unless two or more do."""
+    if len(logs) < 2:
+        return {}
+    spans = {entry.path: launch_span(entry.path) for entry in logs}
+    launched = [entry for entry in logs if spans[entry.path] is not None]
+    if not separate_launches([span for span in spans.values() if span is not None]):
+        return {}
+    names: dict[str, list[FileEntry]] = {}
+    for entry in launched:
+        name = os.path.basename(entry.path)
+        stem = os.path.splitext(name[: len(without_compression(name))])[0] or name
+        # the stem unless two logs share it (``a.log``, ``a.out``): then the whole name
+        names.setdefault(stem if stem not in names else name, []).append(entry)
+    return names
 
 
 def _slurm_jobs(logs: list[FileEntry]) -> dict[str, list[FileEntry]]:

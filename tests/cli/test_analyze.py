@@ -294,6 +294,24 @@ def test_a_directory_of_several_runs_is_refused_not_mixed_into_one_answer(tmp_pa
     assert len({i["path"] for i in json.loads(together.stdout)["inputs"]}) >= 4
 
 
+def test_a_folder_of_two_launches_logs_is_refused_naming_one_log(tmp_path: Path) -> None:
+    import shutil
+
+    # GIVEN a job started twice into one folder: a torchrun launch, then a DeepSpeed one later
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(case_dir("activation_memory") / "train.log", folder / "first.log")
+    shutil.copy(case_dir("prefetch_overshoot") / "train.log", folder / "second.log")
+    result = run("analyze", folder, "--format", "json")
+    # THEN it is refused as two runs, with a command that analyzes one of them
+    assert result.returncode == 2 and result.stdout == ""
+    assert "holds 2 runs (job/first, job/second)" in result.stderr
+    assert f"oomlens analyze {folder / 'first.log'}" in result.stderr
+    alone = run("analyze", folder / "first.log", "--format", "json")
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["diagnoses"][0]["id"] == "activation_memory"
+
+
 def test_a_run_directory_with_its_capture_inside_is_one_run() -> None:
     result = run("analyze", case_dir("fragmentation_captured"), "--format", "json")
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.errors import InputError
-from oomlens.ingest.detect import detect_kind, discover_run
+from oomlens.ingest.detect import MAX_FILES, detect_kind, discover_run
 
 ASSETS = Path(__file__).parents[1] / "assets" / "logs"
 LAB = ASSETS / "lab_log_torch2.11_h200.txt"
@@ -202,3 +202,25 @@ def test_text_that_ends_in_a_period_is_not_taken_for_a_pickle(tmp_path: Path, te
     path = tmp_path / "train.log"
     path.write_bytes(text)
     assert "pickle" not in detect_kind(path).reason
+
+
+def test_thousands_of_small_files_sorting_first_do_not_hide_the_runs_log(tmp_path: Path) -> None:
+    # GIVEN a run directory where a job left more small files than discovery reads (one per
+    # step, named so that they sort before everything else), beside its log and snapshot
+    case = Path(__file__).resolve().parents[2] / "fixtures" / "crash_logs" / "memory_leak"
+    run = tmp_path / "run"
+    shutil.copytree(case, run)
+    lines = (case / "train.log").read_text().splitlines()
+    steps = MAX_FILES + 1
+    for step in range(steps):
+        (run / f"0_step{step:05d}").write_text(lines[step % len(lines)] + "\n")
+    # WHEN it is walked
+    found = discover_run(run)
+    # THEN the log and the snapshots are read, and what was left out is said, with how many
+    names = sorted(Path(f.path).name for f in found.files)
+    assert "train.log" in names and "snapshot_rank0.pickle" in names
+    assert found.truncated
+    left_out = [why for _, why in found.skipped if why.startswith("not examined")]
+    candidates = steps + len(list(case.iterdir()))
+    assert len(left_out) == candidates - MAX_FILES
+    assert left_out[0].startswith(f"not examined: one of {candidates - MAX_FILES} files left out")

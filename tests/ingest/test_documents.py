@@ -3,22 +3,30 @@ healthy run: this repository's README and docs, its pyproject.toml, its source, 
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from oomlens.errors import NoUsableInputError
-from oomlens.ingest.detect import detect_kind
-from oomlens.ingest.documents import document_kind
+from oomlens.ingest.detect import detect_kind, discover_run
 from oomlens.session import AnalysisOptions, analyze
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELD = ROOT / "fixtures" / "field_logs"
 
 
-def _lines(path: Path) -> list[str]:
-    text = path.read_bytes()[:65536].decode("utf-8", "replace")
-    return [line for line in text.splitlines()[:400] if line.strip()]
+def _document(path: Path) -> object:
+    from oomlens.ingest.documents import document
+
+    data = path.read_bytes()
+    return document(data[:65536].decode("utf-8", "replace"), whole=len(data) <= 65536)
 
 
 @pytest.mark.parametrize(
@@ -55,5 +63,179 @@ def test_no_real_log_is_taken_for_a_document() -> None:
     logs += list((ROOT / "fixtures" / "crash_logs").glob("*/*.log"))
     logs += list((ROOT / "tests" / "assets" / "logs").glob("*.txt"))
     assert len(logs) > 200
-    taken = [p for p in logs if document_kind(_lines(p)) is not None]
-    assert taken == []
+    taken = [p for p in logs if _document(p) is not None]
+    # a reproduction snippet with its output in comments is read when named (a paste)
+    assert taken == [FIELD / "pytorch-67839" / "paste.txt"]
+    assert detect_kind(taken[0]).kind is not None
+
+
+# --- documents by their format's structure, whatever they quote ------------------------------
+
+HEALTHY = ROOT / "fixtures" / "crash_logs" / "activation_memory_fixed"
+OOM_CASE = ROOT / "fixtures" / "crash_logs" / "activation_memory"
+
+
+def _field_threads(count: int) -> list[dict[str, str]]:
+    """Issue threads of the field corpus as a dataset's rows: title, address and the paste."""
+    rows = []
+    for case in sorted(p for p in FIELD.iterdir() if (p / "paste.txt").is_file())[:count]:
+        meta = json.loads((case / "case.json").read_text())
+        paste = (case / "paste.txt").read_text(errors="replace")
+        rows.append(
+            {"id": meta["id"], "title": meta["title"], "url": meta["source"], "body": paste}
+        )
+    return rows
+
+
+def _junit_report(tmp_path: Path) -> Path:
+    """A real pytest JUnit XML report of a test that failed with a run's OOM traceback."""
+    log = (OOM_CASE / "train.log").read_text()
+    test = tmp_path / "junit_case" / "test_step.py"
+    test.parent.mkdir()
+    test.write_text(f"def test_step():\n    raise RuntimeError({log[-5000:]!r})\n")
+    report = tmp_path / "junit_case" / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),
+         f"--junitxml={report}"],
+        capture_output=True, cwd=test.parent, timeout=120, check=False,
+    )  # fmt: skip
+    assert report.is_file()
+    return report
+
+
+def _html_page(tmp_path: Path) -> Path:
+    """A saved page that quotes an OOM: oomlens' own HTML report of an OOM run."""
+    from oomlens.render.registry import Format, render
+
+    report = analyze([OOM_CASE], options=AnalysisOptions(prefer_deepspeed=False))
+    page = tmp_path / "saved_page.htm"
+    page.write_text(render(report, Format.HTML))
+    return page
+
+
+def _notes(tmp_path: Path) -> Path:
+    """Markdown notes: headings, prose, and a field paste quoted in a code block."""
+    paste = (FIELD / "deepspeed-3869" / "paste.txt").read_text()
+    notes = tmp_path / "notes.txt"
+    notes.write_text(
+        "# Notes on the first attempt\n\nIt died on node 3 before we lowered the micro batch; "
+        "its traceback, as it was printed:\n\n```text\n"
+        + paste
+        + "\n```\n\n## Next\n\n- lower the micro batch to 2\n- turn activation checkpointing on\n"
+    )
+    return notes
+
+
+def test_documents_quoting_an_oom_beside_a_healthy_run_are_not_its_inputs(tmp_path: Path) -> None:
+    # GIVEN a healthy run's folder that also holds a dataset of issue threads (JSON and CSV,
+    # larger than the 64 KiB a detection reads), Markdown notes quoting a crash, a pytest
+    # JUnit report of a failed test and a saved web page of an OOM report
+    run = tmp_path / "run"
+    shutil.copytree(HEALTHY, run)
+    rows = _field_threads(200)
+    (run / "issues.json").write_text(json.dumps(rows, indent=2))
+    with (run / "issues.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert (run / "issues.csv").stat().st_size > 65536
+    shutil.copy(_notes(tmp_path), run / "notes.txt")
+    shutil.copy(_junit_report(tmp_path), run / "report.xml")
+    shutil.copy(_html_page(tmp_path), run / "saved_page.htm")
+    # WHEN the folder is analyzed
+    report = analyze([run], options=AnalysisOptions(prefer_deepspeed=False))
+    # THEN only the run's log is read, and the run is still healthy
+    assert [os.path.basename(i.path) for i in report.facts.inputs if i.kind != "ds_config"] == [
+        "train.log"
+    ]
+    assert report.verdict.value == "no_failure"
+    skipped = discover_run(run).skipped
+    why = {os.path.basename(path): reason for path, reason in skipped}
+    assert why["issues.json"] == "a JSON array, not a log"
+    assert why["issues.csv"] == "a CSV table, not a log"
+    assert why["report.xml"] == "a JUnit XML test report, not a log"
+    assert why["saved_page.htm"] == "an HTML page, not a log"
+    assert why["notes.txt"].startswith("a Markdown document that quotes a log")
+
+
+def _readme_opening(tmp_path: Path) -> Path:
+    text = (ROOT / "README.md").read_text()
+    part = tmp_path / "readme_section.md"
+    part.write_text(text[: text.index("\n## ")])
+    return part
+
+
+def _sbatch_example(tmp_path: Path) -> Path:
+    """The SLURM batch script docs/triage.md shows, as its user saves it."""
+    text = (ROOT / "docs" / "triage.md").read_text()
+    start = text.index("#!/bin/bash")
+    script = tmp_path / "triage-array.sbatch"
+    script.write_text(text[start : text.index("```", start)])
+    return script
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda tmp: ROOT / "fixtures/crash_logs/_scenarios/hog_gpu.py", "Python source code"),
+        (lambda tmp: ROOT / "tests/capture/_train_cpu.py", "Python source code"),
+        (lambda tmp: ROOT / "contrib/slurm/oomlens-epilog.sh", "a shell script"),
+        (lambda tmp: ROOT / "scripts/test.sh", "a shell script"),
+        (_sbatch_example, "a SLURM batch script"),
+        (_html_page, "an HTML page"),
+        (_junit_report, "a JUnit XML test report"),
+        (_readme_opening, "a Markdown document"),
+    ],
+)
+def test_a_document_named_on_the_command_line_is_refused(
+    tmp_path: Path, make: Callable[[Path], Path], what: str
+) -> None:
+    path = make(tmp_path)
+    assert detect_kind(path).reason == f"{what}, not a log"
+    with pytest.raises(NoUsableInputError, match="not an input oomlens reads"):
+        analyze([path], options=AnalysisOptions(prefer_deepspeed=False))
+
+
+@pytest.mark.parametrize(
+    "case", ["deepspeed-3869", "transformers-24658", "sdlskeleton-6", "lc0-927", "deeplog-50"]
+)
+def test_a_log_pasted_in_markdown_is_read_when_named(tmp_path: Path, case: str) -> None:
+    # GIVEN a ticket: a heading, prose, and a field case's paste in a fenced block
+    paste = (FIELD / case / "paste.txt").read_text()
+    ticket = tmp_path / "ticket.md"
+    ticket.write_text(
+        "## Describe the bug\n\nTraining stops after a few steps with the error below; the "
+        "same script ran fine last week.\n\n```\n" + paste + "\n```\n\n## System info\n\n"
+        "- torch and deepspeed from pip\n"
+    )
+    alone = analyze([FIELD / case / "paste.txt"], options=AnalysisOptions(prefer_deepspeed=False))
+    # THEN named, it is read as the log it quotes, as the paste alone is
+    report = analyze([ticket], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict == alone.verdict
+    assert [d.id for d in report.diagnoses][:1] == [d.id for d in alone.diagnoses][:1]
+
+
+def test_windows_of_real_logs_whose_lines_carry_commas_are_logs(tmp_path: Path) -> None:
+    # GIVEN every run of lines with the same number of commas in the real logs (a DeepSpeed
+    # config dump, kernel assert lines, progress lines, HF metric dicts), as a window of a log
+    windows = []
+    logs = [p / "paste.txt" for p in FIELD.iterdir() if (p / "paste.txt").is_file()]
+    logs += list((ROOT / "fixtures" / "crash_logs").glob("*/*.log"))
+    for log in sorted(logs):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        start = 0
+        while start < len(lines):
+            commas = lines[start].count(",")
+            end = start
+            while end < len(lines) and lines[end].count(",") == commas:
+                end += 1
+            if commas and end - start >= 3:
+                window = tmp_path / f"w{len(windows)}.log"
+                window.write_text("\n".join(lines[start:end]) + "\n")
+                windows.append(window)
+            start = max(end, start + 1)
+    assert len(windows) > 50
+    # THEN none is taken for a document
+    refused = [(w, detect_kind(w).reason) for w in windows if not detect_kind(w).plain_text]
+    refused = [(w, why) for w, why in refused if why.endswith("not a log")]
+    assert refused == []

@@ -120,6 +120,47 @@ def test_slurm_output_files_of_several_jobs_are_one_run_each(tmp_path: Path) -> 
     assert runs["slurm/slurm-1001"].path == str(logs / "slurm-1001.out")
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("memory_leak", "nccl_timeout"),  # DeepSpeed's runner, then torchrun
+        ("device_side_assert", "generation_oom"),  # torchrun twice
+        ("accumulation_mismatch", "accumulation_derived_micro"),  # DeepSpeed twice
+    ],
+)
+def test_logs_of_launches_one_after_the_other_are_one_run_each(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    # GIVEN a job started twice into one folder: each log opens with its launcher's header,
+    # the second starting after the first ended; a snapshot beside them could be either's
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(case_dir(first) / "train.log", folder / "attempt1.log")
+    shutil.copy(case_dir(second) / "train.log", folder / "attempt2.log")
+    shutil.copy(case_dir("memory_leak") / "snapshot_rank0.pickle", folder)
+    runs = _runs(folder)
+    # THEN each log is a run of its own, and the snapshot is handed to neither
+    assert sorted(runs) == ["job/attempt1", "job/attempt2"]
+    assert runs["job/attempt1"].inputs == (str(folder / "attempt1.log"),)
+    assert runs["job/attempt2"].inputs == (str(folder / "attempt2.log"),)
+
+
+def test_logs_of_launchers_that_ran_at_the_same_time_stay_one_run(tmp_path: Path) -> None:
+    # GIVEN two logs with a DeepSpeed launcher's header each, whose times overlap (what the
+    # nodes of one multi-node job write), and one log with a header beside a log without
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(case_dir("offload_pinned_uncapped") / "train.log", folder / "node0.log")
+    shutil.copy(case_dir("offload_unpinned_uncapped") / "train.log", folder / "node1.log")
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(case_dir("memory_leak") / "train.log", other / "train.log")
+    shutil.copy(case_dir("fragmentation") / "train.log", other / "rank0.log")
+    runs = _runs(folder, other)
+    # THEN each folder is one run
+    assert sorted(runs) == ["job", "other"]
+
+
 def test_folders_without_a_training_log_are_not_runs(tmp_path: Path) -> None:
     # GIVEN a kernel log, a config, a README and a hidden run copy: none is a run
     (tmp_path / "kernel").mkdir()
