@@ -17,8 +17,9 @@ Two views of the same stream:
 * ``TextSource.lines()`` yields ``(line_number, text)`` for every line, cleaned (see
   ``LineCleaner.clean``).  Line numbers are 1-based and count ``\\n`` only.
 
-Memory is independent of the input's size; ``TextSource.stats`` tells what was read and what
-was repaired.
+NUL bytes (the holes a crash leaves in a file) are removed from the stream before it is cut
+into lines.  Memory is independent of the input's size; ``TextSource.stats`` tells what was
+read and what was repaired.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class StreamStats:
     """Cleaned lines whose invalid UTF-8 was replaced by U+FFFD."""
     nul_lines: int = 0
     """Cleaned lines that held NUL bytes (removed)."""
+    nul_bytes: int = 0
+    """NUL bytes removed from the stream before it was cut into lines (see ``_chunks``)."""
     ended_mid_line: bool = False
     """The input's last line has no newline: it was cut, or the writer died mid-line."""
     problem: str | None = None
@@ -265,6 +268,17 @@ class TextSource:
                 if not chunk:
                     return
                 self.stats.bytes_read += len(chunk)
+                if b"\x00" in chunk:
+                    # NUL is no character of a text log: it is a hole a crash left in the file
+                    # (space preallocated or a size set, never written; a file truncated under
+                    # a writer that keeps its offset).  Removed here, before lines are cut at
+                    # ``max_line_bytes``: a hole of megabytes would push the line after it past
+                    # the cut, and a crash's last line is just what follows such a hole.
+                    before = len(chunk)
+                    chunk = chunk.replace(b"\x00", b"")
+                    self.stats.nul_bytes += before - len(chunk)
+                    if not chunk:
+                        continue
                 yield chunk
 
     def blocks(self, *, number_lines: bool = True) -> Iterator[Block]:
