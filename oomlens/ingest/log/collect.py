@@ -25,6 +25,9 @@ def log_facts(reader: LogReader) -> LogFacts:
     and the counts of what it dropped."""
     stats = reader.source.stats
     notes: list[str] = []
+    envelope = reader.source.describe_envelope()
+    if envelope:
+        notes.append(envelope)
     if stats.problem:
         notes.append(stats.problem)
     if stats.invalid_utf8_lines:
