@@ -108,6 +108,8 @@ class StreamStats:
     """The input's last line has no newline: it was cut, or the writer died mid-line."""
     problem: str | None = None
     """Why reading stopped early (a compressed stream cut short or corrupt), if it did."""
+    cut_short: bool = False
+    """The compressed stream ends before its end of stream (the file was cut)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +250,16 @@ class TextSource:
                 out += chunk
         return bytes(out)
 
+    def cut_short(self) -> bool:
+        """The compressed stream ends before its end (read through to tell)."""
+        self.stats = StreamStats()
+        try:
+            for _ in self._chunks():
+                pass
+        except InputError:
+            return False  # not decompressible at all: corrupt, not cut
+        return self.stats.cut_short
+
     def text_chunks(self) -> Iterator[bytes]:
         """The text as UTF-8 bytes in chunks of any length: decompressed, decoded from UTF-16,
         unwrapped from its envelopes (``oomlens.ingest.envelope``); NULs not removed yet."""
@@ -303,6 +315,7 @@ class TextSource:
                         else stream.read(self.chunk_bytes)
                     )
                 except EOFError:
+                    self.stats.cut_short = True
                     self.stats.problem = (
                         f"the {self.compression} stream ends early (the file was cut); "
                         "read what was there"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from oomlens.facts.kernel import FatalSignalKind
+from oomlens.ingest.detect import detect_kind
 from oomlens.ingest.log import read_log
 from oomlens.ingest.log.reader import LINE_BY_LINE_BYTES
 from oomlens.session import AnalysisOptions, analyze
@@ -200,3 +201,16 @@ def test_a_cut_traceback_glued_to_a_progress_bar_still_ends_the_log(
     path.write_bytes(b"".join(lines))
     log = read_log(path)
     assert log.ended_in_traceback and not log.oom_events
+
+
+@pytest.mark.parametrize("kind", ["gz", "xz", "zst"])
+def test_a_compressed_log_cut_inside_its_first_block_is_said_to_be_cut(
+    tmp_path: Path, kind: str
+) -> None:
+    # a zstd decoder hands over whole blocks: a small log cut anywhere decodes to nothing
+    whole = _compress(kind, b"".join([*_body(20_000), *_killed_tail()]))
+    path = tmp_path / f"train.log.{kind}"
+    path.write_bytes(whole[:20])
+    detection = detect_kind(path)
+    assert detection.kind is None
+    assert "cut short before any of its text" in detection.reason
