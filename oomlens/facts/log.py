@@ -698,6 +698,9 @@ class LogFacts:
     partial_tracebacks: tuple[ExceptionEvent, ...] = ()
     """The last few of those, with their frames and the phase the frames show
     (``exception_class`` is ''): what a window inside a traceback still tells."""
+    stream_cut: str | None = None
+    """Why the compressed stream stopped before its end (cut short, or corrupt after some
+    bytes), else None: what the log said after that point is lost, whatever came before."""
     gpu_usage: tuple[GpuUsage, ...] = ()
     gpu_processes: tuple[GpuProcess, ...] = ()
     line_by_line: bool = False

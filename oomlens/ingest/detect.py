@@ -124,9 +124,13 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
         return Detection(shown, None, Compression.NONE, "the file is empty")
     head = read_head(path, HEAD_BYTES, display=shown)
     if compression is not Compression.NONE and not head:
-        return Detection(
-            shown, None, compression, f"{compression} data that decompresses to nothing"
+        # a decoder hands over whole blocks: a stream cut inside its first one yields nothing
+        nothing = (
+            f"a {compression} stream cut short before any of its text could be decoded"
+            if source.cut_short()
+            else f"{compression} data that decompresses to nothing"
         )
+        return Detection(shown, None, compression, nothing)
     sample = Sample(shown, size, head, compression)
     ordered = kinds.by_precedence()
     for candidate in (k for k in ordered if k.binary):

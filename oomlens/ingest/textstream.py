@@ -17,8 +17,9 @@ Two views of the same stream:
 * ``TextSource.lines()`` yields ``(line_number, text)`` for every line, cleaned (see
   ``LineCleaner.clean``).  Line numbers are 1-based and count ``\\n`` only.
 
-Memory is independent of the input's size; ``TextSource.stats`` tells what was read and what
-was repaired.
+NUL bytes (the holes a crash leaves in a file) are removed from the stream before it is cut
+into lines.  Memory is independent of the input's size; ``TextSource.stats`` tells what was
+read and what was repaired.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ from typing import IO
 import regex
 
 from oomlens.errors import InputError
+from oomlens.ingest.envelope import (
+    Encoding,
+    Envelope,
+    decode_utf16,
+    sniff_encoding,
+    sniff_envelopes,
+    unwrap,
+)
 from oomlens.ingest.files import open_regular
 
 MAX_LINE_BYTES = 64 * 1024
@@ -93,10 +102,14 @@ class StreamStats:
     """Cleaned lines whose invalid UTF-8 was replaced by U+FFFD."""
     nul_lines: int = 0
     """Cleaned lines that held NUL bytes (removed)."""
+    nul_bytes: int = 0
+    """NUL bytes removed from the stream before it was cut into lines (see ``_chunks``)."""
     ended_mid_line: bool = False
     """The input's last line has no newline: it was cut, or the writer died mid-line."""
     problem: str | None = None
     """Why reading stopped early (a compressed stream cut short or corrupt), if it did."""
+    cut_short: bool = False
+    """The compressed stream ends before its end of stream (the file was cut)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +211,64 @@ class TextSource:
             raise _open_error(self.display, exc) from exc
         if self.compression is Compression.ZSTD:
             _zstd_available(self.display)
+        head = self._raw_head(HEAD_BYTES)
+        self.encoding = sniff_encoding(head)
+        if self.encoding is not Encoding.UTF8:
+            head = b"".join(decode_utf16(self.encoding, iter((head,))))
+        self.envelopes: tuple[Envelope, ...] = sniff_envelopes(head)
+
+    @property
+    def plain(self) -> bool:
+        """The bytes are the text: UTF-8 (or anything but UTF-16) in no envelope."""
+        return self.encoding is Encoding.UTF8 and not self.envelopes
+
+    def describe_envelope(self) -> str | None:
+        """What was unwrapped to read the text, in words, or None for a plain text."""
+        if self.plain:
+            return None
+        what = [f"{self.encoding.value.upper()} text"] if self.encoding is not Encoding.UTF8 else []
+        what += [envelope.value for envelope in self.envelopes]
+        said = "read as the log it carries: " + ", in ".join(reversed(what))
+        if self.envelopes:
+            said += " (line numbers count the lines it carries)"
+        return said
+
+    def _raw_head(self, limit: int) -> bytes:
+        """Up to ``limit`` decompressed bytes from the start; a cut or corrupt compressed
+        stream yields what could be decompressed."""
+        out = bytearray()
+        with self.open_binary() as stream:
+            # read1, as in ``_chunks``: a decompressor's read() loses its pieces at a cut.
+            read = getattr(stream, "read1", None) or stream.read
+            while len(out) < limit:
+                try:
+                    chunk = read(min(limit - len(out), 65536))
+                except (EOFError, OSError, lzma.LZMAError, zlib.error, ValueError):
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        return bytes(out)
+
+    def cut_short(self) -> bool:
+        """The compressed stream ends before its end (read through to tell)."""
+        self.stats = StreamStats()
+        try:
+            for _ in self._chunks():
+                pass
+        except InputError:
+            return False  # not decompressible at all: corrupt, not cut
+        return self.stats.cut_short
+
+    def text_chunks(self) -> Iterator[bytes]:
+        """The text as UTF-8 bytes in chunks of any length: decompressed, decoded from UTF-16,
+        unwrapped from its envelopes (``oomlens.ingest.envelope``); NULs not removed yet."""
+        chunks = self._chunks()
+        if self.encoding is not Encoding.UTF8:
+            chunks = decode_utf16(self.encoding, chunks)
+        if self.envelopes:
+            chunks = unwrap(self.envelopes, chunks)
+        return chunks
 
     @contextmanager
     def open_binary(
@@ -244,6 +315,7 @@ class TextSource:
                         else stream.read(self.chunk_bytes)
                     )
                 except EOFError:
+                    self.stats.cut_short = True
                     self.stats.problem = (
                         f"the {self.compression} stream ends early (the file was cut); "
                         "read what was there"
@@ -291,7 +363,18 @@ class TextSource:
         partial = bytearray()
         dropping = False
         next_line = 1
-        for chunk in self._chunks():
+        for chunk in self.text_chunks():
+            if b"\x00" in chunk:
+                # NUL is no character of a text log: it is a hole a crash left in the file
+                # (space preallocated or a size set, never written; a file truncated under a
+                # writer that keeps its offset).  Removed before lines are cut at
+                # ``max_line_bytes``: a hole of megabytes would push the line after it past the
+                # cut, and a crash's last line is just what follows such a hole.
+                before = len(chunk)
+                chunk = chunk.replace(b"\x00", b"")
+                stats.nul_bytes += before - len(chunk)
+                if not chunk:
+                    continue
             pos = 0
             if dropping:
                 newline = chunk.find(b"\n")
@@ -394,25 +477,30 @@ def open_text(
 def read_head(
     path: str | os.PathLike[str], limit: int = HEAD_BYTES, *, display: str | None = None
 ) -> bytes:
-    """Up to ``limit`` decompressed bytes from the start of ``path``, for content sniffing.
+    """Up to ``limit`` bytes from the start of ``path``'s text, for content sniffing:
+    decompressed, and when it is UTF-16 or in an envelope (``oomlens.ingest.envelope``), the
+    UTF-8 text it carries; NUL bytes are kept.
 
     A cut or corrupt compressed stream yields what could be decompressed.  Raises InputError
     as ``open_text`` does.
     """
-    source = open_text(path, display=display)
+    source = open_text(path, display=display, chunk_bytes=min(limit, READ_CHUNK_BYTES))
+    if source.plain:
+        return source._raw_head(limit)
     out = bytearray()
-    with source.open_binary() as stream:
-        # read1, as in ``_chunks``: a decompressor's read() loses its pieces at a cut.
-        read = getattr(stream, "read1", None) or stream.read
-        while len(out) < limit:
-            try:
-                chunk = read(min(limit - len(out), 65536))
-            except (EOFError, OSError, lzma.LZMAError, zlib.error, ValueError):
-                break
-            if not chunk:
-                break
+    chunks = source.text_chunks()
+    try:
+        for chunk in chunks:
             out += chunk
-    return bytes(out)
+            if len(out) >= limit:
+                break
+    except InputError:
+        pass  # what could be decompressed
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    return bytes(out[:limit])
 
 
 def _open_error(display: str, exc: OSError) -> InputError:

@@ -285,6 +285,18 @@ def _log_ends_in_traceback(facts: RunFacts, _: Thresholds) -> str | None:
     return None
 
 
+def _log_stream_cut(facts: RunFacts, _: Thresholds) -> str | None:
+    """A compressed log whose stream stops early: what it read is kept, but its last lines
+    (where a crash is written) may be what the cut lost, so its silence proves nothing."""
+    for log in facts.logs:
+        if log.lines and log.stream_cut:
+            return (
+                f"{log.path}: its {log.compression} stream stops early, so its last lines (where "
+                "a crash is written) are lost"
+            )
+    return None
+
+
 def _log_traceback_cut(facts: RunFacts, _: Thresholds) -> str | None:
     if any(log.tracebacks_cut for log in facts.logs if log.lines):
         return "a traceback stops before its error: the text is cut mid-crash"
@@ -350,6 +362,7 @@ VERDICT_TABLE: tuple[VerdictRow, ...] = (
     VerdictRow("every captured rank exited 0", Verdict.NO_FAILURE, _captured_clean_exit),
     VerdictRow("log ends inside a traceback", Verdict.UNKNOWN, _log_ends_in_traceback),
     VerdictRow("a traceback is cut", Verdict.UNKNOWN, _log_traceback_cut),
+    VerdictRow("a compressed log is cut", Verdict.UNKNOWN, _log_stream_cut),
     VerdictRow("a log window without progress or end", Verdict.UNKNOWN, _log_window),
     VerdictRow("OOMs caught and the run went on", Verdict.NO_FAILURE, _oom_caught),
     VerdictRow("a log with progress and no failure", Verdict.NO_FAILURE, _log_clean),

@@ -100,7 +100,7 @@ def test_carriage_returns_nuls_ansi_and_invalid_utf8_are_repaired(tmp_path: Path
     assert lines[0] == " 20%|## | 2/10 [00:02<00:08]"
     assert lines[1] == " [WARNING]  async_io requires the dev libaio"
     assert lines[2] == "GPU  has \ufffd\ufffd bytes"
-    assert source.stats.invalid_utf8_lines == 1 and source.stats.nul_lines == 1
+    assert source.stats.invalid_utf8_lines == 1 and source.stats.nul_bytes == 1
 
 
 @pytest.mark.parametrize("chunk", [4096, 5000, 65536, 1 << 20])

@@ -25,10 +25,18 @@ def log_facts(reader: LogReader) -> LogFacts:
     and the counts of what it dropped."""
     stats = reader.source.stats
     notes: list[str] = []
+    envelope = reader.source.describe_envelope()
+    if envelope:
+        notes.append(envelope)
     if stats.problem:
         notes.append(stats.problem)
     if stats.invalid_utf8_lines:
         notes.append(f"{stats.invalid_utf8_lines} line(s) held invalid UTF-8 (replaced by U+FFFD)")
+    if stats.nul_bytes:
+        notes.append(
+            f"{stats.nul_bytes} NUL byte(s) removed (holes in the file, left by a crash or a "
+            "truncation)"
+        )
     if stats.nul_lines:
         notes.append(f"{stats.nul_lines} line(s) held NUL bytes (removed)")
     if stats.long_lines:
@@ -121,6 +129,7 @@ def log_facts(reader: LogReader) -> LogFacts:
         gpu_usage=tuple(reader.gpu_usage.items),
         gpu_processes=tuple(reader.gpu_processes.items),
         line_by_line=reader.line_by_line,
+        stream_cut=stats.problem,
     )
 
 

@@ -66,7 +66,8 @@ _SRUN_TASK = lazy_regex(
     r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
 )
 _BUS = lazy_regex(r"(?:^|\s|:)Bus error\b")
-_SHELL_KILLED = lazy_regex(r"(?:^|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
+_SHELL_KILLED = lazy_regex(r"(?:^[ \t]{0,16}|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
+"""The shell's report of a child killed by SIGKILL; indented when the log was pasted indented."""
 _ABORTED = lazy_regex(r"(?:^|: |\d )Aborted(?: \(core dumped\))?(?:\s|\Z)")
 _SEGV = lazy_regex(r"(?:^|: |\d )Segmentation fault(?: \(core dumped\))?(?:\s|\Z)")
 _SHM = lazy_regex(

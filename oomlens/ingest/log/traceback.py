@@ -105,6 +105,7 @@ class TracebackAssembler:
         "_header_class",
         "_headless",
         "_last_line",
+        "_margin",
         "_path_line",
         "_path_start",
         "_state",
@@ -124,6 +125,7 @@ class TracebackAssembler:
         self._exc_limit = MAX_EXCEPTION_LINES
         self._chained = False
         self._last_line = 0
+        self._margin = ""  # what stands before the header: an indented paste's indentation
         self._style = "python"
         self._headless = False
         self._header_class = ""
@@ -246,11 +248,22 @@ class TracebackAssembler:
         ``now`` (the caller's current time estimate) is kept with an exception line and
         handed back as ``FinishedException.time``."""
         line = ref.line or 0
+        raw = text
+        if self._margin and self._state and text.startswith(self._margin):
+            text = text[len(self._margin) :]
         shape = line_shape(text)
         if shape.shape is Shape.HEADER:
             finished = self.close() if self._state else None
             self._begin(ref, shape.style)
             self._header_class = shape.header_class or ""
+            body = raw.lstrip(" \t")
+            if shape.style == "python" and body.startswith(HEADER):
+                # Python writes its header at the start of the line: whitespace before it was
+                # put there by whoever indented the text (a Markdown code block, a tab-indented
+                # mail or paste), and stands before each of the traceback's lines, where it
+                # would read as a frame's deeper indentation (the exception line as source).
+                # (Not a progress bar's text before a header glued to it.)
+                self._margin = raw[: len(raw) - len(body)]
             return finished
         stripped = text.strip()
         if stripped in CHAIN_MARKERS:
@@ -377,6 +390,7 @@ class TracebackAssembler:
         self._box_closed = False
         self._path_start = ""
         self._current = None
+        self._margin = ""
 
     def _add_frame(self, frame: Frame, at: int | None) -> None:
         self._current = None
