@@ -10,6 +10,7 @@ output and error, the files it wrote, its time and memory.
   terminal, JSON, CSV or a page; live markup in HTML (a tag or attribute the report never
   writes, a planted payload unescaped); a CSV cell a spreadsheet would run as a formula;
 * ``code_execution``: the marker file a hostile pickle would have created exists;
+* ``output_size``: standard output or a written report past ``OUTPUT_LIMIT``;
 * ``encoding``: standard output or a written report that is not UTF-8;
 * ``direction`` (``direction()``): a wrong-direction answer, judged against the verdict the
   untransformed input gets (a metamorphic oracle): a failure read as ``no_failure`` or
@@ -31,6 +32,8 @@ from tests.fuzz.mutate import PAYLOADS
 
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 1024**3
+OUTPUT_LIMIT = 32 * 1024**2
+"""A report larger than this for a fuzz input is a finding (``output_size``), not parsed."""
 
 EXIT_CODES = {"analyze": {0, 3}, "check": {0, 4}, "triage": {0, 3}, "whatif": {0, 3}}
 """The documented exit codes each command may end with on any input (2 is a usage error: the
@@ -82,6 +85,8 @@ def findings(
         found.append(Finding("memory", f"{int(str(result['memory'])) / 2**20:.0f} MiB"))
     if (folder / marker).exists():
         found.append(Finding("code_execution", f"{marker} was created"))
+    if int(str(result.get("stdout_bytes", 0))) > OUTPUT_LIMIT:
+        found.append(Finding("output_size", f"stdout: {int(str(result['stdout_bytes'])):,} bytes"))
     if result.get("stdout_utf8") is False:
         found.append(Finding("encoding", "standard output is not UTF-8"))
     if not result["timed_out"]:
@@ -102,6 +107,9 @@ def findings(
     for name in outputs:
         path = folder / name
         if not path.exists():
+            continue
+        if path.stat().st_size > OUTPUT_LIMIT:
+            found.append(Finding("output_size", f"{name}: {path.stat().st_size:,} bytes"))
             continue
         raw = path.read_bytes()
         try:

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.fuzz.cases import Case
-from tests.fuzz.oracles import MEMORY_LIMIT, TIME_LIMIT, direction, findings, verdict_of
+from tests.fuzz.oracles import (
+    MEMORY_LIMIT,
+    OUTPUT_LIMIT,
+    TIME_LIMIT,
+    direction,
+    findings,
+    verdict_of,
+)
 
 KILL_AFTER = TIME_LIMIT + 10.0
 """A case still running this long is killed (it is a finding from TIME_LIMIT on)."""
@@ -218,6 +225,7 @@ def run_case(
             "memory": max(0, usage.ru_maxrss * 1024 - baseline),
             "stdout": _text(folder / "stdout.txt"),
             "stdout_utf8": _is_utf8(folder / "stdout.txt"),
+            "stdout_bytes": _size(folder / "stdout.txt"),
             "stderr": _text(folder / "stderr.txt"),
         }
         found = findings(case.argv, case.stdout_format, case.outputs, folder, result, case.marker)
@@ -234,6 +242,9 @@ def run_case(
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(folder, target, symlinks=True, ignore_dangling_symlinks=True,
                             ignore=_specials)  # fmt: skip
+            for big in target.iterdir():
+                if big.is_file() and big.stat().st_size > OUTPUT_LIMIT:
+                    big.write_bytes(b"")  # an oversized output: its size is in the finding
         return result
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -251,7 +262,16 @@ def _specials(directory: str, names: list[str]) -> list[str]:
     return skipped
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _is_utf8(path: Path) -> bool:
+    if _size(path) > OUTPUT_LIMIT:
+        return True  # judged by its size (``output_size``)
     try:
         path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:

@@ -96,6 +96,7 @@ def _kinds(result: dict[str, object], tmp_path: Path, **files: str) -> set[str]:
         (_result(stdout="path \u200fevil"), {}, "injection"),
         (_result(stdout="path \u061cevil"), {}, "injection"),
         (_result(stdout_utf8=False), {}, "encoding"),
+        (_result(stdout_bytes=40 * 2**20), {}, "output_size"),
         (_result(), {"report_html": '<p><img src=x onerror="alert(2)"></p>'}, "injection"),
         (_result(), {"report_html": "<script>a</script><script>b</script>"}, "injection"),
         (_result(), {"runs_csv": 'run,path\n"=HYPERLINK(""x"")",/a\n'}, "injection"),
