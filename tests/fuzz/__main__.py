@@ -45,7 +45,7 @@ def campaign(
 ) -> list[dict]:
     """Run ``count`` cases (fewer when ``seconds`` run out) and return their results."""
     warm_up()
-    todo = [c for c in plan(count, seed) if c[0] in kinds]
+    todo = plan(count, seed, kinds)
     results.unlink(missing_ok=True)
     stop_at = time.monotonic() + (seconds if seconds is not None else 10**9)
     parts = [(results.with_suffix(f".{n}.jsonl"), todo[n::jobs]) for n in range(jobs)]

@@ -8,15 +8,24 @@ same case, so a finding is reproduced from ``(kind, number, seed)`` alone.
 
 from __future__ import annotations
 
+import gzip
+import json
+import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.fuzz import mutate, seeds
+from tests.fuzz import documents, hostile, mutate, seeds, shapes
 
-KINDS = ("log", "config", "kernel_log", "error_file", "snapshot", "tree", "triage")
+KINDS = (
+    "log", "config", "kernel_log", "error_file", "snapshot", "tree", "triage",
+    "transport", "document", "hostile2",
+)  # fmt: skip
 """Every input kind the campaign mutates, with its share of the cases."""
-WEIGHTS = (30, 15, 8, 8, 15, 12, 12)
+WEIGHTS = (30, 15, 8, 8, 15, 12, 12, 20, 12, 12)
+NEW_KINDS = ("transport", "document", "hostile2")
+"""The shapes of issue 33's campaign: logs as they reach users, documents that quote an OOM,
+and its hostile inputs."""
 
 _FORMATS = ([], ["--format", "markdown"], ["--format", "json"], ["--redact"],
             ["--redact", "--format", "markdown"])  # fmt: skip
@@ -38,6 +47,16 @@ class Case:
     """Files the command writes, checked like its standard output."""
     marker: str = "PWNED"
     """A file that exists afterwards only if a pickle ran code."""
+    expect: str = ""
+    """What the verdict may not become (``oracles.direction``): ``direction`` (a failure
+    stays a failure, an OOM stays an OOM or becomes uncertain) or ``no_oom`` (the case
+    quotes an OOM it did not have).  Needs ``--format json``."""
+    baseline: dict[str, str | bytes] = field(default_factory=dict)
+    """The untransformed inputs (files, or ``path -> seed path`` to copy) the verdict is
+    compared with; empty: compared with nothing (``no_oom`` only)."""
+    baseline_argv: list[str] = field(default_factory=list)
+    baseline_key: str = ""
+    """The baseline's verdict is computed once per key (per seed file) and cached."""
 
 
 def make_case(kind: str, number: int, seed: int) -> Case:
@@ -51,17 +70,22 @@ def make_case(kind: str, number: int, seed: int) -> Case:
         "snapshot": _snapshot,
         "tree": _tree,
         "triage": _triage,
+        "transport": _transport,
+        "document": _document,
+        "hostile2": _hostile2,
     }[kind](case, rng)
     return case
 
 
-def plan(count: int, seed: int) -> list[tuple[str, int]]:
-    """``count`` cases over the kinds by their weights, in a seeded order."""
+def plan(count: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int]]:
+    """``count`` cases over ``kinds`` by their weights, in a seeded order."""
     rng = random.Random(seed)
-    total = sum(WEIGHTS)
-    shares = [max(1, count * w // total) for w in WEIGHTS]
+    weights = [w for k, w in zip(KINDS, WEIGHTS, strict=True) if k in kinds]
+    chosen = [k for k in KINDS if k in kinds]
+    total = sum(weights)
+    shares = [max(1, count * w // total) for w in weights]
     shares[0] += count - sum(shares)
-    cases = [(kind, n) for kind, share in zip(KINDS, shares, strict=True) for n in range(share)]
+    cases = [(kind, n) for kind, share in zip(chosen, shares, strict=True) for n in range(share)]
     rng.shuffle(cases)
     return cases
 
@@ -224,3 +248,181 @@ def _triage(case: Case, rng: random.Random) -> None:
                  "-o", "runs.jsonl", "-o", "index.html"]  # fmt: skip
     case.stdout_format = "text"
     case.outputs = ("runs.csv", "runs.jsonl", "index.html")
+
+
+# -- issue 33: logs as they reach users, documents that quote an OOM, hostile shapes ----------
+
+
+def _json_analyze(case: Case, rng: random.Random, target: str) -> None:
+    case.argv = ["analyze", target, "--format", "json", "--html", "report.html"]
+    if rng.random() < 0.2:
+        case.argv.append("--redact")
+    case.stdout_format = "json"
+    case.outputs = ("report.html",)
+
+
+def _compare_with(case: Case, key: str, files: dict[str, str | bytes], target: str) -> None:
+    case.expect = "direction"
+    case.baseline = files
+    case.baseline_argv = ["analyze", target, "--format", "json"]
+    case.baseline_key = key
+
+
+def _transport(case: Case, rng: random.Random) -> None:
+    """A failed run's real log re-shaped as logs reach users (``shapes``), small (the paste
+    path) or padded past 1 MiB with another run's healthy lines (the bulk path)."""
+    source = rng.choice(seeds.failure_logs())
+    healthy = [r / "train.log" for r in seeds.healthy_runs()]
+    original = _read(source)
+    data, padded = original, ""
+    if rng.random() < 0.3:
+        data = shapes.pad(data, rng, _read(rng.choice(healthy)))
+        padded = f", after {len(data) / 2**20:.1f} MiB of healthy lines"
+    data, suffix, names = shapes.transport(data, rng, _read(rng.choice(healthy)))
+    name = rng.choice(["train.log", "paste.txt", "output.log", "slurm-1234.out"]) + suffix
+    case.description = f"{source.relative_to(seeds.ROOT)}: {' + '.join(names)}{padded}"
+    case.files[f"in/{name}"] = data
+    _json_analyze(case, rng, f"in/{name}")
+    _compare_with(case, f"log:{source}", {"in/train.log": str(source)}, "in/train.log")
+
+
+def _run_files(run: Path) -> dict[str, str | bytes]:
+    return {
+        f"in/{p.relative_to(run)}": str(p)
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != "case.json" and p.suffix not in (".py",)
+    }
+
+
+def _document(case: Case, rng: random.Random) -> None:
+    """A real OOM message or traceback quoted in a document that is not a log (``documents``),
+    named alone on the command line or dropped into a healthy run's folder."""
+    source = rng.choice(seeds.oom_logs())
+    quote = documents.quote_of(_read(source), rng)
+    how, name, data = documents.document(quote, rng)
+    case.expect = "no_oom"
+    if rng.random() < 0.5:
+        case.description = f"{how} document quoting {source.relative_to(seeds.ROOT)}, alone"
+        case.files[f"in/{name}"] = data
+        _json_analyze(case, rng, f"in/{name}")
+        return
+    run = rng.choice(seeds.healthy_runs())
+    case.description = (
+        f"{how} document quoting {source.relative_to(seeds.ROOT)}, in healthy run "
+        f"{run.relative_to(seeds.ROOT)}"
+    )
+    files = _run_files(run)
+    case.files.update({k: _read(Path(v)) for k, v in files.items() if isinstance(v, str)})
+    case.files[f"in/{name}"] = data
+    _json_analyze(case, rng, "in")
+    case.baseline, case.baseline_argv = files, ["analyze", "in", "--format", "json"]
+    case.baseline_key = f"run:{run}"
+
+
+def _any_format(case: Case, rng: random.Random, target: str) -> None:
+    if rng.random() < 0.5:
+        _analyze(case, rng, target)
+    else:
+        _json_analyze(case, rng, target)
+    if rng.random() < 0.3:
+        case.argv += ["-o", "report.md"]
+        case.stdout_format = "none"
+        case.outputs = (*case.outputs, "report.md")
+
+
+def _hostile2(case: Case, rng: random.Random) -> None:
+    from oomlens.ingest.snapshot.unpickler import restricted_load
+
+    how = rng.choice(["memo", "memo", "fields", "capture", "names", "names", "config"])
+    if how in ("memo", "fields"):
+        source = rng.choice(seeds.snapshots())
+        if how == "memo":
+            what, raw = hostile.memo_pickle(rng, lambda: restricted_load(source).data)
+        else:
+            data = restricted_load(source).data
+            what = ", ".join(hostile.odd_fields(data, rng)) or "nothing"
+            raw = pickle.dumps(data, protocol=rng.choice([2, 4]))
+            raw = gzip.compress(raw, mtime=0) if rng.random() < 0.3 else raw
+        case.description = f"{source.relative_to(seeds.ROOT)}: {what}"
+        case.files["in/snapshot_rank0.pickle"] = raw
+        if rng.random() < 0.4:
+            fmt = rng.choice([[], ["--format", "json"]])
+            case.argv = ["whatif", "in/snapshot_rank0.pickle", *fmt]
+            case.stdout_format = "json" if fmt else "text"
+        else:
+            _any_format(case, rng, "in")
+    elif how == "capture":
+        _nested_capture(case, rng)
+    elif how == "names":
+        _hostile_names(case, rng)
+    else:
+        _hostile_config(case, rng)
+
+
+def _nested_capture(case: Case, rng: random.Random) -> None:
+    """A real capture with one line nested 10,000-100,000 deep: it must cost that line only,
+    so the verdict keeps its direction."""
+    run = rng.choice(seeds.captured_runs())
+    files = {
+        k: v
+        for k, v in _run_files(run).items()
+        if not (k.endswith(".pickle") and rng.random() < 0.7)
+        and (k.endswith(".jsonl") or "oomlens-capture" in k or rng.random() < 0.5)
+    }
+    target = rng.choice([k for k in files if k.endswith(".jsonl")])
+    lines = _read(Path(str(files[target]))).split(b"\n")
+    depth = rng.choice([10_000, 30_000, 100_000])
+    at = rng.randint(1, max(1, len(lines) - 1))
+    lines.insert(at, hostile.nested_line(rng, depth))
+    case.files.update({k: _read(Path(str(v))) for k, v in files.items()})
+    case.files[target] = b"\n".join(lines)
+    case.description = (
+        f"{run.relative_to(seeds.ROOT)}: line {at} of {Path(target).name} nested {depth:,} deep"
+    )
+    _json_analyze(case, rng, "in")
+    _compare_with(case, f"capture:{run}:{sorted(files)}", files, "in")
+
+
+def _hostile_names(case: Case, rng: random.Random) -> None:
+    """A real crash log under a name with bidi controls, Markdown and non-UTF-8 bytes."""
+    source = rng.choice(seeds.failure_logs())
+    name = hostile.hostile_name(rng)
+    case.description = f"{source.relative_to(seeds.ROOT)} named {name!a}"
+    if rng.random() < 0.25:
+        case.files[f"in/{name}/train.log"] = _read(source)
+        run = rng.choice(seeds.runs())
+        case.files[f"in/{run.name}/train.log"] = _read(run / "train.log")
+        case.argv = ["triage", "in", "--no-store", "--jobs", "1", "-q", "-o", "runs.csv",
+                     "-o", "runs.jsonl", "-o", "index.html"]  # fmt: skip
+        case.stdout_format = "text"
+        case.outputs = ("runs.csv", "runs.jsonl", "index.html")
+        return
+    where = rng.choice([f"in/{name}.log", f"in/{name}/train.log"])
+    case.files[where] = _read(source)
+    _any_format(case, rng, rng.choice([where, "in"]))
+
+
+def _hostile_config(case: Case, rng: random.Random) -> None:
+    source = rng.choice(seeds.configs())
+    try:
+        config = json.loads(_read(source))
+    except ValueError:
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    if rng.random() < 0.5:
+        what, config = hostile.many_keys(config, rng)
+        data = json.dumps(config).encode()
+    else:
+        what, data = hostile.lone_surrogates(config, rng)
+    case.description = f"{source.relative_to(seeds.ROOT)}: {what}"
+    case.files["in/ds_config.json"] = data
+    if rng.random() < 0.5:
+        fmt = rng.choice([[], ["--format", "json"]])
+        case.argv = ["check", "in/ds_config.json", "--params", "1.3B", "--gpus", "8",
+                     "--gpu-memory", "80GiB", *fmt]  # fmt: skip
+        case.stdout_format = "json" if fmt else "text"
+        return
+    run = rng.choice([r for r in seeds.runs() if (r / "ds_config.json").exists()])
+    case.files["in/train.log"] = _read(run / "train.log")
+    _any_format(case, rng, "in")

@@ -9,7 +9,13 @@ output and error, the files it wrote, its time and memory.
 * ``injection``: a control character, escape sequence or bidi override in text meant for a
   terminal, JSON, CSV or a page; live markup in HTML (a tag or attribute the report never
   writes, a planted payload unescaped); a CSV cell a spreadsheet would run as a formula;
-* ``code_execution``: the marker file a hostile pickle would have created exists.
+* ``code_execution``: the marker file a hostile pickle would have created exists;
+* ``output_size``: standard output or a written report past ``OUTPUT_LIMIT``;
+* ``encoding``: standard output or a written report that is not UTF-8;
+* ``direction`` (``direction()``): a wrong-direction answer, judged against the verdict the
+  untransformed input gets (a metamorphic oracle): a failure read as ``no_failure`` or
+  refused, an OOM read as another failure at high confidence, a document that only quotes an
+  OOM read as one.
 """
 
 from __future__ import annotations
@@ -26,14 +32,17 @@ from tests.fuzz.mutate import PAYLOADS
 
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 1024**3
+OUTPUT_LIMIT = 32 * 1024**2
+"""A report larger than this for a fuzz input is a finding (``output_size``), not parsed."""
 
 EXIT_CODES = {"analyze": {0, 3}, "check": {0, 4}, "triage": {0, 3}, "whatif": {0, 3}}
 """The documented exit codes each command may end with on any input (2 is a usage error: the
 fuzzer's command lines are valid)."""
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Nothing a terminal or a page would act on: C0 controls but tab and line feed, DEL, C1
-controls, bidi embeddings, overrides and isolates."""
+controls, and every Unicode ``Bidi_Control`` character (the marks U+061C, U+200E, U+200F;
+embeddings and overrides; isolates)."""
 
 INTERNAL = re.compile(
     r"internal error while reading it|oomlens: internal error|\binternal_error\b|"
@@ -76,6 +85,10 @@ def findings(
         found.append(Finding("memory", f"{int(str(result['memory'])) / 2**20:.0f} MiB"))
     if (folder / marker).exists():
         found.append(Finding("code_execution", f"{marker} was created"))
+    if int(str(result.get("stdout_bytes", 0))) > OUTPUT_LIMIT:
+        found.append(Finding("output_size", f"stdout: {int(str(result['stdout_bytes'])):,} bytes"))
+    if result.get("stdout_utf8") is False:
+        found.append(Finding("encoding", "standard output is not UTF-8"))
     if not result["timed_out"]:
         if code not in EXIT_CODES[argv[0]]:
             found.append(Finding("internal_error", f"exit {code}: {stderr.strip()[-300:]}"))
@@ -95,7 +108,15 @@ def findings(
         path = folder / name
         if not path.exists():
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.stat().st_size > OUTPUT_LIMIT:
+            found.append(Finding("output_size", f"{name}: {path.stat().st_size:,} bytes"))
+            continue
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            found.append(Finding("encoding", f"{name} is not UTF-8: {exc}"))
+        text = raw.decode("utf-8", errors="replace")
         if INTERNAL.search(text):
             found.append(Finding("internal_error", f"{name}: {_match(INTERNAL, text)}"))
         if name.endswith(".html"):
@@ -203,4 +224,65 @@ def _csv(text: str, name: str) -> list[Finding]:
                 found.append(Finding("injection", f"{name}: formula cell {cell[:40]!r}"))
             if CONTROL.search(cell.replace("\r", "")):
                 found.append(Finding("injection", f"{name}: control character {cell[:40]!r}"))
+    return found
+
+
+OOM = frozenset({"gpu_oom", "host_oom"})
+FAILURES = frozenset({"gpu_oom", "host_oom", "config_error", "other_failure"})
+HIGH = 0.7
+"""A confidence a user acts on without a second look (the renderers' "high")."""
+CONFIDENT = 0.5
+
+
+def verdict_of(result: dict[str, object]) -> tuple[str, float] | None:
+    """``(verdict, confidence of the top diagnosis)`` from an ``analyze --format json`` run's
+    standard output; None when it printed no report (a refusal)."""
+    try:
+        doc = json.loads(str(result["stdout"]))
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or "verdict" not in doc:
+        return None
+    diagnoses = doc.get("diagnoses") or []
+    confidence = float(diagnoses[0].get("confidence", 0.0)) if diagnoses else 0.0
+    return str(doc["verdict"]), confidence
+
+
+def direction(
+    expect: str, before: tuple[str, float] | None, result: dict[str, object]
+) -> list[Finding]:
+    """Wrong-direction answers of a meaning-preserving change (a metamorphic oracle).
+
+    ``before`` is the verdict the untransformed input gets (``verdict_of`` of its run), None
+    when it has none.  ``expect`` is ``direction``: a failure must not become ``no_failure``
+    nor be refused, an OOM must not become another verdict at ``HIGH`` confidence (unknown is
+    allowed: less certain is not wrong); or ``no_oom``: the case adds only a document quoting
+    an OOM, so the verdict must not become an OOM at ``CONFIDENT`` confidence unless it was
+    one before.
+    """
+    after = verdict_of(result)
+    found: list[Finding] = []
+    was = f"{before[0]} at {before[1]:.2f}" if before else "none"
+    if expect == "direction" and before is not None and before[0] in FAILURES:
+        if after is None:
+            line = str(result["stderr"]).strip().splitlines()[-1:] or [""]
+            found.append(Finding("direction", f"failure refused (was {was}): {line[0][:200]}"))
+        elif after[0] == "no_failure":
+            found.append(Finding("direction", f"failure read as no_failure (was {was})"))
+        elif before[0] in OOM and after[0] not in (before[0], "unknown") and after[1] >= HIGH:
+            found.append(
+                Finding(
+                    "direction", f"{before[0]} read as {after[0]} at {after[1]:.2f} (was {was})"
+                )
+            )
+    if expect == "no_oom" and after is not None and after[0] in OOM and after[1] >= CONFIDENT:
+        if before is None:
+            found.append(Finding("direction", f"document read as {after[0]} at {after[1]:.2f}"))
+        elif before[0] not in OOM:
+            found.append(
+                Finding(
+                    "direction",
+                    f"healthy run with a document read as {after[0]} at {after[1]:.2f} (was {was})",
+                )
+            )
     return found

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.fuzz.cases import Case
-from tests.fuzz.oracles import MEMORY_LIMIT, TIME_LIMIT, findings
+from tests.fuzz.oracles import (
+    MEMORY_LIMIT,
+    OUTPUT_LIMIT,
+    TIME_LIMIT,
+    direction,
+    findings,
+    verdict_of,
+)
 
 KILL_AFTER = TIME_LIMIT + 10.0
 """A case still running this long is killed (it is a finding from TIME_LIMIT on)."""
@@ -53,11 +60,18 @@ def warm_up() -> None:
             importlib.import_module(name)
 
 
-def materialize(case: Case, folder: Path) -> None:
-    for name, data in case.files.items():
+def _write(folder: Path, files: dict[str, str | bytes] | dict[str, bytes]) -> None:
+    for name, data in files.items():
         path = folder / name  # a name with surrogates is written as the bytes they stand for
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        if isinstance(data, str):
+            shutil.copyfile(data, path)
+        else:
+            path.write_bytes(data)
+
+
+def materialize(case: Case, folder: Path) -> None:
+    _write(folder, case.files)
     for name, what in case.special:
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +134,49 @@ def _child(argv: list[str], folder: Path, cap: int) -> None:
         os._exit(code)
 
 
+_BASELINES: dict[str, tuple[str, float] | None] = {}
+"""The verdict each baseline (an untransformed seed) gets, computed once per process."""
+
+
+def baseline_verdict(case: Case, kill_after: float = KILL_AFTER) -> tuple[str, float] | None:
+    """The verdict ``case``'s untransformed inputs get (``Case.baseline``), cached by key."""
+    if case.baseline_key not in _BASELINES:
+        original = Case(case.kind, case.number, case.seed, "baseline",
+                        argv=case.baseline_argv, stdout_format="json")  # fmt: skip
+        folder = Path(tempfile.mkdtemp(prefix="fzb", dir="/tmp"))
+        try:
+            _write(folder, case.baseline)
+            result = _fork_and_wait(original, folder, kill_after)
+            result["stdout"] = _text(folder / "stdout.txt")
+            _BASELINES[case.baseline_key] = verdict_of(result)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _BASELINES[case.baseline_key]
+
+
+def _fork_and_wait(case: Case, folder: Path, kill_after: float) -> dict[str, Any]:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    cap = _vsize() + ADDRESS_SPACE_HEADROOM
+    pid = os.fork()
+    if pid == 0:
+        _child(case.argv, folder, cap)
+    started = time.monotonic()
+    while True:
+        done, status, _ = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() - started > kill_after:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _, status, _ = os.wait4(pid, 0)
+            break
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return {"exit_code": os.waitstatus_to_exitcode(status)}
+
+
 def run_case(
     case: Case, keep: Path | None = None, *, clock: str = "wall", kill_after: float = KILL_AFTER
 ) -> dict[str, Any]:
@@ -167,9 +224,16 @@ def run_case(
             "clock": clock,
             "memory": max(0, usage.ru_maxrss * 1024 - baseline),
             "stdout": _text(folder / "stdout.txt"),
+            "stdout_utf8": _is_utf8(folder / "stdout.txt"),
+            "stdout_bytes": _size(folder / "stdout.txt"),
             "stderr": _text(folder / "stderr.txt"),
         }
         found = findings(case.argv, case.stdout_format, case.outputs, folder, result, case.marker)
+        if case.expect and not timed_out:
+            before = baseline_verdict(case, kill_after) if case.baseline_key else None
+            result["baseline"] = before
+            result["verdict"] = verdict_of(result)
+            found += direction(case.expect, before, result)
         result["findings"] = [(f.kind, f.detail) for f in found]
         result["stdout"] = result["stdout"][-2000:]
         result["stderr"] = result["stderr"][-2000:]
@@ -178,6 +242,9 @@ def run_case(
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(folder, target, symlinks=True, ignore_dangling_symlinks=True,
                             ignore=_specials)  # fmt: skip
+            for big in target.iterdir():
+                if big.is_file() and big.stat().st_size > OUTPUT_LIMIT:
+                    big.write_bytes(b"")  # an oversized output: its size is in the finding
         return result
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -193,6 +260,25 @@ def _specials(directory: str, names: list[str]) -> list[str]:
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
                 skipped.append(name)
     return skipped
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _is_utf8(path: Path) -> bool:
+    if _size(path) > OUTPUT_LIMIT:
+        return True  # judged by its size (``output_size``)
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def _text(path: Path) -> str:

@@ -58,3 +58,49 @@ def snapshots() -> tuple[Path, ...]:
 def runs() -> tuple[Path, ...]:
     """Corpus run directories (a log, maybe configs, snapshots, kernel logs)."""
     return tuple(sorted(p.parent for p in CORPUS.glob("*/case.json")))
+
+
+FAILURES = frozenset({"gpu_oom", "host_oom", "config_error", "other_failure"})
+"""Verdicts that say the run failed."""
+
+
+def _label(case: Path) -> str:
+    import json
+
+    doc = json.loads(case.read_text())
+    return str((doc.get("expected") or doc.get("label") or {}).get("verdict", ""))
+
+
+@cache
+def labelled_logs() -> tuple[tuple[Path, str], ...]:
+    """Whole logs with their known verdict: each corpus run's ``train.log`` (its
+    ``expected`` verdict) and each field paste (its ``label``)."""
+    found = [(c.parent / "train.log", _label(c)) for c in CORPUS.glob("*/case.json")]
+    found += [(c.parent / "paste.txt", _label(c)) for c in FIELD.glob("*/case.json")]
+    return tuple(
+        sorted((p, v) for p, v in found if p.is_file() and p.stat().st_size <= MAX_SEED_BYTES)
+    )
+
+
+@cache
+def failure_logs() -> tuple[Path, ...]:
+    """Logs of runs that failed (by their label)."""
+    return tuple(p for p, verdict in labelled_logs() if verdict in FAILURES)
+
+
+@cache
+def oom_logs() -> tuple[Path, ...]:
+    """Logs of runs that ran out of GPU or host memory (by their label)."""
+    return tuple(p for p, verdict in labelled_logs() if verdict in ("gpu_oom", "host_oom"))
+
+
+@cache
+def healthy_runs() -> tuple[Path, ...]:
+    """Corpus runs that did not fail (``expected`` verdict ``no_failure``)."""
+    return tuple(r for r in runs() if _label(r / "case.json") == "no_failure")
+
+
+@cache
+def captured_runs() -> tuple[Path, ...]:
+    """Corpus runs that left a capture directory (``oomlens-capture/<run>/``)."""
+    return tuple(r for r in runs() if (r / "oomlens-capture").is_dir())
