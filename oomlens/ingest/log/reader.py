@@ -66,11 +66,15 @@ from oomlens.facts.log import (
 from oomlens.gcpause import gc_paused
 from oomlens.ingest.log import batches, deepspeed, paste, steps, torch_oom, torchrun
 from oomlens.ingest.log.bits import (
+    ALLOC_SUMMARY,
+    COMPLETION,
     DS_CPU,
     EXCEPTION,
     MAIN,
     OOM,
     OOM_START,
+    PASTE_ANCHOR_BITS,
+    PASTE_ANCHORS,
     SUMMARY,
     TB,
     TERMINATE,
@@ -81,6 +85,7 @@ from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.reader_record import MAX_STREAMS, FactRecorder
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
+    AnchorScanner,
     BoundedList,
     MemoryKeeper,
     ReaderLimits,
@@ -114,6 +119,12 @@ LINE_BY_LINE_BYTES = 1 << 20
 window of a log): every line is looked at, so cut, wrapped and decorated text is read."""
 LINE_BY_LINE_MAX_TEXT = 16 << 20
 """...up to this much decompressed text (a small compressed file can inflate a lot)."""
+END_OF_RUN = ALLOC_SUMMARY | COMPLETION
+"""What a run prints as it ends that only the wider table finds: ``torch.cuda.memory_summary()``'s
+table (its OOM count decides a verdict) and a trainer's closing line.  The last lines of an input
+read in bulk (``LogReader.tail``) are read for these too, so that what they decide does not
+depend on the input's size."""
+_END_SCANNER: list[AnchorScanner] = []
 
 
 class LogReader(FactRecorder):
@@ -231,10 +242,29 @@ class LogReader(FactRecorder):
             number = batches.read(self, self.jobs)
             self.source.stats.lines = number - 1
             self.tail = self._tail(number)
+            if not self.every_line:
+                self._read_the_end()
             self._close_all(at_end=True)
             fold_summary_ooms(self.oom, self.summary_ooms)
             self.oom.items.sort(key=lambda e: e.source.line or 0)
             return log_facts(self)
+
+    def _read_the_end(self) -> None:
+        """The kept last lines of an input read in bulk, read again for what only the wider
+        table finds at a run's end (``END_OF_RUN``); a line holding an anchor of the main table
+        was read by the pass already.  The clock does not move: only the pass's lines move it."""
+        if not _END_SCANNER:
+            _END_SCANNER.append(AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS))
+        scanner = _END_SCANNER[0]
+        clock = self.last_time, self.year
+        for number, text in self.tail:
+            raw = text.encode("utf-8", "surrogateescape")
+            mask = 0
+            for _, bits in scanner.hits(raw):
+                mask |= bits
+            if mask & END_OF_RUN and not mask & MAIN:
+                self._handle(text, number, raw, 0, None, 0, mask & END_OF_RUN)
+        self.last_time, self.year = clock
 
     def sample_progress_bar(self, data: bytes, first_line: int) -> None:
         """tqdm rewrites its bar many times a second: read only the block's last one."""
