@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from oomlens.facts import SourceRef
 from oomlens.facts.log import ClosingSignal, MemorySample
 from oomlens.facts.run import RunFacts
-from oomlens.facts.signals import SignalDeath, SilentDeath
+from oomlens.facts.signals import SignalDeath, SilentDeath, UnseenError
 
 _BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
 
@@ -98,6 +98,45 @@ def silent_death(facts: RunFacts) -> SilentDeath | None:
             closing = log.closing_signals[0]
             return SilentDeath(closing.source, _stopped_survivors(log.closing_signals))
     return None
+
+
+def unseen_errors(facts: RunFacts) -> list[UnseenError]:
+    """Workers a launcher reports exited with a code of their own (1: an uncaught Python error)
+    when no worker's error is in the inputs: no OOM, no exception other than the launcher's own
+    ``ChildFailedError`` and peers' broken collectives, no error file, no message quoted in the
+    launcher's failure table.  The error is on the worker's stderr, which the inputs lack."""
+    if facts.oom_events() or facts.error_files:
+        return []
+    if any(
+        not e.peer_failure and not e.exception_class.endswith("ChildFailedError")
+        for e in facts.exceptions()
+    ):
+        return []
+    failures = [f for log in facts.logs for f in log.process_failures]
+    if any(f.message and f.signal is None and f.origin != "signal_line" for f in failures):
+        return []  # the launcher quoted a worker's error
+    found: list[UnseenError] = []
+    seen: set[object] = set()
+    # the failure table names the global rank; the agent's own line only the local one
+    for failure in sorted(failures, key=lambda f: f.origin != "torchrun_summary"):
+        code = failure.exitcode
+        if code is None or code <= 0 or failure.signal is not None or signal_of_exit(code):
+            continue
+        if failure.origin not in ("torchrun_summary", "torchrun_agent", "mp_spawn"):
+            continue
+        rank = failure.rank if failure.rank is not None else failure.local_rank
+        key = failure.pid if failure.pid is not None else (rank, code)
+        if key in seen:
+            continue
+        seen.add(key)
+        found.append(UnseenError(rank, code, failure.source, failure.unrecorded))
+    for exit_line in facts.ranks.launcher_exits:
+        code = exit_line.return_code
+        if code > 0 and signal_of_exit(code) is None and (None, code) not in seen:
+            seen.add((None, code))
+            found.append(UnseenError(None, code, exit_line.source, False))
+    found.sort(key=lambda u: not u.unrecorded)
+    return found
 
 
 def _stopped_survivors(closing: Sequence[ClosingSignal]) -> str:

@@ -530,6 +530,11 @@ class ProcessFailure:
     """The ``traceback :`` field's last line (the exception), or the signal text."""
     oom: OomMessage | None
     """The OOM in the quoted traceback, when there is one."""
+    unrecorded: bool = False
+    """torchrun found no error file for this worker and printed its placeholder in the
+    ``traceback :`` field (``To enable traceback see: .../elastic/errors.html``): the worker's
+    own error went only to its stderr (the console, or ``--log-dir`` under ``--redirects`` /
+    ``--tee``); ``message`` is then None."""
 
 
 @dataclass(frozen=True, slots=True)

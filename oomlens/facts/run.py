@@ -69,6 +69,10 @@ class WorldSizeFact:
     value: int
     origin: str
     source: SourceRef | None = None
+    lower_bound: bool = False
+    """``value`` is only the least the run had: one more than the highest rank some line
+    names (torchrun's failure table lists the failed workers of one node, a log the ranks that
+    printed), not a count of the ranks."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,20 @@ class SilentDeath:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class UnseenError:
+    """A worker that exited with an exit code of its own (an uncaught Python error,
+    ``sys.exit(1)``: not a signal) while no error of its own is in the inputs: what it died of
+    was printed somewhere else (its stderr)."""
+
+    rank: int | None
+    exitcode: int
+    source: SourceRef
+    unrecorded: bool
+    """torchrun said it had no error file for the worker (``To enable traceback see ...``):
+    the entry point was not decorated with ``@record``."""
+
+
 class Rejection(StrEnum):
     SCHEMA = "schema"
     """A config model refused a key or a value (unknown key, wrong type)."""
@@ -149,6 +163,9 @@ class Signals:
     """The first exception or kept line that names an indexing bug or a device-side assert."""
     non_memory_lines: tuple[FailureLine, ...] = ()
     """Lines that report a failure and say it was not memory (CUDA init, cuBLAS execution)."""
+    unseen_errors: tuple[UnseenError, ...] = ()
+    """Workers that exited with an exit code of their own when no worker's error text is in the
+    inputs (no exception, no OOM, no error file, no message in the launcher's record)."""
     pinned: PinnedFailure | None = None
     """The first failed pinned host allocation (or pin-memory thread failure)."""
     cut_tracebacks: tuple[ExceptionEvent, ...] = ()

@@ -228,6 +228,23 @@ def _only_cut_errors(facts: RunFacts, _: Thresholds) -> str | None:
     return "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
 
 
+def _error_elsewhere(facts: RunFacts, _: Thresholds) -> str | None:
+    unseen = facts.signals.unseen_errors
+    if not unseen:
+        return None
+    first = unseen[0]
+    who = f"rank {first.rank}" if first.rank is not None else "a worker"
+    why = (
+        "torchrun recorded no error file for it, so its traceback went only to its own stderr"
+        if first.unrecorded
+        else "its error was printed to its own stderr"
+    )
+    return (
+        f"{who} exited with code {first.exitcode} ({first.source.describe()}) and {why}, "
+        "which is not in the inputs: whether it ran out of memory is not known"
+    )
+
+
 def _collective_timeout(facts: RunFacts, _: Thresholds) -> str | None:
     if not facts.has_failure_evidence():
         return None
@@ -343,6 +360,7 @@ VERDICT_TABLE: tuple[VerdictRow, ...] = (
     VerdictRow("config refused at startup", Verdict.CONFIG_ERROR, _refused_at_startup),
     VerdictRow("a line says the failure was not memory", Verdict.OTHER_FAILURE, _said_not_memory),
     VerdictRow("only errors cut before their message", Verdict.UNKNOWN, _only_cut_errors),
+    VerdictRow("a rank's error is not in the inputs", Verdict.UNKNOWN, _error_elsewhere),
     VerdictRow("collective timed out", Verdict.OTHER_FAILURE, _collective_timeout),
     VerdictRow("a rank failed", Verdict.OTHER_FAILURE, _rank_failed),
     VerdictRow("the run failed", Verdict.OTHER_FAILURE, _failed),
