@@ -85,7 +85,9 @@ class OomMessage:
     * ``truncated`` (2.2/2.3 builds that cut the message after ``GPU ``),
     * ``exabyte`` (``Tried to allocate more than 1EB memory``),
     * ``malloc_async``, ``driver``, ``thc`` (torch <= 0.4), ``nvml_assert``, ``cublas``,
-      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``;
+      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host`` (torch's CPU allocator),
+      ``host_raised`` (``MemoryError``, numpy's ``_ArrayMemoryError``, ``std::bad_alloc``,
+      ``[Errno 12] Cannot allocate memory``);
     * ``class_only`` (torch's OOM exception named, its message lost: cut);
     * ``xla``, ``tensorflow``, ``mxnet`` (another framework's allocator).
     """

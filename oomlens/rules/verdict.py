@@ -120,7 +120,10 @@ def _captured_kill(facts: RunFacts, _: Thresholds) -> str | None:
 
 def _host_allocation(facts: RunFacts, _: Thresholds) -> str | None:
     host = [e for e in facts.oom_events() if e.message.kind is OomKind.HOST]
-    return f"a host allocation failed ({host[0].source.describe()})" if host else None
+    if not host:
+        return None
+    said = " ".join(host[0].message.text.split())[:160]
+    return f"a host allocation failed ({host[0].source.describe()}: {said})"
 
 
 def _sigkill(facts: RunFacts, _: Thresholds) -> str | None:
