@@ -38,6 +38,8 @@ from oomlens.derive.pinned import pinned_failure
 from oomlens.derive.rejections import config_rejections
 from oomlens.derive.signals import (
     host_memory_pressure,
+    normal_end,
+    scheduler_end,
     shm_permission_denied,
     signal_deaths,
     silent_death,
@@ -181,6 +183,8 @@ def derive_signals(facts: RunFacts) -> Signals:
         bug=bug_evidence(facts.logs),
         non_memory_lines=tuple(non_memory_failure_lines(facts.logs)),
         unseen_errors=tuple(unseen_errors(facts)),
+        normal_end=normal_end(facts),
+        scheduler_end=scheduler_end(facts),
         pinned=pinned_failure(facts),
         cut_tracebacks=cut_tracebacks(facts),
         places={event_key(e): EventPlace(*phase_of(e), phase_site(e)) for e in facts.oom_events()},

@@ -23,9 +23,16 @@ import re
 from collections.abc import Sequence
 
 from oomlens.facts import SourceRef
+from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ClosingSignal, MemorySample
 from oomlens.facts.run import RunFacts
-from oomlens.facts.signals import SignalDeath, SilentDeath, UnseenError
+from oomlens.facts.signals import (
+    NormalEnd,
+    SchedulerEnd,
+    SignalDeath,
+    SilentDeath,
+    UnseenError,
+)
 
 _BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
 
@@ -135,8 +142,69 @@ def unseen_errors(facts: RunFacts) -> list[UnseenError]:
         if code > 0 and signal_of_exit(code) is None and (None, code) not in seen:
             seen.add((None, code))
             found.append(UnseenError(None, code, exit_line.source, False))
+    for log in facts.logs:  # srun: "task N: Exited with exit code C"
+        for line in log.fatal_signals:
+            exited = _TASK_EXIT_CODE.search(line.text)
+            if line.kind is not FatalSignalKind.TASK_EXITED or exited is None:
+                continue
+            code = int(exited.group(1))
+            if code > 0 and signal_of_exit(code) is None and (None, code) not in seen:
+                seen.add((None, code))
+                found.append(UnseenError(None, code, line.source, False))
     found.sort(key=lambda u: not u.unrecorded)
     return found
+
+
+def normal_end(facts: RunFacts) -> NormalEnd | None:
+    """Positive evidence that the run ended normally: a launcher's ``exits with return code =
+    0``, a completion line (DeepSpeed's ``exits successfully``, torchrun's ``worker group
+    finished``, the HF Trainer's ``train_runtime``, Lightning's ``fit stopped``, a script's
+    ``training finished``), a last progress line that completes a known total (``step 3/3``;
+    not a tqdm bar, which loading shards prints too), or every captured rank's exit 0."""
+    for exit_line in facts.ranks.launcher_exits:
+        if exit_line.return_code == 0:
+            return NormalEnd("exits with return code = 0", exit_line.source)
+    for log in facts.logs:
+        if log.completion is not None:
+            return NormalEnd(log.completion.text, log.completion.source)
+    for log in facts.logs:
+        last = log.steps.last
+        if (
+            last is not None
+            and last.kind != "tqdm"
+            and last.step is not None
+            and last.total
+            and last.step >= last.total
+        ):
+            return NormalEnd(f"step {last.step} of {last.total}, the last", last.source)
+    if facts.captures and all(c.exit_code == 0 for c in facts.captures):
+        return NormalEnd("every captured rank exited with status 0", facts.captures[0].source)
+    return None
+
+
+_TASK_EXIT_CODE = re.compile(r"Exited with exit code (\d{1,3})")
+_DUE_TO = re.compile(r"DUE TO ([A-Z][A-Z ]{0,40}?) ?\*\*\*")
+_REASONS = {
+    "TIME LIMIT": "its time limit",
+    "PREEMPTION": "preemption",
+    "NODE FAILURE": "a node failure",
+    "JOB REQUEUE": "a requeue",
+}
+
+
+def scheduler_end(facts: RunFacts) -> SchedulerEnd | None:
+    """Slurm's cancellation of the job or step (``... CANCELLED AT T DUE TO <REASON> ***``),
+    the reason in words."""
+    for log in facts.logs:
+        for line in log.fatal_signals:
+            if line.kind is FatalSignalKind.SCHEDULER_CANCELLED:
+                due = _DUE_TO.search(line.text)
+                reason = None
+                if due is not None:
+                    said = due.group(1).strip()
+                    reason = _REASONS.get(said, said.lower())
+                return SchedulerEnd(reason, line.source, line.text)
+    return None
 
 
 def _stopped_survivors(closing: Sequence[ClosingSignal]) -> str:

@@ -55,6 +55,27 @@ class UnseenError:
     the entry point was not decorated with ``@record``."""
 
 
+@dataclass(frozen=True, slots=True)
+class NormalEnd:
+    """What says the run ended normally, and where: a launcher's exit 0, a trainer's or
+    script's end-of-training line, the last step of a known total, every captured rank's
+    exit 0."""
+
+    text: str
+    source: SourceRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerEnd:
+    """The scheduler cancelled the job or step (Slurm's ``*** JOB N ... CANCELLED AT T DUE TO
+    TIME LIMIT ***``): ``reason`` in words (``its time limit``, ``preemption``, ``a node
+    failure``...), None when the line gives none (a user's ``scancel``)."""
+
+    reason: str | None
+    source: SourceRef
+    text: str
+
+
 class Rejection(StrEnum):
     SCHEMA = "schema"
     """A config model refused a key or a value (unknown key, wrong type)."""
@@ -166,6 +187,11 @@ class Signals:
     unseen_errors: tuple[UnseenError, ...] = ()
     """Workers that exited with an exit code of their own when no worker's error text is in the
     inputs (no exception, no OOM, no error file, no message in the launcher's record)."""
+    normal_end: NormalEnd | None = None
+    """The first positive evidence that the run ended normally; None when nothing says so (a
+    log that merely stops says nothing)."""
+    scheduler_end: SchedulerEnd | None = None
+    """The scheduler's cancellation of the job, when a line reports one."""
     pinned: PinnedFailure | None = None
     """The first failed pinned host allocation (or pin-memory thread failure)."""
     cut_tracebacks: tuple[ExceptionEvent, ...] = ()

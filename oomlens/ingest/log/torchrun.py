@@ -28,7 +28,8 @@ SUMMARY_ANCHORS: tuple[bytes, ...] = (b"ChildFailedError",)
 PEER_ANCHORS: tuple[bytes, ...] = (
     b"atchdog",
     b"DistBackendError",
-    b"terminate called",
+    # (``terminate called after throwing`` is the reader's terminate anchor, which carries the
+    # peer bit too)
     b"by peer",
     b"Broken pipe",
     b"remote process exited",
