@@ -7,7 +7,8 @@ runtime says ``CUDA error: out of memory`` although the card may be nearly empty
 DataLoader reports ``Caught RuntimeError in pin memory thread``.  WSL2 caps pinned memory far
 below the machine's RAM, so under WSL a runtime-level ``CUDA error: out of memory`` is taken for
 a pinned allocation.  ``pinned_failure(facts)`` finds the line or frame that says a pinned
-allocation failed.
+allocation failed: a pinning frame (DataLoader's pin-memory thread), the message's words, or an
+innermost frame whose source line pins (``t.pin_memory()``, ``torch.empty(..., pin_memory=True)``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ _PINNED_TEXT = re.compile(
     re.IGNORECASE,
 )
 _PINNED_FRAMES = frozenset({"pin_memory", "_pin_memory_loop", "pin_memory_loop", "_pin_memory"})
+_PINNING_CALL = re.compile(r"\.pin_memory\(\s*\)|\bpin_memory\s*=\s*True\b")
+"""A source line that pins host memory: ``t.pin_memory()`` (a C method: no Python frame of its
+own) or a factory asked for pinned memory (``torch.empty(..., pin_memory=True)``)."""
 
 
 def under_wsl(facts: RunFacts) -> SourceRef | None:
@@ -40,6 +44,13 @@ def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
     for event in facts.oom_events():
         frames = event.traceback.frames if event.traceback is not None else ()
         pinning = [f for f in frames if f.function in _PINNED_FRAMES]
+        current = event.traceback.current_line if event.traceback is not None else None
+        if current and frames and not pinning and _PINNING_CALL.search(current):
+            # the innermost frame was running a pinning call when the runtime failed: the
+            # failed allocation was cudaHostAlloc's, whatever the card had free
+            inner = frames[-1]
+            where = f" ({inner.filename}:{inner.line} in {inner.function}: {current.strip()})"
+            return PinnedFailure(event.message.text[:400] + where, event.source, True)
         if pinning or _PINNED_TEXT.search(event.message.text):
             where = (
                 f" ({pinning[-1].filename}:{pinning[-1].line} in {pinning[-1].function})"

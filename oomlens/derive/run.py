@@ -38,9 +38,12 @@ from oomlens.derive.pinned import pinned_failure
 from oomlens.derive.rejections import config_rejections
 from oomlens.derive.signals import (
     host_memory_pressure,
+    normal_end,
+    scheduler_end,
     shm_permission_denied,
     signal_deaths,
     silent_death,
+    unseen_errors,
 )
 from oomlens.facts import SourceRef
 from oomlens.facts.capture import RankCapture, join_captures
@@ -179,6 +182,9 @@ def derive_signals(facts: RunFacts) -> Signals:
         library_bug=library_failure_explained(facts.logs, gpu),
         bug=bug_evidence(facts.logs),
         non_memory_lines=tuple(non_memory_failure_lines(facts.logs)),
+        unseen_errors=tuple(unseen_errors(facts)),
+        normal_end=normal_end(facts),
+        scheduler_end=scheduler_end(facts),
         pinned=pinned_failure(facts),
         cut_tracebacks=cut_tracebacks(facts),
         places={event_key(e): EventPlace(*phase_of(e), phase_site(e)) for e in facts.oom_events()},
@@ -284,8 +290,14 @@ def _world_size(logs: Sequence[LogFacts], hints: RunHints) -> WorldSizeFact | No
     for log in logs:
         ws = log.world_size
         if ws is not None and float(ws.value).is_integer() and int(ws.value) >= 1:
-            candidate = WorldSizeFact(int(ws.value), ws.origin, ws.source)
-            if best is None or candidate.value > best.value:
+            candidate = WorldSizeFact(
+                int(ws.value), ws.origin, ws.source, lower_bound=ws.origin in _RANKS_LISTED
+            )
+            # a line that states the world size outranks one that only lists some ranks
+            if best is None or (not candidate.lower_bound, candidate.value) > (
+                not best.lower_bound,
+                best.value,
+            ):
                 best = candidate
     if best is not None:
         return best
@@ -293,8 +305,12 @@ def _world_size(logs: Sequence[LogFacts], hints: RunHints) -> WorldSizeFact | No
     for log in logs:
         ranks.update(log.ranks_seen)
     if len(ranks) > 1:
-        return WorldSizeFact(max(ranks) + 1, "ranks seen in the log (a lower bound)", None)
+        return WorldSizeFact(max(ranks) + 1, "ranks seen in the log", None, lower_bound=True)
     return None
+
+
+_RANKS_LISTED = frozenset({"torchrun_summary"})
+"""World-size origins that only list ranks (rank N says the world has more than N)."""
 
 
 def _config(

@@ -23,9 +23,16 @@ import re
 from collections.abc import Sequence
 
 from oomlens.facts import SourceRef
+from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import ClosingSignal, MemorySample
 from oomlens.facts.run import RunFacts
-from oomlens.facts.signals import SignalDeath, SilentDeath
+from oomlens.facts.signals import (
+    NormalEnd,
+    SchedulerEnd,
+    SignalDeath,
+    SilentDeath,
+    UnseenError,
+)
 
 _BY_NUMBER = {9: "SIGKILL", 7: "SIGBUS", 11: "SIGSEGV", 6: "SIGABRT"}
 
@@ -97,6 +104,106 @@ def silent_death(facts: RunFacts) -> SilentDeath | None:
         if log.closing_signals:
             closing = log.closing_signals[0]
             return SilentDeath(closing.source, _stopped_survivors(log.closing_signals))
+    return None
+
+
+def unseen_errors(facts: RunFacts) -> list[UnseenError]:
+    """Workers a launcher reports exited with a code of their own (1: an uncaught Python error)
+    when no worker's error is in the inputs: no OOM, no exception other than the launcher's own
+    ``ChildFailedError`` and peers' broken collectives, no error file, no message quoted in the
+    launcher's failure table.  The error is on the worker's stderr, which the inputs lack."""
+    if facts.oom_events() or facts.error_files:
+        return []
+    if any(
+        not e.peer_failure and not e.exception_class.endswith("ChildFailedError")
+        for e in facts.exceptions()
+    ):
+        return []
+    failures = [f for log in facts.logs for f in log.process_failures]
+    if any(f.message and f.signal is None and f.origin != "signal_line" for f in failures):
+        return []  # the launcher quoted a worker's error
+    found: list[UnseenError] = []
+    seen: set[object] = set()
+    # the failure table names the global rank; the agent's own line only the local one
+    for failure in sorted(failures, key=lambda f: f.origin != "torchrun_summary"):
+        code = failure.exitcode
+        if code is None or code <= 0 or failure.signal is not None or signal_of_exit(code):
+            continue
+        if failure.origin not in ("torchrun_summary", "torchrun_agent", "mp_spawn"):
+            continue
+        rank = failure.rank if failure.rank is not None else failure.local_rank
+        key = failure.pid if failure.pid is not None else (rank, code)
+        if key in seen:
+            continue
+        seen.add(key)
+        found.append(UnseenError(rank, code, failure.source, failure.unrecorded))
+    for exit_line in facts.ranks.launcher_exits:
+        code = exit_line.return_code
+        if code > 0 and signal_of_exit(code) is None and (None, code) not in seen:
+            seen.add((None, code))
+            found.append(UnseenError(None, code, exit_line.source, False))
+    for log in facts.logs:  # srun: "task N: Exited with exit code C"
+        for line in log.fatal_signals:
+            exited = _TASK_EXIT_CODE.search(line.text)
+            if line.kind is not FatalSignalKind.TASK_EXITED or exited is None:
+                continue
+            code = int(exited.group(1))
+            if code > 0 and signal_of_exit(code) is None and (None, code) not in seen:
+                seen.add((None, code))
+                found.append(UnseenError(None, code, line.source, False))
+    found.sort(key=lambda u: not u.unrecorded)
+    return found
+
+
+def normal_end(facts: RunFacts) -> NormalEnd | None:
+    """Positive evidence that the run ended normally: a launcher's ``exits with return code =
+    0``, a completion line (DeepSpeed's ``exits successfully``, torchrun's ``worker group
+    finished``, the HF Trainer's ``train_runtime``, Lightning's ``fit stopped``, a script's
+    ``training finished``), a last progress line that completes a known total (``step 3/3``;
+    not a tqdm bar, which loading shards prints too), or every captured rank's exit 0."""
+    for exit_line in facts.ranks.launcher_exits:
+        if exit_line.return_code == 0:
+            return NormalEnd("exits with return code = 0", exit_line.source)
+    for log in facts.logs:
+        if log.completion is not None:
+            return NormalEnd(log.completion.text, log.completion.source)
+    for log in facts.logs:
+        last = log.steps.last
+        if (
+            last is not None
+            and last.kind != "tqdm"
+            and last.step is not None
+            and last.total
+            and last.step >= last.total
+        ):
+            return NormalEnd(f"step {last.step} of {last.total}, the last", last.source)
+    if facts.captures and all(c.exit_code == 0 for c in facts.captures):
+        return NormalEnd("every captured rank exited with status 0", facts.captures[0].source)
+    return None
+
+
+_TASK_EXIT_CODE = re.compile(r"Exited with exit code (\d{1,3})")
+_DUE_TO = re.compile(r"DUE TO ([A-Z][A-Z ]{0,40}?) ?\*\*\*")
+_REASONS = {
+    "TIME LIMIT": "its time limit",
+    "PREEMPTION": "preemption",
+    "NODE FAILURE": "a node failure",
+    "JOB REQUEUE": "a requeue",
+}
+
+
+def scheduler_end(facts: RunFacts) -> SchedulerEnd | None:
+    """Slurm's cancellation of the job or step (``... CANCELLED AT T DUE TO <REASON> ***``),
+    the reason in words."""
+    for log in facts.logs:
+        for line in log.fatal_signals:
+            if line.kind is FatalSignalKind.SCHEDULER_CANCELLED:
+                due = _DUE_TO.search(line.text)
+                reason = None
+                if due is not None:
+                    said = due.group(1).strip()
+                    reason = _REASONS.get(said, said.lower())
+                return SchedulerEnd(reason, line.source, line.text)
     return None
 
 

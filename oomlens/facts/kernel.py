@@ -74,6 +74,11 @@ class FatalSignalKind(StrEnum):
     SIGSEGV = "SIGSEGV"
     SHM_EXHAUSTED = "shm_exhausted"
     """DataLoader's ``insufficient shared memory (shm)`` message."""
+    SCHEDULER_CANCELLED = "scheduler_cancelled"
+    """Slurm's ``*** JOB N ON NODE CANCELLED AT T DUE TO TIME LIMIT ***`` (or ``STEP N.M``;
+    ``DUE TO PREEMPTION``, ``NODE FAILURE``..., or no reason: a user's ``scancel``)."""
+    TASK_EXITED = "task_exited"
+    """srun's ``srun: error: NODE: task N: Exited with exit code C``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,9 @@ class OomMessage:
     * ``truncated`` (2.2/2.3 builds that cut the message after ``GPU ``),
     * ``exabyte`` (``Tried to allocate more than 1EB memory``),
     * ``malloc_async``, ``driver``, ``thc`` (torch <= 0.4), ``nvml_assert``, ``cublas``,
-      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host``;
+      ``cudnn``, ``cusolver``, ``nccl``, ``nccl_warn``, ``mps``, ``host`` (torch's CPU allocator),
+      ``host_raised`` (``MemoryError``, numpy's ``_ArrayMemoryError``, ``std::bad_alloc``,
+      ``[Errno 12] Cannot allocate memory``);
     * ``class_only`` (torch's OOM exception named, its message lost: cut);
     * ``xla``, ``tensorflow``, ``mxnet`` (another framework's allocator).
     """
@@ -530,6 +532,11 @@ class ProcessFailure:
     """The ``traceback :`` field's last line (the exception), or the signal text."""
     oom: OomMessage | None
     """The OOM in the quoted traceback, when there is one."""
+    unrecorded: bool = False
+    """torchrun found no error file for this worker and printed its placeholder in the
+    ``traceback :`` field (``To enable traceback see: .../elastic/errors.html``): the worker's
+    own error went only to its stderr (the console, or ``--log-dir`` under ``--redirects`` /
+    ``--tee``); ``message`` is then None."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,10 @@ from oomlens.facts.log import OomMessage, ProcessMemory
 ROUNDING_BYTES = 16 * 1024**2
 """Sizes are printed with two decimals (10 MiB at GiB scale): sums may be off by this much."""
 
+LARGEST_DEVICE_BYTES = 288 * 1024**3
+"""The most memory one accelerator has (NVIDIA B300, AMD MI355X: 288 GB of HBM3e): a single
+request above it is larger than any card, whoever else held memory."""
+
 
 @dataclass(frozen=True, slots=True)
 class MessageBalance:

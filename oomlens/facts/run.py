@@ -69,6 +69,10 @@ class WorldSizeFact:
     value: int
     origin: str
     source: SourceRef | None = None
+    lower_bound: bool = False
+    """``value`` is only the least the run had: one more than the highest rank some line
+    names (torchrun's failure table lists the failed workers of one node, a log the ranks that
+    printed), not a count of the ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,21 +231,6 @@ class RunFacts:
     def allocator_summary_ooms(self) -> tuple[AllocatorSummary, ...]:
         """``torch.cuda.memory_summary()`` tables that count at least one CUDA OOM."""
         return tuple(s for log in self.logs for s in log.allocator_summaries if s.ooms)
-
-    def shows_progress_or_end(self) -> bool:
-        """The logs show the job working (training steps, memory samples) or ending normally,
-        or are whole logs: a paste-sized log (``LogFacts.line_by_line``) with no failure and
-        neither of these in it may only be a window of a longer one.  A progress bar alone
-        (loading checkpoint shards...) is not training progress."""
-        if any(e.return_code == 0 for e in self.ranks.launcher_exits):
-            return True
-        return any(
-            not log.line_by_line
-            or log.completion is not None
-            or log.memory
-            or any(s.kind != "tqdm" for s in log.steps.samples)
-            for log in self.logs
-        )
 
     def step_before(self, rank: int | None, ref: SourceRef | None) -> StepSample | None:
         """The last training step printed before a failure at ``ref`` (by ``rank``): that

@@ -41,6 +41,41 @@ class SilentDeath:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class UnseenError:
+    """A worker that exited with an exit code of its own (an uncaught Python error,
+    ``sys.exit(1)``: not a signal) while no error of its own is in the inputs: what it died of
+    was printed somewhere else (its stderr)."""
+
+    rank: int | None
+    exitcode: int
+    source: SourceRef
+    unrecorded: bool
+    """torchrun said it had no error file for the worker (``To enable traceback see ...``):
+    the entry point was not decorated with ``@record``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NormalEnd:
+    """What says the run ended normally, and where: a launcher's exit 0, a trainer's or
+    script's end-of-training line, the last step of a known total, every captured rank's
+    exit 0."""
+
+    text: str
+    source: SourceRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerEnd:
+    """The scheduler cancelled the job or step (Slurm's ``*** JOB N ... CANCELLED AT T DUE TO
+    TIME LIMIT ***``): ``reason`` in words (``its time limit``, ``preemption``, ``a node
+    failure``...), None when the line gives none (a user's ``scancel``)."""
+
+    reason: str | None
+    source: SourceRef
+    text: str
+
+
 class Rejection(StrEnum):
     SCHEMA = "schema"
     """A config model refused a key or a value (unknown key, wrong type)."""
@@ -149,6 +184,14 @@ class Signals:
     """The first exception or kept line that names an indexing bug or a device-side assert."""
     non_memory_lines: tuple[FailureLine, ...] = ()
     """Lines that report a failure and say it was not memory (CUDA init, cuBLAS execution)."""
+    unseen_errors: tuple[UnseenError, ...] = ()
+    """Workers that exited with an exit code of their own when no worker's error text is in the
+    inputs (no exception, no OOM, no error file, no message in the launcher's record)."""
+    normal_end: NormalEnd | None = None
+    """The first positive evidence that the run ended normally; None when nothing says so (a
+    log that merely stops says nothing)."""
+    scheduler_end: SchedulerEnd | None = None
+    """The scheduler's cancellation of the job, when a line reports one."""
     pinned: PinnedFailure | None = None
     """The first failed pinned host allocation (or pin-memory thread failure)."""
     cut_tracebacks: tuple[ExceptionEvent, ...] = ()

@@ -106,7 +106,8 @@ def world_size(world: WorldSizeFact | None) -> str:
         return "unknown"
     origin = _WORLD_ORIGINS.get(world.origin, world.origin.replace("_", " "))
     where = f", {world.source.describe()}" if world.source is not None else ""
-    return f"{world.value} ({origin}{where})"
+    at_least = "at least " if world.lower_bound else ""
+    return f"{at_least}{world.value} ({origin}{where})"
 
 
 def _and(ranks: tuple[int, ...]) -> str:

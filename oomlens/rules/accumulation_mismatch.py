@@ -185,8 +185,8 @@ class AccumulationMismatchRule(Rule):
         )
 
     def _derived_micro(self, facts: RunFacts) -> Iterator[Diagnosis]:
-        if facts.config is None or facts.world_size is None:
-            return
+        if facts.config is None or facts.world_size is None or facts.world_size.lower_bound:
+            return  # a micro batch divided by the least world size is not the one that ran
         raw: Mapping[str, object] = facts.config.reading.raw
         if not raw or "train_micro_batch_size_per_gpu" in raw or "train_batch_size" not in raw:
             return

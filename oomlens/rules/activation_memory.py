@@ -227,12 +227,14 @@ class ActivationMemoryRule(Rule):
         figures = oom_figures(n)
         saving: int | None = None
         located = facts.snapshot_for(event)
+        confirmed = False
         if located is not None:
             snapshot, device = located
             share = category_share(device, [MemoryCategory.ACTIVATIONS])
             activations = live_bytes(device, [MemoryCategory.ACTIVATIONS])
             figures["activation_bytes"] = in_bytes(activations)
             if share >= thresholds.activations_min_fraction:
+                confirmed = True
                 confidence += 0.2
                 saving = activations // 2
                 evidence.append(
@@ -258,6 +260,12 @@ class ActivationMemoryRule(Rule):
                         "parameters, gradients and optimizer state, not activations, fill the card",
                     )
                 )
+        if gather is not None and not confirmed:
+            # The failing allocation itself was gathered parameters: the traceback contradicts
+            # what this cause claims was being allocated, and the message's figures (which any
+            # cause that fills the card shares) cannot outweigh that; only a snapshot that
+            # shows activations filling the card can.
+            return
         if confidence < _MIN_CONFIDENCE:
             return
         fixes = list(_activation_fixes(facts, saving))

@@ -129,6 +129,8 @@ class HostOomRule(Rule):
             summary=(
                 "the kernel killed a rank for lack of host memory"
                 if host_kill_seen(facts)
+                else "a host allocation failed: host memory ran out"
+                if any(e.message.kind is OomKind.HOST for e in facts.oom_events())
                 else "a rank was killed without a GPU error: most likely host memory ran out"
             ),
             evidence=tuple(evidence),

@@ -113,16 +113,16 @@ class NotOomRule(Rule):
         evidence: list[Evidence] = []
         confidence = 0.0
         headline = "the run failed without any memory error"
-        # An exception whose traceback stops before its message says nothing of what it was.
+        # An exception whose traceback stops before its message says nothing of what it was;
+        # torchrun's ChildFailedError only sums up the ranks' failures: it is none of them.
         own = [
             e
             for e in facts.exceptions()
             if not e.peer_failure
             and e.text.strip()
             and not (e.traceback is not None and e.traceback.cut)
+            and not e.exception_class.endswith("ChildFailedError")
         ]
-        # torchrun's ChildFailedError only sums up the ranks' failures: a rank's own comes first
-        own.sort(key=lambda e: e.exception_class.endswith("ChildFailedError"))
         if own:
             first = own[0]
             placed = (
@@ -196,7 +196,13 @@ class NotOomRule(Rule):
                     "a crash in native code or an abort, not a lack of memory",
                 )
             )
-        told = [f for log in facts.logs for f in log.process_failures if f.message]
+        # torch's "Signal 15 (SIGTERM) received" of a worker the launcher stopped is no error
+        told = [
+            f
+            for log in facts.logs
+            for f in log.process_failures
+            if f.message and f.signal != "SIGTERM"
+        ]
         if told and not confidence:
             failure = told[0]
             confidence = 0.7

@@ -58,7 +58,8 @@ class OtherProcessRule(Rule):
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
         for s in snapshot_ooms(facts):
-            if s.device_exhausted:
+            # a request larger than the card took nothing others held (oversized_allocation)
+            if s.device_exhausted and not s.larger_than_card(facts.gpu_memory):
                 yield SPEC.diagnose(
                     confidence=0.45,
                     summary=(

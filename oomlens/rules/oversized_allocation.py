@@ -7,11 +7,12 @@ from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction
 from oomlens.facts.log import Frame, OomEvent
-from oomlens.facts.oom_balance import balance
+from oomlens.facts.oom_balance import LARGEST_DEVICE_BYTES, balance
 from oomlens.facts.run import RunFacts
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.common.evidence import oom_evidence, oom_figures, phase_evidence, size
 from oomlens.rules.common.message import allocator_oom
+from oomlens.rules.common.model_states import snapshot_oom_evidence, snapshot_ooms
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -78,6 +79,7 @@ class OversizedAllocationRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
     def evaluate(self, facts: RunFacts, thresholds: Thresholds) -> Iterator[Diagnosis]:
+        yield from self._snapshot(facts)
         event = allocator_oom(facts)
         if event is None:
             return
@@ -155,6 +157,46 @@ class OversizedAllocationRule(Rule):
                 "request_share_of_card": a_fraction(None if share is None else round(share, 3)),
             },
         )
+
+    @staticmethod
+    def _snapshot(facts: RunFacts) -> Iterator[Diagnosis]:
+        """A snapshot's OOM (no log message accounts for it) whose request alone is larger
+        than the card (``--gpu-memory``) or than any accelerator: the snapshot does not record
+        the card's size, so without ``--gpu-memory`` only a request above every card is
+        certain."""
+        for s in snapshot_ooms(facts):
+            if not s.larger_than_card(facts.gpu_memory):
+                continue
+            card = (
+                f"the {size(facts.gpu_memory)} card (--gpu-memory)"
+                if facts.gpu_memory
+                else f"any accelerator (the largest has {size(LARGEST_DEVICE_BYTES)})"
+            )
+            yield SPEC.diagnose(
+                confidence=0.85,
+                summary=(
+                    f"one request of {size(s.request)} ({s.where()}), more than {card}: a "
+                    "tensor far larger than intended (shape, broadcast, index or dtype)"
+                ),
+                evidence=(
+                    snapshot_oom_evidence(s, f"one request larger than {card}"),
+                    Evidence(
+                        EvidenceKind.DERIVED,
+                        "no memory setting serves a request this size",
+                        None,
+                        "batch size, allocator settings, offload and more GPUs do not change "
+                        "one tensor's size; nor does what other processes held",
+                    ),
+                ),
+                fixes=(
+                    Fix(
+                        "Print the shapes and dtypes at the request's site and find the "
+                        "dimension that is far larger than intended.",
+                        cost="debugging",
+                    ),
+                ),
+                rank=s.snapshot.source.rank,
+            )
 
     @staticmethod
     def _top_level_op(facts: RunFacts) -> Iterator[Diagnosis]:

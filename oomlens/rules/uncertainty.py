@@ -17,6 +17,7 @@ from oomlens.rules.common.advice import (
     CAPTURE_CONFIG,
     CAPTURE_KERNEL,
     CAPTURE_MEMORY_SERIES,
+    CAPTURE_RANK_OUTPUT,
     CAPTURE_SNAPSHOT,
 )
 
@@ -74,6 +75,8 @@ def insufficient_evidence(
     if any(d.confidence >= SURE_ENOUGH and _is_cause(d) for d in diagnoses):
         return None
     missing: list[str] = []
+    if facts.signals.unseen_errors:
+        missing.append(CAPTURE_RANK_OUTPUT)
     if verdict is Verdict.GPU_OOM or verdict is Verdict.UNKNOWN:
         if not facts.snapshots:
             missing.append(CAPTURE_SNAPSHOT)

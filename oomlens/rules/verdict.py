@@ -5,7 +5,8 @@ verdict it means and how to say why; the first row whose reading holds decides. 
 the judgment: a library status error that a bug explains is not a GPU OOM even though it reads
 like one, a failed pinned host allocation is host memory even though CUDA says "out of memory",
 an OOM anywhere outranks the kills and exits it causes, a kill outranks the silent death it
-leaves behind, and a log that merely stops proves nothing.  A row reads ``RunFacts`` (and its
+leaves behind, and a log that merely stops proves nothing: "no failure" needs positive
+evidence of a normal end (``Signals.normal_end``).  A row reads ``RunFacts`` (and its
 ``signals``) and the user's ``Thresholds``; none recomputes a signal.  ``failure_point`` then
 says what died first as the verdict sees it.
 """
@@ -120,7 +121,10 @@ def _captured_kill(facts: RunFacts, _: Thresholds) -> str | None:
 
 def _host_allocation(facts: RunFacts, _: Thresholds) -> str | None:
     host = [e for e in facts.oom_events() if e.message.kind is OomKind.HOST]
-    return f"a host allocation failed ({host[0].source.describe()})" if host else None
+    if not host:
+        return None
+    said = " ".join(host[0].message.text.split())[:160]
+    return f"a host allocation failed ({host[0].source.describe()}: {said})"
 
 
 def _sigkill(facts: RunFacts, _: Thresholds) -> str | None:
@@ -228,6 +232,23 @@ def _only_cut_errors(facts: RunFacts, _: Thresholds) -> str | None:
     return "a traceback stops before its error and nothing else failed: the text is cut mid-crash"
 
 
+def _error_elsewhere(facts: RunFacts, _: Thresholds) -> str | None:
+    unseen = facts.signals.unseen_errors
+    if not unseen:
+        return None
+    first = unseen[0]
+    who = f"rank {first.rank}" if first.rank is not None else "a worker"
+    why = (
+        "torchrun recorded no error file for it, so its traceback went only to its own stderr"
+        if first.unrecorded
+        else "its error was printed to its own stderr"
+    )
+    return (
+        f"{who} exited with code {first.exitcode} ({first.source.describe()}) and {why}, "
+        "which is not in the inputs: whether it ran out of memory is not known"
+    )
+
+
 def _collective_timeout(facts: RunFacts, _: Thresholds) -> str | None:
     if not facts.has_failure_evidence():
         return None
@@ -303,12 +324,18 @@ def _log_traceback_cut(facts: RunFacts, _: Thresholds) -> str | None:
     return None
 
 
-def _log_window(facts: RunFacts, _: Thresholds) -> str | None:
-    if not _readable(facts) or facts.shows_progress_or_end():
+def _no_normal_end(facts: RunFacts, _: Thresholds) -> str | None:
+    if not _readable(facts) or facts.signals.normal_end is not None:
         return None
+    if facts.last_step is not None:
+        return (
+            f"the log stops at step {facts.last_step} without an error or an end: "
+            "a log that merely stops cannot say the run did not fail"
+        )
     return (
-        "no error in the inputs, but no training progress or normal end either: "
-        "a window of a longer log cannot say the run did not fail"
+        "no error in the inputs, but no normal end either (a launcher's exit 0, an "
+        "end-of-training line, the last step of a known total): the text cannot say the run "
+        "did not fail"
     )
 
 
@@ -324,7 +351,24 @@ def _oom_caught(facts: RunFacts, _: Thresholds) -> str | None:
 
 
 def _log_clean(facts: RunFacts, _: Thresholds) -> str | None:
-    return "no error, kill or failed exit in the inputs" if _readable(facts) else None
+    end = facts.signals.normal_end
+    if not _readable(facts) or end is None:
+        return None
+    where = f" ({end.source.describe()})" if end.source is not None else ""
+    return f"the run ended normally ({end.text[:120]}){where}; no error, kill or failed exit"
+
+
+def _scheduler_cancelled(facts: RunFacts, _: Thresholds) -> str | None:
+    end = facts.signals.scheduler_end
+    if end is None:
+        return None
+    why = (
+        f" because of {end.reason}"
+        if end.reason
+        else " (the line gives no reason: a user's scancel, or srun ending the step after "
+        "a task failed)"
+    )
+    return f"the scheduler cancelled the job{why} ({end.source.describe()}); no memory error"
 
 
 def _snapshot_only(facts: RunFacts, _: Thresholds) -> str | None:
@@ -349,12 +393,14 @@ VERDICT_TABLE: tuple[VerdictRow, ...] = (
     VerdictRow("host allocation failed", Verdict.HOST_OOM, _host_allocation),
     VerdictRow("SIGKILL with no GPU error", Verdict.HOST_OOM, _sigkill),
     VerdictRow("shared memory ran out", Verdict.HOST_OOM, _shared_memory),
+    VerdictRow("the scheduler cancelled the job", Verdict.OTHER_FAILURE, _scheduler_cancelled),
     VerdictRow("silent death under host memory pressure", Verdict.HOST_OOM, _silent_under_pressure),
     VerdictRow("silent death", Verdict.OTHER_FAILURE, _silent),
     VerdictRow("DeepSpeed rejected the config", Verdict.CONFIG_ERROR, _deepspeed_refused),
     VerdictRow("config refused at startup", Verdict.CONFIG_ERROR, _refused_at_startup),
     VerdictRow("a line says the failure was not memory", Verdict.OTHER_FAILURE, _said_not_memory),
     VerdictRow("only errors cut before their message", Verdict.UNKNOWN, _only_cut_errors),
+    VerdictRow("a rank's error is not in the inputs", Verdict.UNKNOWN, _error_elsewhere),
     VerdictRow("collective timed out", Verdict.OTHER_FAILURE, _collective_timeout),
     VerdictRow("a rank failed", Verdict.OTHER_FAILURE, _rank_failed),
     VerdictRow("the run failed", Verdict.OTHER_FAILURE, _failed),
@@ -363,9 +409,9 @@ VERDICT_TABLE: tuple[VerdictRow, ...] = (
     VerdictRow("log ends inside a traceback", Verdict.UNKNOWN, _log_ends_in_traceback),
     VerdictRow("a traceback is cut", Verdict.UNKNOWN, _log_traceback_cut),
     VerdictRow("a compressed log is cut", Verdict.UNKNOWN, _log_stream_cut),
-    VerdictRow("a log window without progress or end", Verdict.UNKNOWN, _log_window),
+    VerdictRow("a log that stops without a normal end", Verdict.UNKNOWN, _no_normal_end),
     VerdictRow("OOMs caught and the run went on", Verdict.NO_FAILURE, _oom_caught),
-    VerdictRow("a log with progress and no failure", Verdict.NO_FAILURE, _log_clean),
+    VerdictRow("a log that ends normally, no failure", Verdict.NO_FAILURE, _log_clean),
     VerdictRow("a snapshot without an OOM, no log", Verdict.UNKNOWN, _snapshot_only),
     VerdictRow("nothing readable", Verdict.UNKNOWN, _nothing_readable),
 )

@@ -58,6 +58,13 @@ def _analyze(case: str) -> Report:
     return analyze(inputs)
 
 
+def _top_leads_with_support(report: Report) -> bool:
+    """The top cause's first (main) evidence is for it: a cause whose own main evidence is
+    marked against it is never the answer a user reads first."""
+    top = report.top
+    return top is None or not top.evidence or top.evidence[0].supports
+
+
 def _accepted(case: str) -> set[str]:
     label = _manifest(case)["label"]
     return {label["diagnosis"], *(label.get("accepted") or [])}
@@ -77,6 +84,7 @@ def test_every_known_miss_is_a_labelled_case_with_a_reason_and_a_verdict_on_the_
 @pytest.mark.parametrize("case", _labelled())
 def test_the_top_diagnosis_and_verdict_are_the_threads(case: str) -> None:
     report = _analyze(case)
+    assert _top_leads_with_support(report), report.top
     label = _manifest(case)["label"]
     top = report.top
     diagnosis_ok = top is not None and top.id in _accepted(case)
@@ -112,4 +120,5 @@ def test_unlabelled_cases_are_read_without_crashing(case: str) -> None:
     except OomlensError as exc:  # refused with one clear line is fine (exit 3)
         assert exc.exit_code == 3, exc.message
         return
+    assert _top_leads_with_support(report), report.top
     assert report.verdict.value

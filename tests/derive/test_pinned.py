@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from oomlens.derive.pinned import pinned_failure
 from oomlens.session import analyze
+from tests._corpus import case_dir
 
 # The torch 1.x message of a field paste (loravit-6) joined on one line with the DataLoader's
 # pin-memory thread error, as a truncated log leaves them; no traceback frames.
@@ -26,3 +29,38 @@ def test_a_message_that_names_pinning_without_frames_is_read(tmp_path: Path) -> 
     assert "pin memory thread" in failure.text
     assert not failure.text.endswith(")")  # no frame was named
     assert report.verdict.value != "no_failure"
+
+
+# A pinning call's own frame: ``t.pin_memory()`` is a C method and factories take
+# ``pin_memory=True``, so the innermost Python frame is the caller's, its source line the call.
+_PINNING_LINES = {
+    "factory": "    buf = torch.zeros((layers, numel), dtype=torch.float16, pin_memory=True)",
+    "method": "    cpu_grads = [g.detach().cpu().pin_memory() for g in grads]",
+    "not pinning": "    buf = torch.zeros((layers, numel), dtype=torch.float16, device='cuda')",
+}
+
+
+def _driver_oom_in(tmp_path: Path, current: str) -> Path:
+    # driver_oom_other_process: a real torch 2.11 run whose runtime said "CUDA error: out of
+    # memory"; its innermost frames replaced by one whose current line is ``current``
+    real = (case_dir("driver_oom_other_process") / "train.log").read_text().splitlines()
+    error = next(i for i, ln in enumerate(real) if "CUDA error: out of memory" in ln)
+    frame = ['  File "/home/user/llm-train/zero_offload.py", line 77, in allocate_buffers', current]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*real[:3], *frame, *real[error:]]) + "\n")
+    return log
+
+
+@pytest.mark.parametrize("kind", ["factory", "method"])
+def test_a_runtime_oom_in_a_pinning_call_is_pinned_host_memory(tmp_path: Path, kind: str) -> None:
+    report = analyze([_driver_oom_in(tmp_path, _PINNING_LINES[kind])])
+    failure = pinned_failure(report.facts)
+    assert failure is not None and failure.oom and "allocate_buffers" in failure.text
+    assert report.verdict.value == "host_oom"
+    assert report.diagnoses[0].id == "pinned_memory_exhaustion"
+
+
+def test_a_runtime_oom_in_a_device_allocation_is_not_pinned(tmp_path: Path) -> None:
+    report = analyze([_driver_oom_in(tmp_path, _PINNING_LINES["not pinning"])])
+    assert pinned_failure(report.facts) is None
+    assert report.verdict.value == "gpu_oom"

@@ -6,16 +6,15 @@ from oomlens.session import analyze
 from tests._corpus import case_dir
 
 
-def test_the_zero3_gather_against_activations_cites_the_gathers_frame() -> None:
-    # audit: the item said "the failing allocation is a ZeRO-3 parameter gather" and cited the
-    # OOM message's line, which says nothing of a gather: the traceback's frames show it
-    log = case_dir("prefetch_overshoot") / "train.log"
-    printed = log.read_text().splitlines()
-    report = analyze([case_dir("prefetch_overshoot")])
-    (activations,) = [d for d in report.diagnoses if d.id == "activation_memory"]
-    (against,) = [e for e in activations.evidence if not e.supports]
-    assert against.source is not None and against.source.line is not None
-    assert "ZeRO-3 parameter gather" in against.text
-    line = printed[against.source.line - 1]  # the gather's own frame
-    assert 'File "' in line and ", in _fetch_sub_module_impl" in line
-    assert "_fetch_sub_module_impl" in against.text
+def test_a_zero3_gather_oom_is_not_blamed_on_activations_the_snapshot_does_not_show() -> None:
+    # prefetch_overshoot: the failing allocation is a ZeRO-3 parameter gather (its traceback
+    # passes through _fetch_sub_module_impl) and the snapshot shows no activations filling the
+    # card: the activation cause, whose own evidence said "gathered parameters, not
+    # activations, were being allocated", used to follow at 25%; it is not named now.
+    for inputs in (
+        [case_dir("prefetch_overshoot")],
+        [case_dir("prefetch_overshoot") / "train.log"],
+    ):
+        report = analyze(inputs)
+        assert report.top is not None and report.top.id == "prefetch_overshoot"
+        assert "activation_memory" not in [d.id for d in report.diagnoses]

@@ -28,6 +28,8 @@ def test_every_input_of_a_case_gives_the_expected_verdict_and_cause(name: str) -
     report = analyze([case_dir(name)])
     assert report.verdict.value == expected["verdict"], report.verdict_reason
     assert _accepts(report, expected), [(d.id, d.confidence) for d in report.diagnoses]
+    top = report.top  # never a cause whose own main evidence is against it
+    assert top is None or not top.evidence or top.evidence[0].supports, top
     if expected["diagnosis"] is not None:
         assert report.top is not None and report.top.confidence >= 0.6
 

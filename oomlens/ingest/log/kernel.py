@@ -30,7 +30,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"Killed",
     b"oom-kill",
     b"oom_kill",
-    b"Out Of Memory",
+    b"srun: error",
+    b"CANCELLED AT",
     b"Bus error",
     b"Aborted",
     b"Segmentation fault",
@@ -64,6 +65,13 @@ _SLURM_EVENTS = lazy_regex(
 )
 _SRUN_TASK = lazy_regex(
     r"srun: error: (?P<node>\S{1,255}): tasks? (?P<task>\d{1,7})(?:[-,\d]{0,200})?: Out Of Memory"
+)
+_SLURM_CANCELLED = lazy_regex(
+    r"\*\*\* ?(?:JOB|STEP) [\w.+-]{1,60}(?: ON \S{1,255})? CANCELLED AT \S{1,40}"
+    r"(?: DUE TO [A-Z][A-Z ]{0,40}?)? ?\*\*\*"
+)
+_SRUN_EXITED = lazy_regex(
+    r"srun: error: \S{1,255}: tasks? [\d,-]{1,200}: Exited with exit code \d{1,3}"
 )
 _BUS = lazy_regex(r"(?:^|\s|:)Bus error\b")
 _SHELL_KILLED = lazy_regex(r"(?:^[ \t]{0,16}|: |\d |\] ?|\| ?|it/s\]|s/it\])Killed(?:\s|\Z)")
@@ -153,7 +161,11 @@ def parse_kernel_line(text: str, ref: SourceRef, year: int | None = None) -> Ker
                 ref, None, None, match.group("node"), int(match.group("task")), when
             )
     kind: FatalSignalKind | None = None
-    if _SHM.search(body):
+    if "CANCELLED AT" in body and _SLURM_CANCELLED.search(body):
+        kind = FatalSignalKind.SCHEDULER_CANCELLED
+    elif "srun: error" in body and _SRUN_EXITED.search(body):
+        kind = FatalSignalKind.TASK_EXITED
+    elif _SHM.search(body):
         kind = FatalSignalKind.SHM_EXHAUSTED
     elif "Bus error" in body and _BUS.search(body):
         kind = FatalSignalKind.SIGBUS

@@ -20,12 +20,29 @@ from oomlens.ingest.log.oom_text import (
     squeeze,
 )
 from oomlens.lazyregex import lazy_regex
+from oomlens.units import parse_size
 
 _NVML_ASSERT = lazy_regex(
     r"NVML_SUCCESS == [^\n]{0,300}?INTERNAL ASSERT FAILED at [^\n]{0,200}?CUDACachingAllocator"
 )
 _HOST = lazy_regex(
-    r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d{1,24}) bytes"
+    r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate "
+    r"(\d{1,24}) bytes"
+)
+# What a host allocation failure raises outside torch's allocator, as the exception line
+# prints it: Python's MemoryError (also pybind11's translation of std::bad_alloc), numpy's
+# _ArrayMemoryError ("Unable to allocate {size} for an array with shape {shape} and data type
+# {dtype}", numpy/core/_exceptions.py), C++'s uncaught std::bad_alloc (what the runtime's
+# terminate handler prints), and ENOMEM from a system call (fork, mmap: errno 12).
+_HOST_RAISED = lazy_regex(
+    r"(?m:^[ \t]{0,16}(?:[\w.]{0,120}\.)?(?:_ArrayMemoryError|MemoryError)"
+    r"(?::[ \t]?(?P<said>[^\n]{1,400}))?[ \t]*$"
+    r"|instance of 'std::bad_alloc'|^[ \t]{0,16}what\(\):[ \t]{1,4}std::bad_alloc"
+    r"|^[ \t]{0,16}(?:[\w.]{0,120}\.)?(?:OSError|RuntimeError|BlockingIOError):[ \t]"
+    r"(?P<errno>\[Errno 12\] Cannot allocate memory))"
+)
+_ARRAY_SIZE = lazy_regex(
+    r"Unable to allocate (\d{1,24}(?:\.\d{0,6})?) ?([KMGTPE]iB|bytes) for an array"
 )
 _CUBLAS = lazy_regex(r"CUBLAS_STATUS_(ALLOC_FAILED|NOT_INITIALIZED)")
 _CUDNN = lazy_regex(
@@ -91,16 +108,33 @@ def parse_nvml_assert(text: str, exception_class: str | None) -> OomMessage | No
 
 def parse_host(text: str, exception_class: str | None) -> OomMessage | None:
     match = _HOST.search(text)
-    if match is None:
+    if match is not None:
+        return _simple(
+            OomKind.HOST,
+            "host",
+            text,
+            match.start(),
+            exception_class,
+            backend="CPU",
+            tried=int(match.group(1)),
+        )
+    raised = _HOST_RAISED.search(text)
+    if raised is None:
         return None
+    size = _ARRAY_SIZE.search(text, raised.start())
+    tried = None
+    if size is not None:
+        number = size.group(1).rstrip(".") or "0"
+        tried = parse_size(f"{number} {size.group(2)}")
+    said = raised.start("said") if raised.group("said") else raised.start("errno")
     return _simple(
         OomKind.HOST,
-        "host",
+        "host_raised",
         text,
-        match.start(),
+        said if said >= 0 else raised.start(),
         exception_class,
         backend="CPU",
-        tried=int(match.group(1)),
+        tried=tried,
     )
 
 

@@ -51,8 +51,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"valid cuDNN algorithm",
     b"INTERNAL ASSERT FAILED",
     b"CUDA calloc",
-    b"can't allocate memory",
+    b"CPUAllocator",
     b"OUT_OF_MEMORY",
+    b"MemoryError",
 )
 """Literal substrings one of which every OOM message's first line contains (prefilter)."""
 
@@ -75,7 +76,13 @@ FRAGMENT_ANCHORS: tuple[bytes, ...] = (
 """What is left of an allocator message that a paste starts mid-way or wraps: read on inputs
 small enough to be read line by line (see the log reader)."""
 
-_QUICK = tuple(anchor.decode() for anchor in ANCHORS)
+_QUICK = (
+    *(anchor.decode() for anchor in ANCHORS),
+    # messages that end a traceback or an uncaught C++ exception, which reach the reader
+    # through the traceback's and the terminate handler's anchors (the table is full)
+    "std::bad_alloc",
+    "Cannot allocate memory",
+)
 # "Tried to allocate" and "would exceed allowed memory" always share their line with
 # "out of memory"; "hipErrorOutOfMemory" holds "OutOfMemory"; cuBLAS/cuDNN/HSA statuses hold
 # "_STATUS_".

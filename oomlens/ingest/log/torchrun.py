@@ -28,7 +28,8 @@ SUMMARY_ANCHORS: tuple[bytes, ...] = (b"ChildFailedError",)
 PEER_ANCHORS: tuple[bytes, ...] = (
     b"atchdog",
     b"DistBackendError",
-    b"terminate called",
+    # (``terminate called after throwing`` is the reader's terminate anchor, which carries the
+    # peer bit too)
     b"by peer",
     b"Broken pipe",
     b"remote process exited",
@@ -134,6 +135,7 @@ _FIELD = lazy_regex(r"  (time|host|rank|exitcode|error_file|traceback)\s{0,12}: 
 _RANK_FIELD = lazy_regex(r"(-?\d{1,6}) \(local_rank: (-?\d{1,6})\)")
 _EXIT_FIELD = lazy_regex(r"(-?\d{1,6}) \(pid: (\d{1,10})\)")
 _SIGNAL_TEXT = lazy_regex(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{1,10}|<N/A>)\) received by PID")
+_NO_ERROR_FILE = lazy_regex(r"To enable traceback see:? \S{0,200}elastic/errors\.html\s*\Z")
 MAX_BLOCK_LINES = 4000
 MAX_FAILURES = 1024
 MAX_TRACEBACK_LINES = 400
@@ -250,6 +252,11 @@ class FailureBlockParser:
         if signal_text is not None and signal_text.group(2) != "<N/A>":
             signal = signal_text.group(2)
         message = next((ln.strip() for ln in reversed(traceback_lines) if ln.strip()), None)
+        # torch's ProcessFailure makes this text up when the worker left no error file (its
+        # entry point was not decorated with @record): a pointer to the docs, not the error
+        unrecorded = _NO_ERROR_FILE.match(traceback_text) is not None
+        if unrecorded:
+            message = None
         error_file = fields.get("error_file")
         self.failures.append(
             ProcessFailure(
@@ -266,6 +273,7 @@ class FailureBlockParser:
                 error_file=None if error_file in (None, "<N/A>") else error_file,
                 message=message[:2000] if message else None,
                 oom=parse_oom_message(traceback_text) if traceback_text else None,
+                unrecorded=unrecorded,
             )
         )
 

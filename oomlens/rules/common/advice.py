@@ -30,3 +30,12 @@ CAPTURE_KERNEL = (
     "dmesg -T | grep -i -E 'killed process|oom' "
     "(or the scheduler's record, e.g. sacct -j JOBID -o JobID,State,MaxRSS)"
 )
+
+
+CAPTURE_RANK_OUTPUT = (
+    "the failed rank's own stderr, where its traceback went: torchrun prints it on the console "
+    "unless --redirects or --tee sent it to files (then under --log-dir, "
+    "<log-dir>/<run-id>_*/attempt_<n>/<local-rank>/stderr.log); decorating the entry point with "
+    "@record (from torch.distributed.elastic.multiprocessing.errors import record) makes "
+    "torchrun write it to an error file and quote it in its failure table"
+)

@@ -13,6 +13,7 @@ from oomlens.facts.log import (
     OomKind,
 )
 from oomlens.facts.memory_model import CapacityVerdict
+from oomlens.facts.oom_balance import LARGEST_DEVICE_BYTES, ROUNDING_BYTES
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
 from oomlens.rules.common.evidence import size, snapshot_evidence
@@ -61,6 +62,14 @@ class SnapshotOom:
     def limit(self) -> int:
         extra = self.device_free if self.device_exhausted and self.device_free else 0
         return self.reserved + extra
+
+    def larger_than_card(self, card: int | None) -> bool:
+        """The request alone exceeds the card: ``card`` (the user's ``--gpu-memory``) when
+        known, else the most memory any accelerator has.  The snapshot records what was free,
+        not the card's size: above free + reserved, a request might still fit a card others
+        shared, but not one above every card."""
+        bound = card if card else LARGEST_DEVICE_BYTES
+        return self.request > bound + ROUNDING_BYTES
 
     def where(self) -> str:
         oom = self.device.oom

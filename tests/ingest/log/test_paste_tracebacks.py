@@ -189,12 +189,21 @@ def test_an_exception_line_cut_mid_word_is_a_cut_traceback(tmp_path: Path, cut: 
     assert all(d.id != "not_oom" for d in report.diagnoses)
 
 
-@pytest.mark.parametrize("line", ["KeyboardInterrupt", "MemoryError", "SystemExit"])
+@pytest.mark.parametrize("line", ["KeyboardInterrupt", "SystemExit"])
 def test_an_exception_printed_without_a_message_is_still_one(tmp_path: Path, line: str) -> None:
     path = tmp_path / "paste.txt"
     path.write_text(_FRAMES + line + "\n")
     [exception] = read_log(path).exceptions
     assert exception.exception_class == line
+
+
+def test_a_memory_error_printed_without_a_message_is_a_host_allocation_failure(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "paste.txt"
+    path.write_text(_FRAMES + "MemoryError\n")
+    [event] = read_log(path).oom_events
+    assert event.message.kind.value == "host" and event.message.exception_class == "MemoryError"
 
 
 def test_a_message_cut_inside_out_of_memory_is_never_a_confident_not_oom(tmp_path: Path) -> None:
