@@ -312,9 +312,14 @@ def _markdown(lines: list[str]) -> Document | None:
         else:
             outside.append(line)
             headings += _HEADING.match(line) is not None
-    if (headings < 2 and fences == 0) or not outside:
+    if not outside:
         return None
-    if sum(1 for line in outside if _LOG_LINE.match(line)) > max(1, len(outside) // 20):
+    logged = sum(1 for line in outside if _LOG_LINE.match(line))
+    # one heading is structure enough for text with no log line at all (a README's section);
+    # text with log lines needs more, or it is a ticket's paste under a title
+    if fences == 0 and headings < (1 if logged == 0 else 2):
+        return None
+    if logged > max(1, len(outside) // 20):
         return None  # a log with prose around it
     marked = sum(
         1 for line in outside if _MARKDOWN.match(line) or len(_WORD.findall(line[:400])) >= 4

@@ -86,11 +86,17 @@ def _decodes_strictly(data: bytes, codec: str) -> bool:
 
 def sniff_encoding(head: bytes) -> Encoding:
     """UTF-16 when ``head`` says so: a byte order mark followed by text that decodes (random
-    bytes after ``FF FE`` soon hold an unpaired surrogate), or, without a mark, the zero high
-    bytes of mostly-ASCII text on every other byte; else UTF-8."""
+    bytes after ``FF FE`` soon hold an unpaired surrogate) and whose line breaks are UTF-16's
+    (a UTF-8 log after stray ``FF FE`` bytes decodes too, but its newline bytes fall anywhere,
+    not as the code unit ``U+000A``), or, without a mark, the zero high bytes of mostly-ASCII
+    text on every other byte; else UTF-8."""
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) and len(head) >= 4:
         codec = Encoding.UTF16LE if head[:1] == b"\xff" else Encoding.UTF16BE
-        return codec if _decodes_strictly(head[2:], codec.value) else Encoding.UTF8
+        body = head[2 : 2 + _SNIFF_UTF16_BYTES]
+        if not _decodes_strictly(head[2:], codec.value):
+            return Encoding.UTF8
+        breaks = b"\n" not in body or "\n" in body.decode(codec.value, "replace")
+        return codec if breaks else Encoding.UTF8
     sample = head[:_SNIFF_UTF16_BYTES]
     pairs = len(sample) // 2
     if pairs < 8:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from oomlens.errors import InputError
-from oomlens.ingest.log import timestamps
 from oomlens.ingest.textstream import HEAD_BYTES, Compression, open_text, read_head
 from oomlens.lazyregex import lazy_regex
 
@@ -96,6 +95,10 @@ def separate_launches(spans: Sequence[LaunchSpan]) -> bool:
 
 
 def _time(line: str, year: int) -> datetime | None:
+    # imported when used: the log package loads numpy, which must not start its threads before
+    # the CLI has set OPENBLAS_NUM_THREADS (oomlens.cli.main)
+    from oomlens.ingest.log import timestamps
+
     found, _ = timestamps.leading_timestamp(line.lstrip()[:60], year)
     if found is not None:
         return found
@@ -105,6 +108,8 @@ def _time(line: str, year: int) -> datetime | None:
 
 def _first_year(lines: Sequence[str]) -> int | None:
     """The year of the first full date, for the lines that print none (glog's ``W1130``)."""
+    from oomlens.ingest.log import timestamps
+
     for line in lines:
         found, has_year = timestamps.leading_timestamp(line.lstrip()[:60], None)
         if found is not None and has_year:
