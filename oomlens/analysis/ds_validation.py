@@ -40,6 +40,7 @@ from typing import Any
 
 from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch, repeated_by_multiplying
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
+from oomlens.analysis.findings_cap import capped_hazards, capped_problems
 from oomlens.facts.config import (
     ConfigDocument,
     ConfigHazard,
@@ -132,6 +133,7 @@ class _Problem:
 def _finish(
     doc: ConfigDocument, problems: list[_Problem], validator: str
 ) -> list[ValidationProblem]:
+    """The validators' problems as facts, at most ``MAX_LISTED`` of a code (``capped_problems``)."""
     out: list[ValidationProblem] = []
     for problem in problems:
         source_key = re.sub(r"(\.\d+)+$", "", problem.key_path)
@@ -147,7 +149,7 @@ def _finish(
                 else doc.source(),
             )
         )
-    return out
+    return list(capped_problems(out))
 
 
 def _join(prefix: str, loc: tuple[Any, ...]) -> str:
@@ -639,6 +641,8 @@ _DEPRECATED_ZERO_KEYS = {
     "cpu_offload_use_pin_memory": "offload_param.pin_memory / offload_optimizer.pin_memory",
     "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
 }
+MAX_COMPARED = 1000
+"""Unknown top-level keys compared with DeepSpeed's for a misspelling (the rest are unknown)."""
 _IMPORTANT_TOP_LEVEL = {
     "zero_optimization": ConfigSeverity.HIGH,
     "fp16": ConfigSeverity.HIGH,
@@ -660,7 +664,7 @@ def find_config_hazards(
     """
     data = doc.data
     hazards: list[ConfigHazard] = []
-    hazards += _unknown_top_level_keys(doc)
+    hazards += capped_hazards(_unknown_top_level_keys(doc))
     hazards += _auto_hazards(doc, effective, integration)
     hazards += _precision_hazards(effective)
     hazards += _deprecated_hazards(doc)
@@ -725,10 +729,19 @@ def _sources(*values: Any) -> tuple[Any, ...]:
 
 def _unknown_top_level_keys(doc: ConfigDocument) -> list[ConfigHazard]:
     out: list[ConfigHazard] = []
+    known = sorted(KNOWN_TOP_LEVEL_KEYS)
+    compared = 0
     for key in doc.data:
         if key in KNOWN_TOP_LEVEL_KEYS or key in REMOVED_TOP_LEVEL_KEYS:
             continue
-        close = difflib.get_close_matches(key, sorted(KNOWN_TOP_LEVEL_KEYS), n=1, cutoff=0.8)
+        # difflib costs ~0.3 ms a key: only the first MAX_COMPARED unknown keys (more than
+        # any written config has) are compared, so that 230,000 of them cost no minutes
+        compared += 1
+        close = (
+            difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+            if compared <= MAX_COMPARED
+            else []
+        )
         if close and close[0] not in doc.data:
             target = close[0]
             severity = _IMPORTANT_TOP_LEVEL.get(target, ConfigSeverity.LOW)
