@@ -18,8 +18,8 @@ from typing import TypeVar
 
 from oomlens.facts.config import ConfigHazard, ValidationProblem
 
-MAX_LISTED = 20
-"""Findings of one code listed one by one."""
+MAX_LISTED = 50
+"""Findings of one code listed one by one: more than a written config has of any."""
 NAMED_IN_SUMMARY = 3
 """Keys of the findings left out that their summary names."""
 
