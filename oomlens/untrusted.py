@@ -60,8 +60,9 @@ def strip_controls(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` without control characters, tabs and line feeds made spaces: a table cell."""
-    return _LINE_BREAKS.sub(" ", strip_controls(text))
+    """``text`` without control characters, tabs and line feeds made spaces, surrogates
+    escaped (``without_surrogates``): a table cell, a message's line."""
+    return without_surrogates(_LINE_BREAKS.sub(" ", strip_controls(text)))
 
 
 def escape_controls(text: str) -> str:
