@@ -30,14 +30,39 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 FORMULA_GUARD = "'"
 
 
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = range(0xDC80, 0xDD00)
+"""What ``os.fsdecode`` (``surrogateescape``) makes of the bytes 0x80..0xff of a file name that
+are not UTF-8: the byte ``b`` as U+DC00 + ``b``."""
+
+
+def without_surrogates(text: str) -> str:
+    r"""``text`` that UTF-8 can encode: every surrogate code point in it (a ``str`` may hold
+    them alone, which no UTF-8 output can) written as an escape: ``\xff`` for the byte 0xff of
+    a file name that is not UTF-8 (``os.fsdecode``'s U+DCFF), ``\ud800`` for any other (a
+    JSON string's ``"\ud800"``).  Text without one is returned as it is.
+
+    Every rendered output goes through it (``oomlens.render.registry.render``), so that no
+    report, table or summary fails to be written or is written as bytes that are not UTF-8."""
+    if _SURROGATES.search(text) is None:
+        return text
+    return _SURROGATES.sub(_surrogate_escape, text)
+
+
+def _surrogate_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if code in _SURROGATE_ESCAPE else f"\\u{code:04x}"
+
+
 def strip_controls(text: str) -> str:
     """``text`` without :data:`CONTROL_CHARACTERS` (tab and line feed kept)."""
     return CONTROL_CHARACTERS.sub("", text)
 
 
 def one_line(text: str) -> str:
-    """``text`` without control characters, tabs and line feeds made spaces: a table cell."""
-    return _LINE_BREAKS.sub(" ", strip_controls(text))
+    """``text`` without control characters, tabs and line feeds made spaces, surrogates
+    escaped (``without_surrogates``): a table cell, a message's line."""
+    return without_surrogates(_LINE_BREAKS.sub(" ", strip_controls(text)))
 
 
 def escape_controls(text: str) -> str:

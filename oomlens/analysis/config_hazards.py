@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from oomlens.analysis.findings_cap import capped_hazards
 from oomlens.facts.config import (
     ConfigDocument,
     ConfigHazard,
@@ -26,6 +27,8 @@ _DEPRECATED_ZERO_KEYS = {
 }
 
 
+MAX_COMPARED = 1000
+"""Unknown top-level keys compared with DeepSpeed's for a misspelling (the rest are unknown)."""
 _IMPORTANT_TOP_LEVEL = {
     "zero_optimization": ConfigSeverity.HIGH,
     "fp16": ConfigSeverity.HIGH,
@@ -47,7 +50,7 @@ def find_config_hazards(
     """
     data = doc.data
     hazards: list[ConfigHazard] = []
-    hazards += _unknown_top_level_keys(doc)
+    hazards += capped_hazards(_unknown_top_level_keys(doc))
     hazards += _auto_hazards(doc, effective, integration)
     hazards += _precision_hazards(effective)
     hazards += _deprecated_hazards(doc)
@@ -112,10 +115,19 @@ def _sources(*values: Any) -> tuple[Any, ...]:
 
 def _unknown_top_level_keys(doc: ConfigDocument) -> list[ConfigHazard]:
     out: list[ConfigHazard] = []
+    known = sorted(KNOWN_TOP_LEVEL_KEYS)
+    compared = 0
     for key in doc.data:
         if key in KNOWN_TOP_LEVEL_KEYS or key in REMOVED_TOP_LEVEL_KEYS:
             continue
-        close = difflib.get_close_matches(key, sorted(KNOWN_TOP_LEVEL_KEYS), n=1, cutoff=0.8)
+        # difflib costs ~0.3 ms a key: only the first MAX_COMPARED unknown keys (more than
+        # any written config has) are compared, so that 230,000 of them cost no minutes
+        compared += 1
+        close = (
+            difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+            if compared <= MAX_COMPARED
+            else []
+        )
         if close and close[0] not in doc.data:
             target = close[0]
             severity = _IMPORTANT_TOP_LEVEL.get(target, ConfigSeverity.LOW)

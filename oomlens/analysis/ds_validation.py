@@ -38,6 +38,7 @@ from typing import Any
 from oomlens.analysis.batch import TRAIN, assert_batch, derive_batch, repeated_by_multiplying
 from oomlens.analysis.config_hazards import find_config_hazards
 from oomlens.analysis.ds_resolve import ResolutionContext, resolve_effective_config
+from oomlens.analysis.findings_cap import capped_problems
 from oomlens.facts.config import (
     ConfigDocument,
     ConfigReading,
@@ -127,6 +128,7 @@ class _Problem:
 def _finish(
     doc: ConfigDocument, problems: list[_Problem], validator: str
 ) -> list[ValidationProblem]:
+    """The validators' problems as facts, at most ``MAX_LISTED`` of a code (``capped_problems``)."""
     out: list[ValidationProblem] = []
     for problem in problems:
         source_key = re.sub(r"(\.\d+)+$", "", problem.key_path)
@@ -142,7 +144,7 @@ def _finish(
                 else doc.source(),
             )
         )
-    return out
+    return list(capped_problems(out))
 
 
 def _join(prefix: str, loc: tuple[Any, ...]) -> str:

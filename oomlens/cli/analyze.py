@@ -227,10 +227,10 @@ def analyze_command(
     to_file = RenderOptions(redacted=redact, width=width or 0)
     if html_output is not None:
         write_rendered(html_output, report, Format.HTML, to_file)
-        click.echo(f"{summary}; HTML report written to {html_output}", err=True)
+        click.echo(f"{summary}; HTML report written to {one_line(html_output)}", err=True)
     if output is not None:
         write_rendered(output, report, chosen, to_file)
-        click.echo(f"{summary}; report written to {output}", err=True)
+        click.echo(f"{summary}; report written to {one_line(output)}", err=True)
         return
     use_colour = sys.stdout.isatty() if colour is None else colour
     shown = RenderOptions(colour=use_colour, redacted=redact, width=output_width(width))

@@ -13,6 +13,7 @@ from oomlens.errors import NoUsableInputError, UsageError
 from oomlens.triage.pool import default_jobs
 from oomlens.triage.shard import Shard
 from oomlens.units import parse_size
+from oomlens.untrusted import one_line
 
 # The engine, pandas and the analysis are imported inside the commands: every other oomlens
 # command imports this module too, and must start fast.
@@ -233,7 +234,7 @@ def run_command(
             f"oomlens: {len(result.table)} run{'' if len(result.table) == 1 else 's'}{share}: "
             f"{result.analyzed} analyzed,"
             f" {result.reused} unchanged, in {result.seconds:.1f} s"
-            + (f"; wrote {', '.join(outputs)}" if outputs else ""),
+            + (f"; wrote {', '.join(map(one_line, outputs))}" if outputs else ""),
             err=True,
         )
 

@@ -12,6 +12,7 @@ import click
 
 from oomlens.cli.params import SIZE, WIDTH_HELP, output_width
 from oomlens.render.registry import formats_for
+from oomlens.untrusted import one_line
 
 
 @click.command("whatif")
@@ -68,6 +69,6 @@ def whatif_command(
     if output is not None:
         # a file is wrapped only when asked: it is read with grep and diff
         write_output(output, render(report, Format(fmt), RenderOptions(width=width or 0)))
-        click.echo(f"oomlens whatif: written to {output}", err=True)
+        click.echo(f"oomlens whatif: written to {one_line(output)}", err=True)
         return
     click.echo(render(report, Format(fmt), RenderOptions(width=output_width(width))), nl=False)

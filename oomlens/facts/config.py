@@ -326,6 +326,8 @@ class ValidationProblem:
     (``extra_forbidden``, ``int_from_float``, ``enum``...), else an oomlens code
     (``batch_mismatch``, ``removed_key``, ``precision_conflict``...).  ``validator`` is
     ``"deepspeed"`` when DeepSpeed's own models produced the verdict, ``"oomlens"`` otherwise.
+    ``count`` is how many problems this one stands for: more than one for the summary of those
+    of one code past the ones listed (``oomlens.analysis.findings_cap``).
     """
 
     key_path: str
@@ -334,6 +336,7 @@ class ValidationProblem:
     severity: ConfigSeverity
     validator: str
     source: SourceRef | None = None
+    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)

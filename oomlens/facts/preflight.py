@@ -149,7 +149,7 @@ class Preflight:
         """``OK: valid and fits``, or every reason it is not."""
         reasons = []
         if not self.valid:
-            reasons.append(f"INVALID ({len(self.problems)} problem(s))")
+            reasons.append(f"INVALID ({sum(p.count for p in self.problems):,} problem(s))")
         if (
             self.batch is not None
             and not self.batch.ok

@@ -52,7 +52,8 @@ def check_text(check: CheckReport, width: int = 0) -> str:
         out.add(f"  {line}", hang=4)
     if result.problems:
         out.add("")
-        out.add(f"Problems - DeepSpeed refuses this config ({len(result.problems)}):")
+        count = sum(problem.count for problem in result.problems)
+        out.add(f"Problems - DeepSpeed refuses this config ({count:,}):")
         for problem in result.problems:
             where = _line(problem.source)
             out.add(

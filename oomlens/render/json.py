@@ -27,7 +27,7 @@ from oomlens.report import (
     Report,
     WhatIfReport,
 )
-from oomlens.untrusted import strip_controls
+from oomlens.untrusted import strip_controls, without_surrogates
 
 if TYPE_CHECKING:
     from oomlens.render.registry import Document
@@ -187,14 +187,20 @@ def report_to_dict(report: Report) -> dict[str, Any]:
 
 def _stripped(value: Any) -> Any:
     """``value`` with every string cleaned of control and bidi characters (log text ends up in
-    terminals and pages that read this JSON); keys included."""
+    terminals and pages that read this JSON) and its surrogates escaped (``without_surrogates``:
+    a file name that is not UTF-8, a config's lone ``"\\ud800"``; the document is UTF-8 and
+    no reader gets a lone surrogate); keys included."""
     if isinstance(value, str):
-        return strip_controls(value)
+        return _clean(value)
     if isinstance(value, dict):
-        return {strip_controls(str(k)): _stripped(v) for k, v in value.items()}
+        return {_clean(str(k)): _stripped(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_stripped(item) for item in value]
     return value
+
+
+def _clean(text: str) -> str:
+    return without_surrogates(strip_controls(text))
 
 
 def render_json(report: Report) -> str:

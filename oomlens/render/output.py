@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from oomlens.errors import UsageError
 from oomlens.ingest.files import is_special_target
 from oomlens.render.registry import Format, RenderOptions, render
+from oomlens.untrusted import without_surrogates
 
 if TYPE_CHECKING:
     from oomlens.render.registry import Document
@@ -54,9 +55,10 @@ def write_atomically(path: str, data: bytes) -> None:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically; ``UsageError`` when it cannot be."""
+    """Write ``text`` (UTF-8, its surrogates escaped: ``without_surrogates``) to ``path``
+    atomically; ``UsageError`` when it cannot be."""
     try:
-        write_atomically(path, text.encode("utf-8"))
+        write_atomically(path, without_surrogates(text).encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
 

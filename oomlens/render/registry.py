@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from oomlens.errors import UsageError
+from oomlens.untrusted import without_surrogates
 
 if TYPE_CHECKING:
     from oomlens.report import CheckReport, Report, WhatIfReport
@@ -105,9 +106,13 @@ def renderer(fmt: Format) -> Renderer:
 
 
 def render(document: Document, fmt: Format, options: RenderOptions | None = None) -> str:
-    """``document`` in ``fmt``.  Raises ``UsageError`` when no renderer makes that format of
-    that document (``oomlens check --format html``)."""
+    """``document`` in ``fmt``: text that UTF-8 encodes, whatever the inputs held (a file name
+    that is not UTF-8, a config's lone ``"\\ud800"``: see ``without_surrogates``).  Raises
+    ``UsageError`` when no renderer makes that format of that document (``oomlens check
+    --format html``)."""
     if document.document not in _MODULES[fmt][1]:
         choices = ", ".join(formats_for(document.document))
         raise UsageError(f"--format {fmt} is not available for {document.document}: use {choices}")
-    return renderer(fmt).render(document, options or RenderOptions())
+    # The JSON renderer escapes them in its strings (an escape put in the finished document
+    # would be a JSON escape it does not mean); this pass is the other formats'.
+    return without_surrogates(renderer(fmt).render(document, options or RenderOptions()))

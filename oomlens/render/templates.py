@@ -23,8 +23,12 @@ from oomlens.render.text import clean
 from oomlens.units import format_size
 
 # Enough to neutralise emphasis, code, links, images, autolinks, HTML, tables and entities
-# inside a line; list and heading markers only act at a line's start, which these never are.
+# inside a line, and headings and block quotes at its start.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]#|<>~&])")
+# What else starts a block when a line begins with it (a template puts a value at a line's
+# start: a summary, a note, a snapshot's file): a list item ("- x", "+ x", "1. x", "1) x"), a
+# thematic break or a setext underline (a text of only - or =).  At the text's start only.
+_MD_LINE_START = re.compile(r"^(?:[-+](?=\s|$)|\d{1,9}(?=[.)](?:\s|$))|[-=](?=[-= ]*$))")
 
 
 def template_dir() -> Path:
@@ -50,9 +54,32 @@ def rule_partials() -> frozenset[str]:
 
 def md_inline(value: object) -> Markup:
     """Untrusted text for Markdown prose: one line, every Markdown/HTML metacharacter escaped."""
-    text = " ".join(clean(str(value)).split())
+    text = _MD_SPECIAL.sub(r"\\\1", " ".join(clean(str(value)).split()))
+    text = _MD_LINE_START.sub(_escape_line_start, text)
     # The text is fully escaped for Markdown here; Markup only stops a second, HTML escaping.
-    return Markup(_MD_SPECIAL.sub(r"\\\1", text))  # noqa: S704
+    return Markup(text)  # noqa: S704
+
+
+def _escape_line_start(match: re.Match[str]) -> str:
+    marker = match.group()
+    # "1." is a list item only with its dot: escape the dot (``1\.``), which the match excludes
+    return "\\" + marker if not marker[0].isdigit() else marker + "\\"
+
+
+def md_span(value: object) -> Markup:
+    """Untrusted text (a ``file:line`` locator) as one inline code span on one line: fenced
+    by a backtick run longer than any in the text, so that nothing inside closes it, and
+    nothing escaped inside (a code span shows its text as written, ``<`` and ``&`` included).
+    For prose and list items, not table cells (GFM splits a cell at a ``|`` even in a span)."""
+    text = " ".join(clean(str(value)).split())
+    if not text:
+        return Markup("")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    # a span that starts or ends with a backtick needs a space inside its fence (CommonMark
+    # strips one from each side)
+    pad = " " if text[0] == "`" or text[-1] == "`" else ""
+    return Markup(f"{fence}{pad}{text}{pad}{fence}")  # noqa: S704
 
 
 def md_code(value: object, language: str = "") -> Markup:
@@ -108,4 +135,5 @@ def environment(kind: str) -> Environment:
     if kind == "markdown":
         env.filters["md"] = md_inline
         env.filters["code"] = md_code
+        env.filters["span"] = md_span
     return env

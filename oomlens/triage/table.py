@@ -21,6 +21,7 @@ from typing import Any
 import pandas
 import regex
 
+from oomlens.triage import cells
 from oomlens.triage.store import StoredResult
 from oomlens.triage.walk import RunSpec
 from oomlens.untrusted import escape_controls, one_line
@@ -89,43 +90,42 @@ def build_table(rows: Sequence[RunRow]) -> pandas.DataFrame:
     return normalize(pandas.DataFrame.from_records(records, columns=list(COLUMNS)))
 
 
-def normalize(frame: pandas.DataFrame) -> pandas.DataFrame:
+def normalize(frame: pandas.DataFrame, *, untrusted: bool = False) -> pandas.DataFrame:
     """``frame`` with exactly ``COLUMNS`` in their dtypes, sorted, indexed 0..n-1.
 
-    Used on tables read back from any output format, so that they compare equal.
-    Raises ``KeyError`` naming a missing column.
+    Used on tables read back from any output format, so that they compare equal.  Every cell
+    becomes its column's type (``cells``: an object or a list in a text column as JSON, a
+    number past int64 missing); with ``untrusted`` (a table read back, maybe made by hand),
+    the text cells but the exact ones become one line without control characters, as oomlens
+    writes them.  Raises ``KeyError`` naming a missing column, ``ValueError`` naming the
+    column and row of a cell that is no number where one must be.
     """
     missing = [name for name in COLUMNS if name not in frame.columns]
     if missing:
         raise KeyError(", ".join(missing))
     frame = frame[list(COLUMNS)].copy()
     for name, dtype in COLUMNS.items():
-        column = frame[name]
+        column = frame[name].astype("object")
         if dtype == "string":
-            column = column.astype("object").where(column.notna(), None)
+            one_line_only = untrusted and name not in EXACT_COLUMNS
             frame[name] = pandas.array(
-                [None if value is None else str(value) for value in column], dtype="string"
+                [cells.text(value, one_line_only=one_line_only) for value in column],
+                dtype="string",
             )
         elif dtype == "Int64":
-            frame[name] = pandas.array([_int64(value) for value in column], dtype="Int64")
+            frame[name] = pandas.array(
+                [cells.integer(value, name, row) for row, value in enumerate(column)],
+                dtype="Int64",
+            )
         else:
             frame[name] = pandas.array(
-                [None if pandas.isna(value) else float(value) for value in column],
+                [cells.decimal(value, name, row) for row, value in enumerate(column)],
                 dtype="Float64",
             )
     frame = frame.sort_values(
         ["time", "run", "path"], ascending=[False, True, True], na_position="last", kind="stable"
     )
     return frame.reset_index(drop=True)
-
-
-def _int64(value: Any) -> int | None:
-    """``value`` as a table integer, or missing when it is missing or past int64 (a log may
-    print a 24-digit size; no real byte count or rank is that large)."""
-    if pandas.isna(value):
-        return None
-    number = int(value)
-    return number if -(2**63) <= number < 2**63 else None
 
 
 def _record(row: RunRow) -> dict[str, Any]:
