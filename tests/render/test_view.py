@@ -49,11 +49,15 @@ def test_an_excerpt_that_cites_a_line_shows_that_lines_own_words(name: str) -> N
 
 
 def test_oomlens_account_of_a_line_is_not_shown_as_an_excerpt_of_it() -> None:
-    report = analyze([case_dir("prefetch_overshoot")])
+    report = analyze([case_dir("model_states_too_large")])
     view = build_view(report)
-    (activations,) = [d for d in view.diagnoses if d.id == "activation_memory"]
-    (against,) = [e for e in activations.evidence if not e.supports]
-    assert "ZeRO-3 parameter gather" in against.text and not against.quoted
-    assert against.where.endswith(f":{against.line} (rank 0)")  # still cites its line
-    (message,) = [e for e in activations.evidence if e.text.startswith("torch.OutOfMemoryError")]
+    (fragmentation,) = [d for d in view.diagnoses if d.id == "fragmentation"]
+    against = next(
+        e
+        for e in fragmentation.evidence
+        if not e.supports and e.text.startswith("the failing allocation creates optimizer state")
+    )
+    assert "the failing allocation creates optimizer state" in against.text and not against.quoted
+    assert against.where.endswith(f":{against.line} (rank 1)")  # still cites its line
+    (message,) = [e for e in fragmentation.evidence if e.text.startswith("torch.OutOfMemoryError")]
     assert message.quoted  # the OOM message as printed still is one

@@ -31,15 +31,6 @@ UNBREAKABLE = {
         "/opt/torch/.venv/lib/python3.12/site-packages/torch/_functorch/_aot_autograd/"
         "runtime_wrappers.py:2503"
     },
-    # the ZeRO-3 gather frame that weighs against activations, cited at its own line
-    "prefetch_overshoot": {
-        "(/opt/torch/.venv/lib/python3.12/site-packages/deepspeed/runtime/zero/"
-        "partitioned_param_coordinator.py:406)"
-    },
-    "prefetch_overshoot_captured": {
-        "(/opt/torch/.venv/lib/python3.12/site-packages/deepspeed/runtime/zero/"
-        "partition_parameters.py:1560)"
-    },
     "fragmentation_captured": {
         "(fixtures/crash_logs/fragmentation_captured/oomlens-capture/20261201-110830-434/"
         "rank0.snapshot.pickle"
