@@ -9,8 +9,12 @@ Recognition is by each format's own structure, whatever the file quotes:
 
 * markup: the root element (``<!DOCTYPE html>``/``<html>``; ``<testsuites>``/``<testsuite>``
   after an optional ``<?xml ...?>`` declaration and comments);
-* Python: the head parses (``ast``) and defines or imports something at module level; its
-  comments are ``quoted`` (a reproduction snippet with its output in them);
+* Python: the head parses (``ast``) and defines or imports something at module level, or is
+  a module of assignments and strings with a docstring or a multi-line string (a test's
+  fixture messages); a head the reading cut is tokenized (``tokenize``: a string or bracket
+  may span lines, and a line inside a string starts no statement) and parsed up to a
+  module-level statement the cut did not reach; its comments are ``quoted`` (a reproduction
+  snippet with its output in them);
 * a script: a shell shebang (``#!/bin/bash``, ``#!/usr/bin/env sh``...) and shell syntax with
   no more log lines than a script's ``echo`` could print;
 * JSON: an array whose elements decode (``[{...}, ...``);
@@ -24,7 +28,8 @@ Recognition is by each format's own structure, whatever the file quotes:
   it, notes when found in a run directory;
 * oomlens' own text or Markdown report (its evidence quotes the errors it read);
 * TOML/INI and Python that does not parse: by the form of their lines, only when the file has
-  (almost) no log lines.
+  (almost) no log lines; the lines of a TOML multi-line string (``'''``/``\"\"\"`` opened by a
+  key's value) are that value, whatever they hold.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import ast
 import csv
 import io
 import json
+import tokenize
 import tomllib
 import warnings
 from dataclasses import dataclass
@@ -64,8 +70,8 @@ _PY_TOP = regex.compile(
     r"if __name__ ==|\"\"\"|[A-Z_][A-Z0-9_]{1,60} ?(?::[^=]{1,200})?= )"
 )
 _PY_BODY = regex.compile(r"(?: {4}|\t){1,20}\s{0,3}\S|\s{0,8}#|\s{0,8}[)\]}]")
-_PY_STATEMENT_START = regex.compile(r"[A-Za-z_@]")
-"""A line that starts a module-level statement (where a cut head can be parsed up to)."""
+_TOML_MULTILINE = regex.compile(r"\s{0,8}[\w.\"'-]{1,200}\s{0,8}=\s{0,8}(?P<quote>'''|\"\"\")")
+"""A key whose value opens a TOML multi-line string."""
 
 _MARKUP_ROOT = regex.compile(r"<(?P<name>[A-Za-z][\w.:-]{0,100})(?=[\s/>])")
 _SHEBANG = regex.compile(
@@ -119,9 +125,7 @@ def document(text: str, *, whole: bool) -> Document | None:
         return Document("a JSON array")
     if _python_source(text, whole=whole):
         # a snippet with its output pasted into comments (an issue's reproduction)
-        comments = (line.lstrip() for line in text.splitlines())
-        quoted = "\n".join(c[1:] for c in comments if c.startswith("#"))
-        return Document("Python source code", quoted=quoted)
+        return Document("Python source code", quoted="\n".join(_comments(text)))
     lines = [line for line in text.splitlines() if line.strip()]
     if lines and _OOMLENS_REPORT.match(lines[0]):
         return Document("a report of oomlens")
@@ -137,11 +141,11 @@ def document(text: str, *, whole: bool) -> Document | None:
     if markdown is not None:
         return markdown
     head = lines[:400]
+    if _toml(head):
+        return Document("a TOML/INI file")
     logged = sum(1 for line in head if _LOG_LINE.match(line))
     if logged > max(1, len(head) // 20):
         return None
-    if _toml(head):
-        return Document("a TOML/INI file")
     if _python(head):
         return Document("Python source code")
     return None
@@ -213,12 +217,9 @@ def _json_array(text: str, *, whole: bool) -> bool:
 
 def _python_source(text: str, *, whole: bool) -> bool:
     """The head parses as Python (up to a module-level statement the head did not cut) and
-    defines or imports something at module level."""
-    sources = [text]
-    if not whole:
-        lines = text.splitlines(keepends=True)
-        starts = [i for i, line in enumerate(lines) if _PY_STATEMENT_START.match(line)]
-        sources = ["".join(lines[:i]) for i in reversed(starts[-3:]) if i > 0]
+    defines or imports something at module level, or holds only assignments and strings with
+    a docstring or a multi-line string."""
+    sources = [text] if whole else _cut_sources(text)
     for source in sources:
         try:
             with warnings.catch_warnings():
@@ -226,14 +227,71 @@ def _python_source(text: str, *, whole: bool) -> bool:
                 tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
             continue
-        return any(
-            isinstance(
-                node,
-                ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
-            )
-            for node in tree.body
-        )
+        return _module(tree)
     return False
+
+
+def _module(tree: ast.Module) -> bool:
+    """A module that defines or imports something, or a module of assignments and strings
+    only (fixture messages of a test) with what no config dump has: a docstring or a string
+    spanning lines."""
+    body = tree.body
+    if any(
+        isinstance(
+            node,
+            ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
+        )
+        for node in body
+    ):
+        return True
+    docstring = ast.get_docstring(tree, clean=False) is not None
+    assigned = body[1:] if docstring else body
+    values = [node.value for node in assigned if isinstance(node, ast.Assign | ast.AnnAssign)]
+    if not assigned or len(values) < len(assigned):
+        return False
+    strings = [v for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return bool(strings) and (
+        docstring or any((s.end_lineno or s.lineno) > s.lineno for s in strings)
+    )
+
+
+def _comments(text: str) -> list[str]:
+    """The text of the source's comments (``#`` lines inside a string are the string's), up
+    to where the head was cut."""
+    tokens: list[tokenize.TokenInfo] = []
+    try:
+        tokens.extend(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        pass  # the string or statement the head cut: the tokens before it are kept
+    return [token.string[1:] for token in tokens if token.type == tokenize.COMMENT]
+
+
+def _cut_sources(text: str) -> list[str]:
+    """The head up to each of its last three module-level statements, found by tokenizing it:
+    a string or bracket spans lines, so a line inside one starts no statement, and the head
+    may end inside either (the cut).  None when the head does not tokenize as Python."""
+    lines = io.StringIO(text).readlines()
+    starts: list[int] = []
+    depth, new_line = 0, True
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.ERRORTOKEN and not token.string.isspace():
+                return []  # a character Python has no token for
+            if token.type == tokenize.INDENT:
+                depth += 1
+            elif token.type == tokenize.DEDENT:
+                depth -= 1
+            elif token.type == tokenize.NEWLINE:
+                new_line = True
+            elif new_line and token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                new_line = False
+                if depth == 0:
+                    starts.append(token.start[0] - 1)
+    except tokenize.TokenError:
+        pass  # the string or statement the head cut
+    except SyntaxError:  # an indentation no Python has
+        return []
+    return ["".join(lines[:i]) for i in reversed(starts[-3:]) if i > 0]
 
 
 def _script(lines: list[str]) -> str | None:
@@ -356,9 +414,37 @@ def _config(text: str) -> bool:
 
 
 def _toml(lines: list[str]) -> bool:
-    sections = sum(1 for line in lines if _TOML_SECTION.match(line))
-    entries = sum(1 for line in lines if _TOML_ENTRY.match(line) or _TOML_SECTION.match(line))
-    return sections >= 1 and entries >= 0.85 * len(lines)
+    """Sections and entries (a multi-line string's lines are its entry's value), with (almost)
+    no log line outside the strings."""
+    outside: list[str] = []
+    quote = ""
+    for line in lines:
+        if quote:
+            if _unescaped(line, quote) % 2:
+                quote = ""  # the string ends on this line; what follows is the entry's
+            continue
+        outside.append(line)
+        opened = _TOML_MULTILINE.match(line)
+        if opened and _unescaped(line, opened.group("quote")) % 2:
+            quote = opened.group("quote")
+    if not outside:
+        return False
+    logged = sum(1 for line in outside if _LOG_LINE.match(line))
+    if logged > max(1, len(outside) // 20):
+        return False
+    sections = sum(1 for line in outside if _TOML_SECTION.match(line))
+    entries = sum(1 for line in outside if _TOML_ENTRY.match(line) or _TOML_SECTION.match(line))
+    return sections >= 1 and entries >= 0.85 * len(outside)
+
+
+def _unescaped(line: str, quote: str) -> int:
+    """How many times ``quote`` occurs in ``line`` not escaped by a backslash (a literal
+    string has no escapes, but cannot hold its delimiter either)."""
+    return sum(
+        1
+        for m in regex.finditer(regex.escape(quote), line)
+        if line[max(0, m.start() - 1) : m.start()] != "\\"
+    )
 
 
 def _python(lines: list[str]) -> bool:

@@ -239,3 +239,89 @@ def test_windows_of_real_logs_whose_lines_carry_commas_are_logs(tmp_path: Path) 
     refused = [(w, detect_kind(w).reason) for w in windows if not detect_kind(w).plain_text]
     refused = [(w, why) for w, why in refused if why.endswith("not a log")]
     assert refused == []
+
+
+# --- documents whose strings hold a real OOM -------------------------------------------------
+
+
+def _oom_pastes() -> list[str]:
+    cases = sorted(p for p in FIELD.iterdir() if (p / "paste.txt").is_file())
+    pastes = [(p / "paste.txt").read_text(errors="replace") for p in cases]
+    return [paste for paste in pastes if "CUDA out of memory" in paste]
+
+
+def _python_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def test_python_longer_than_the_head_is_refused_whatever_its_strings_hold(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a test module whose one string holds the field corpus' OOM pastes, larger than the
+    # 64 KiB a detection reads: the head ends inside the string, among lines that start like
+    # statements (``RuntimeError: ...``), and lines that start with ``#``
+    body = _python_string("\n\n".join(_oom_pastes() * 2))
+    module = tmp_path / "test_parser_messages.py"
+    module.write_text(
+        '"""Real OOM messages the parser is tested on."""\n\nimport pytest\n\n'
+        f'MESSAGES = """\\\n{body}\n""".split("\\n\\n")\n\n\n'
+        '@pytest.mark.parametrize("message", MESSAGES)\ndef test_parse(message):\n'
+        "    assert message\n"
+    )
+    assert module.stat().st_size > 65536
+    # THEN it is Python, and named alone it is refused, not read as the OOMs it quotes
+    assert detect_kind(module).reason == "Python source code, not a log"
+    with pytest.raises(NoUsableInputError, match="not an input oomlens reads"):
+        analyze([module], options=AnalysisOptions(prefer_deepspeed=False))
+
+
+def test_a_module_of_messages_without_def_or_import_is_python(tmp_path: Path) -> None:
+    # GIVEN a fixtures module: a docstring and assignments of real OOM pastes, nothing else
+    pastes = _oom_pastes()[3:6]
+    module = tmp_path / "messages.py"
+    module.write_text(
+        '"""OOM messages from the field, for the tests."""\n\n'
+        + "".join(
+            f'MESSAGE_{i} = """\\\n{_python_string(p)}\n"""\n\n' for i, p in enumerate(pastes)
+        )
+    )
+    assert detect_kind(module).reason == "Python source code, not a log"
+    with pytest.raises(NoUsableInputError, match="not an input oomlens reads"):
+        analyze([module], options=AnalysisOptions(prefer_deepspeed=False))
+
+
+def _known_failures(tmp_path: Path, quote: str) -> Path:
+    """A TOML file of known failures: each a table whose multi-line strings hold a real OOM."""
+    crash = (OOM_CASE / "train.log").read_text()
+    tail = crash[crash.index("[rank0]: Traceback") :]
+    paste = next(p for p in _oom_pastes() if p.count("\n  File ") >= 5)
+    message = tail if quote == "'''" else _python_string(paste)
+    toml = tmp_path / "known_failures.toml"
+    toml.write_text(
+        "# What killed our runs, and what fixed it\n\n"
+        f'[[failure]]\nrun = "7b-zero3"\ndate = 2026-10-14\nmessage = {quote}\n{message}{quote}\n'
+        'fix = "turn activation checkpointing on"\n\n'
+        '[[failure]]\nrun = "13b"\nfix = "a smaller micro batch"\n'
+    )
+    assert "out of memory" in toml.read_text()
+    return toml
+
+
+@pytest.mark.parametrize("quote", ["'''", '"""'])
+def test_toml_whose_multi_line_strings_hold_an_oom_is_refused(tmp_path: Path, quote: str) -> None:
+    import tomllib
+
+    toml = _known_failures(tmp_path, quote)
+    assert tomllib.loads(toml.read_text())["failure"][0]["fix"]
+    # THEN named alone it is refused
+    assert detect_kind(toml).reason == "a TOML/INI file, not a log"
+    with pytest.raises(NoUsableInputError, match="not an input oomlens reads"):
+        analyze([toml], options=AnalysisOptions(prefer_deepspeed=False))
+    # AND beside a healthy run it is not one of the run's inputs
+    run = tmp_path / "run"
+    shutil.copytree(HEALTHY, run)
+    shutil.copy(toml, run / toml.name)
+    report = analyze([run], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value == "no_failure"
+    why = {os.path.basename(p): r for p, r in discover_run(run).skipped}
+    assert why[toml.name] == "a TOML/INI file, not a log"
