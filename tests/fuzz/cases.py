@@ -303,11 +303,8 @@ def _document(case: Case, rng: random.Random) -> None:
     case.expect = "no_oom"
     if rng.random() < 0.5:
         case.description = f"{how} document quoting {source.relative_to(seeds.ROOT)}, alone"
-        if how == "markdown":
-            # Markdown named on the command line is a ticket's paste (issue 31: headings and
-            # prose around log lines are read as the log they hold); only in a run's folder
-            # are notes no input
-            case.expect = ""
+        if how in documents.PASTES:
+            case.expect = ""  # a ticket's paste, read as the log it holds (``PASTES``)
         case.files[f"in/{name}"] = data
         _json_analyze(case, rng, f"in/{name}")
         return

@@ -67,24 +67,26 @@ def _markdown(quote: str, rng: random.Random) -> tuple[str, bytes]:
 
 
 def _python(quote: str, rng: random.Random) -> tuple[str, bytes]:
-    if rng.random() < 0.5:
-        body = quote.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-        text = (
-            '"""Regression test: the message parser reads a real OOM."""\n\n'
-            f'MESSAGE = """\\\n{body}\n"""\n\n\n'
-            "def test_message_is_parsed():\n    assert parse(MESSAGE).kind == 'gpu_oom'\n"
-        )
-    else:
-        comment = "\n".join("# " + line for line in quote.split("\n"))
-        text = (
-            "import torch\n\n\n"
-            "def step(model, batch):\n"
-            "    # This used to fail with:\n"
-            f"{comment}\n"
-            "    with torch.autocast('cuda', dtype=torch.bfloat16):\n"
-            "        return model(**batch).loss\n"
-        )
-    return rng.choice(["test_oom_parser.py", "train_step.py"]), text.encode()
+    body = quote.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    text = (
+        '"""Regression test: the message parser reads a real OOM."""\n\n'
+        f'MESSAGE = """\\\n{body}\n"""\n\n\n'
+        "def test_message_is_parsed():\n    assert parse(MESSAGE).kind == 'gpu_oom'\n"
+    )
+    return "test_oom_parser.py", text.encode()
+
+
+def _python_snippet(quote: str, rng: random.Random) -> tuple[str, bytes]:
+    comment = "\n".join("# " + line for line in quote.split("\n"))
+    text = (
+        "import torch\n\n\n"
+        "def step(model, batch):\n"
+        "    # This used to fail with:\n"
+        f"{comment}\n"
+        "    with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "        return model(**batch).loss\n"
+    )
+    return "train_step.py", text.encode()
 
 
 def _html(quote: str, rng: random.Random) -> tuple[str, bytes]:
@@ -130,10 +132,18 @@ BUILDERS = {
     "toml": _toml,
     "markdown": _markdown,
     "python": _python,
+    "python_snippet": _python_snippet,
     "html": _html,
     "junit": _junit,
     "sbatch": _sbatch,
 }
+
+
+PASTES = frozenset({"markdown", "python_snippet"})
+"""Formats that, named alone on the command line, are a ticket's paste (issue 31): Markdown
+around a log, a code snippet with the output it printed in its comments; read as the log they
+hold (as the field corpus' pytorch-67839 is), not documents that must stay silent.  In a run's
+folder they are notes."""
 
 
 def document(quote: str, rng: random.Random) -> tuple[str, str, bytes]:
