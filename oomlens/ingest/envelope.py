@@ -113,16 +113,22 @@ def sniff_encoding(head: bytes) -> Encoding:
     return Encoding.UTF8
 
 
-def _json_text(line: bytes) -> bytes | None:
-    """The text a JSON record carries (its message, then its traceback), each line ended;
-    None when ``line`` is no JSON object with a message field."""
+def _json_object(line: bytes) -> dict[str, object] | None:
+    """``line`` as a JSON object, or None when it is not one."""
     if not line.startswith(b"{"):
         return None
     try:
         record = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(record, dict):
+    return record if isinstance(record, dict) else None
+
+
+def _json_text(line: bytes) -> bytes | None:
+    """The text a JSON record carries (its message, then its traceback), each line ended;
+    None when ``line`` is no JSON object with a message field."""
+    record = _json_object(line)
+    if record is None:
         return None
     parts: list[str] = []
     for key in _MESSAGE_KEYS:
@@ -142,13 +148,8 @@ def _json_text(line: bytes) -> bytes | None:
 
 def _docker_text(line: bytes) -> bytes | None:
     """A json-file entry's ``log``, as written: a split line's parts carry no ``\\n``."""
-    if not line.startswith(b"{"):
-        return None
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    value = record.get("log") if isinstance(record, dict) else None
+    record = _json_object(line)
+    value = record.get("log") if record is not None else None
     if not isinstance(value, str):
         return None
     return value.encode("utf-8", "replace")
