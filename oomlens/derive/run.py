@@ -173,6 +173,7 @@ def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
 def derive_signals(facts: RunFacts) -> Signals:
     """Every signal of ``oomlens.facts.signals``, read once from ``facts``."""
     gpu = facts.gpu_oom_events()
+    kills = facts.kernel_oom_kills()
     return Signals(
         signal_deaths=tuple(signal_deaths(facts)),
         silent_death=silent_death(facts),
@@ -188,11 +189,10 @@ def derive_signals(facts: RunFacts) -> Signals:
         pinned=pinned_failure(facts),
         cut_tracebacks=cut_tracebacks(facts),
         places={event_key(e): EventPlace(*phase_of(e), phase_site(e)) for e in facts.oom_events()},
-        first_gpu_oom=facts.first_gpu_oom(),
-        host_kill_seen=bool(facts.kernel_oom_kills() or facts.captured_kills()),
+        host_kill_seen=bool(kills or facts.captured_kills()),
         memory_series_seen=any(True for _ in facts.memory_series()),
         gpu_failure=_failure_point(facts, facts.first_gpu_oom(), ()),
-        host_failure=_failure_point(facts, None, facts.kernel_oom_kills()),
+        host_failure=_failure_point(facts, None, kills),
         rank_failure=_failure_point(facts, None, ()),
     )
 

@@ -199,8 +199,6 @@ class Signals:
     else in the inputs failed (no OOM, no kill, no exception with a message)."""
     places: Mapping[tuple[SourceRef, str], EventPlace] = field(default_factory=dict)
     """The place of every OOM event (``event_key``)."""
-    first_gpu_oom: OomEvent | None = None
-    """The GPU OOM of the rank that failed first, else the first in reading order."""
     host_kill_seen: bool = False
     """The kernel's log or a capture's cgroup counters show an OOM kill."""
     memory_series_seen: bool = False
@@ -211,6 +209,12 @@ class Signals:
     """What died first when the run died of host memory: its first kernel OOM kill."""
     rank_failure: FailurePoint = NOTHING_FAILED
     """What died first otherwise: the rank that failed first."""
+
+    @property
+    def first_gpu_oom(self) -> OomEvent | None:
+        """The GPU OOM of the rank that failed first, else the first in reading order (what
+        ``gpu_failure`` leads with)."""
+        return self.gpu_failure.event
 
     def place(self, event: OomEvent) -> EventPlace:
         """Where ``event`` happened; the reader's own reading for an event not derived."""

@@ -208,13 +208,18 @@ class _Anchors:
         return cls._scanner.arrays(data)
 
     @classmethod
+    def paste_scanner(cls) -> AnchorScanner:
+        """The wider table's scanner (``bits.PASTE_ANCHORS``), made once."""
+        if cls._paste is None:
+            cls._paste = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
+        return cls._paste
+
+    @classmethod
     def paste_hits(cls, data: bytes) -> tuple[np.ndarray, np.ndarray]:
         """The same with the wider table of inputs read line by line, and the starts of the
         lines where an OOM message begins in the paste's squeezed text (an anchor a wrap cut in
         two is found there), as ``OOM | OOM_START`` hits."""
-        if cls._paste is None:
-            cls._paste = AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS)
-        offsets, bits = cls._paste.arrays(data)
+        offsets, bits = cls.paste_scanner().arrays(data)
         text = data.decode("utf-8", "replace")
         starts = torch_oom.message_starts(text)
         if not starts:
@@ -233,6 +238,11 @@ class _Anchors:
 
 
 _SPACES = (b"\xc2\xa0", b"\xe2\x80\xaf", b"\xe2\x80\x87", b"\xe3\x80\x80")
+
+
+def paste_scanner() -> AnchorScanner:
+    """The anchor scanner of the wider table of inputs read line by line, made once."""
+    return _Anchors.paste_scanner()
 
 
 def plain_spaces(data: bytes) -> bytes:

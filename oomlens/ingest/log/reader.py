@@ -64,7 +64,7 @@ from oomlens.facts.log import (
     WorldSize,
 )
 from oomlens.gcpause import gc_paused
-from oomlens.ingest.log import batches, deepspeed, paste, steps, torch_oom, torchrun
+from oomlens.ingest.log import batches, bulk, deepspeed, paste, steps, torch_oom, torchrun
 from oomlens.ingest.log.bits import (
     ALLOC_SUMMARY,
     COMPLETION,
@@ -73,8 +73,6 @@ from oomlens.ingest.log.bits import (
     MAIN,
     OOM,
     OOM_START,
-    PASTE_ANCHOR_BITS,
-    PASTE_ANCHORS,
     SUMMARY,
     TB,
     TERMINATE,
@@ -85,7 +83,6 @@ from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.reader_record import MAX_STREAMS, FactRecorder
 from oomlens.ingest.log.series import RunningStats, Thinned
 from oomlens.ingest.log.state import (
-    AnchorScanner,
     BoundedList,
     MemoryKeeper,
     ReaderLimits,
@@ -124,7 +121,6 @@ END_OF_RUN = ALLOC_SUMMARY | COMPLETION
 table (its OOM count decides a verdict) and a trainer's closing line.  The last lines of an input
 read in bulk (``LogReader.tail``) are read for these too, so that what they decide does not
 depend on the input's size."""
-_END_SCANNER: list[AnchorScanner] = []
 
 
 class LogReader(FactRecorder):
@@ -253,9 +249,7 @@ class LogReader(FactRecorder):
         """The kept last lines of an input read in bulk, read again for what only the wider
         table finds at a run's end (``END_OF_RUN``); a line holding an anchor of the main table
         was read by the pass already.  The clock does not move: only the pass's lines move it."""
-        if not _END_SCANNER:
-            _END_SCANNER.append(AnchorScanner(PASTE_ANCHORS, PASTE_ANCHOR_BITS))
-        scanner = _END_SCANNER[0]
+        scanner = bulk.paste_scanner()
         clock = self.last_time, self.year
         for number, text in self.tail:
             raw = text.encode("utf-8", "surrogateescape")
