@@ -85,7 +85,8 @@ class Fix:
     """A change to make, with what it saves and what it costs.
 
     ``config_patch`` is a JSON merge patch (RFC 7396) for the ds_config; ``environment`` maps
-    variables to values; ``command`` is a command-line change in words or a literal argument.
+    variables to values; ``command`` is a command-line change in words or a literal argument,
+    ``arguments`` the same change as flags and values when it is one.
     """
 
     summary: str
@@ -94,6 +95,12 @@ class Fix:
     command: str | None = None
     predicted_saving_bytes: int | None = None
     cost: str | None = None
+    arguments: Mapping[str, str] = field(default_factory=dict)
+    """Command-line arguments to set (flag -> value), machine-applicable: ``oomlens fix``
+    replaces them in the run's command."""
+    predicted_peak_bytes: int | None = None
+    """The peak the run is predicted to reach with the fix applied (the account's
+    arithmetic), to check the fix against."""
 
 
 class Unit(StrEnum):

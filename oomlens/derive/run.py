@@ -28,6 +28,8 @@ from oomlens.analysis.ds_validation import read_and_check
 from oomlens.analysis.ranks import rank_picture
 from oomlens.analysis.whatif import with_replays
 from oomlens.analysis.zero_model import build_budget, candidate_patches, compare_with_capacity
+from oomlens.derive.account import derive_account
+from oomlens.derive.context import derive_context
 from oomlens.derive.failure_site import cut_tracebacks, phase_of, phase_site
 from oomlens.derive.lookalikes import (
     bug_evidence,
@@ -167,6 +169,8 @@ def derive_run(inputs: InputFacts, hints: RunHints) -> RunFacts:
         captures=captures,
     )
     facts = replace(facts, memory_model=memory_model(facts))
+    context = derive_context(facts)
+    facts = replace(facts, context=context, account=derive_account(facts, context))
     return replace(facts, signals=derive_signals(facts))
 
 

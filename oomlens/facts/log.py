@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from oomlens.facts import SourceRef
 from oomlens.facts.config import DumpedConfig
+from oomlens.facts.context import ContextValue
 from oomlens.facts.kernel import FatalSignalLine, KernelOomKill, OomKillerInvoked, SlurmOomKill
 
 
@@ -710,6 +711,8 @@ class LogFacts:
     bytes), else None: what the log said after that point is lost, whatever came before."""
     gpu_usage: tuple[GpuUsage, ...] = ()
     gpu_processes: tuple[GpuProcess, ...] = ()
+    context: tuple[ContextValue, ...] = ()
+    """The settings the log states (``oomlens.ingest.context_lines``), the first of each key."""
     line_by_line: bool = False
     """The input was small enough to be read line by line with the wider anchor table (a
     paste, a window of a log): cut and wrapped messages and headless tracebacks are read."""

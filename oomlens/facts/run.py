@@ -12,8 +12,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from oomlens.facts import SourceRef
+from oomlens.facts.account import MemoryAccount
 from oomlens.facts.capture import RankCapture
 from oomlens.facts.config import ConfigReading
+from oomlens.facts.context import RunContext
 from oomlens.facts.kernel import KernelLogFacts, KernelOomKill
 from oomlens.facts.log import (
     AllocatorSummary,
@@ -113,6 +115,10 @@ class RunFacts:
     """Facts of input kinds whose slot has no field of its own, by slot name."""
     captures: tuple[RankCapture, ...] = ()
     """What an oomlens capture recorded, per process (``oomlens.facts.capture``)."""
+    context: RunContext = field(default_factory=RunContext)
+    """What the inputs show of the run's shape (``oomlens.facts.context``)."""
+    account: MemoryAccount | None = None
+    """The memory account of the first GPU OOM (``oomlens.facts.account``)."""
     signals: Signals = field(default_factory=Signals)
     """The signals derived from all of the above, once (``oomlens.facts.signals``)."""
 

@@ -21,6 +21,7 @@ from oomlens.rules.common.evidence import (
     size,
     snapshot_evidence,
 )
+from oomlens.rules.common.fit import divide_batch_fix, micro_batch_fix
 from oomlens.rules.common.message import (
     allocator_oom,
     demand_exceeds_card,
@@ -46,9 +47,23 @@ from oomlens.rules.thresholds import Thresholds
 
 
 def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fix]:
-    """A smaller micro batch (unless it is 1 already: there is nothing to halve), then
-    activation checkpointing."""
+    """The micro batch that fits, computed from the run's memory account when it knows the
+    micro batch; else a smaller micro batch (unless it is 1 already: there is nothing to
+    halve); then activation checkpointing.  No batch fix when the model states alone leave
+    no room: no batch fits then."""
     effective = effective_config(facts) if facts is not None else None
+    if facts is not None and facts.account is not None:
+        computed, fit = micro_batch_fix(
+            facts.account, facts.context, ds_config=effective is not None
+        )
+        computed = computed or divide_batch_fix(facts.account, facts.context)
+        if computed is not None:
+            yield computed
+            yield _CHECKPOINTING
+            return
+        if fit is not None and fit.proposed < 1:
+            yield _CHECKPOINTING
+            return
     micro_is_one = False
     if effective is not None:
         micro = effective.batch.micro_batch_per_gpu
@@ -77,11 +92,14 @@ def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fi
             predicted_saving_bytes=saving,
             cost="slightly lower throughput per step",
         )
-    yield Fix(
-        "Recompute activations in the backward pass instead of keeping them.",
-        command="model.gradient_checkpointing_enable()  # HF; or torch.utils.checkpoint per block",
-        cost="about 30% more compute per step",
-    )
+    yield _CHECKPOINTING
+
+
+_CHECKPOINTING = Fix(
+    "Recompute activations in the backward pass instead of keeping them.",
+    command="model.gradient_checkpointing_enable()  # HF; or torch.utils.checkpoint per block",
+    cost="about 30% more compute per step",
+)
 
 
 _MIN_CONFIDENCE = 0.25

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity
-from oomlens.facts.log import Phase
+from oomlens.facts.log import OomEvent, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.common.evidence import (
@@ -15,6 +15,7 @@ from oomlens.rules.common.evidence import (
     oversized_evidence,
     phase_evidence,
 )
+from oomlens.rules.common.fit import prompts_fix
 from oomlens.rules.common.message import allocator_oom, fullness, near_full, oversized
 from oomlens.rules.common.timeline import CUT_PLACE_CONFIDENCE, phase, steps_completed_before
 from oomlens.rules.thresholds import Thresholds
@@ -36,6 +37,34 @@ SPEC = RuleSpec(
     thresholds=("capacity_near_full_fraction",),
     precedence=50,
 )
+
+
+_ACCUMULATING_FRAMES = frozenset(
+    {"nested_concat", "torch_pad_and_concatenate", "_nested_gather", "gather_for_metrics"}
+)
+"""transformers' evaluation loop concatenating every batch's outputs on the device
+(``trainer_pt_utils.nested_concat``) until ``eval_accumulation_steps`` moves them to the CPU."""
+
+
+def _computed_fixes(facts: RunFacts, event: OomEvent) -> Iterator[Fix]:
+    """Fixes with their values: the prompts per ``generate`` that fit; for an evaluation
+    that concatenates every batch's outputs on the GPU, moving them to the CPU each step (no
+    eval batch fits an accumulation that grows with the dataset)."""
+    account = facts.account
+    if account is not None and phase(facts, event) is Phase.GENERATION:
+        computed = prompts_fix(account, facts.context)
+        if computed is not None:
+            yield computed
+    frames = event.traceback.frames if event.traceback is not None else ()
+    if any(f.function in _ACCUMULATING_FRAMES for f in frames):
+        yield Fix(
+            "Move the accumulated predictions to the CPU after every evaluation step, and keep "
+            "only what the metric needs (argmax ids instead of logits).",
+            command="--eval_accumulation_steps 1  (and preprocess_logits_for_metrics="
+            "lambda logits, labels: logits.argmax(-1))",
+            arguments={"--eval_accumulation_steps": "1"},
+            cost="a device-to-host copy per evaluation step",
+        )
 
 
 class EvalOrGenerationRule(Rule):
@@ -71,7 +100,8 @@ class EvalOrGenerationRule(Rule):
             confidence = min(confidence, 0.3)
             evidence.append(oversized_evidence(event))
         what = "generation" if phase(facts, event) is Phase.GENERATION else "evaluation"
-        fixes = [
+        fixes = list(_computed_fixes(facts, event))
+        fixes += [
             Fix(
                 f"Use a smaller {what} batch than the training batch allows you to assume.",
                 command="--per_device_eval_batch_size N (HF) / your eval loader's batch_size",

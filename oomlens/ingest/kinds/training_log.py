@@ -3,6 +3,7 @@ compressed, read in one streaming pass with bounded memory (``oomlens.ingest.log
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import regex
@@ -49,6 +50,7 @@ class TrainingLogKind(InputKind):
 
     def read(self, found: FoundInput, options: ReadOptions) -> Reading:
         # imported when used (``reader``): tools that only want the kinds' names read nothing
+        from oomlens.ingest.context_lines import read_context
         from oomlens.ingest.log import read_log
 
         where = found.location
@@ -59,6 +61,7 @@ class TrainingLogKind(InputKind):
             jobs=options.log_jobs,
             progress=(lambda done, total: progress(found.path, done, total)) if progress else None,
         )
+        log = replace(log, context=read_context(found.path, display=log.path))
         return Reading((log,), f"{log.lines} lines", notes=log.notes, rank=log.layout_rank)
 
 
