@@ -14,6 +14,7 @@ from oomlens.cli.analyze import analyze_command
 from oomlens.cli.capture import capture_command
 from oomlens.cli.check import check
 from oomlens.cli.epilog import epilog
+from oomlens.cli.fix import fix_command
 from oomlens.cli.triage import triage_command
 from oomlens.cli.whatif import whatif_command
 from oomlens.errors import ExitCode, OomlensError
@@ -30,6 +31,7 @@ cli.add_command(analyze_command)
 cli.add_command(capture_command)
 cli.add_command(check)
 cli.add_command(epilog)
+cli.add_command(fix_command)
 cli.add_command(triage_command, "triage")
 cli.add_command(whatif_command)
 
