@@ -103,12 +103,43 @@ def rewrite_command(
                 "not accept it); set it where your script takes it"
             )
             continue
-        if "=" in tokens[hit]:
-            tokens[hit] = tokens[hit].split("=", 1)[0] + "=" + value
-        elif hit + 1 < len(tokens):
-            tokens[hit + 1] = value
-    tokens = [replacements.get(token, token) for token in tokens]
+        inline = "=" in tokens[hit]
+        at = hit if inline else hit + 1
+        if at >= len(tokens):
+            continue
+        current = tokens[at].split("=", 1)[1] if inline else tokens[at]
+        new = _relative(value, current)
+        if new is None:
+            notes.append(f"{flag} {value}: the command's value {current!r} is not a count")
+            continue
+        tokens[at] = tokens[hit].split("=", 1)[0] + "=" + new if inline else new
+    tokens = [_replaced(token, replacements) for token in tokens]
     return shlex.join(tokens), notes
+
+
+def _relative(value: str, current: str) -> str | None:
+    """``value`` itself, or ``/4`` / ``*4`` applied to the command's ``current`` count (a fix
+    that knows the factor but not the run's value)."""
+    if value[:1] not in ("/", "*"):
+        return value
+    try:
+        count, factor = int(current), int(value[1:])
+    except ValueError:
+        return None
+    if factor < 1 or count < 1:
+        return None
+    return str(max(1, count // factor) if value[0] == "/" else count * factor)
+
+
+def _replaced(token: str, replacements: Mapping[str, str]) -> str:
+    """A config's path named the way the command names it: the same path, or the same file
+    name in another folder (the command runs from elsewhere)."""
+    if token in replacements:
+        return replacements[token]
+    for old, new in replacements.items():
+        if token.endswith(".json") and os.path.basename(token) == os.path.basename(old):
+            return new
+    return token
 
 
 def _config_file(report: Report) -> str | None:

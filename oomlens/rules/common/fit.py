@@ -208,13 +208,13 @@ def prompts_fix(account: MemoryAccount, context: RunContext) -> Fix | None:
     fit = scale_fit(account, current, divisor=True)
     if fit is None or current is None or fit.proposed < 1 or fit.proposed >= current:
         return None
-    flag, own = _setting(context, ContextKey.PROMPTS, "")
+    flag, own = _setting(context, ContextKey.PROMPTS, "--generation_batch_size")
     return Fix(
         f"Generate for {fit.proposed} sequences per call instead of {current} (call generate "
         f"{current // fit.proposed} times); predicted peak {size(fit.predicted_peak)} of "
         f"{size(account.limit)}. {fit.arithmetic}.",
-        command=f"{flag} {fit.proposed}" if own else None,
-        arguments={flag: str(fit.proposed)} if own else {},
+        command=f"{flag} {fit.proposed}" + ("" if own else "  (or your script's equivalent)"),
+        arguments={flag: str(fit.proposed)},
         predicted_saving_bytes=(current - fit.proposed) * fit.per_unit_low,
         predicted_peak_bytes=fit.predicted_peak,
         cost="more generate calls, the same outputs",
@@ -236,6 +236,10 @@ def divide_batch_fix(account: MemoryAccount, context: RunContext) -> Fix | None:
         f"what fits. {fit.arithmetic.replace('per unit', 'per 1/1000 of the batch')}.",
         command=f"--per_device_train_batch_size B/{factor} --gradient_accumulation_steps "
         f"G*{factor} (HF Trainer's names; B, G: the run's values)",
+        arguments={
+            "--per_device_train_batch_size": f"/{factor}",
+            "--gradient_accumulation_steps": f"*{factor}",
+        },
         predicted_peak_bytes=fit.predicted_peak,
         cost="the same samples per optimizer step, in more, smaller passes",
     )
