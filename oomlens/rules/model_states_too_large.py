@@ -20,6 +20,7 @@ from oomlens.rules.common.evidence import (
     size,
     snapshot_evidence,
 )
+from oomlens.rules.common.fit import states_fixes
 from oomlens.rules.common.message import (
     allocator_oom,
     demand_exceeds_card,
@@ -231,13 +232,18 @@ class ModelStatesRule(Rule):
                     )
                 )
         elif effective is None:
-            fixes.append(
-                Fix(
-                    "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch "
-                    "FSDP) or offload the optimizer to CPU.",
-                    cost="more communication per step",
-                )
+            computed = (
+                states_fixes(facts.account, facts.context) if facts.account is not None else []
             )
+            fixes.extend(computed)
+            if not computed:
+                fixes.append(
+                    Fix(
+                        "Shard the model states across GPUs (DeepSpeed ZeRO-3 or PyTorch "
+                        "FSDP) or offload the optimizer to CPU.",
+                        cost="more communication per step",
+                    )
+                )
         fixes.append(
             Fix(
                 "Use more GPUs (ZeRO-3 divides the states by the GPU count) or an "

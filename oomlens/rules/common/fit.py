@@ -243,3 +243,48 @@ def divide_batch_fix(account: MemoryAccount, context: RunContext) -> Fix | None:
         predicted_peak_bytes=fit.predicted_peak,
         cost="the same samples per optimizer step, in more, smaller passes",
     )
+
+
+def states_fixes(account: MemoryAccount, context: RunContext) -> list[Fix]:
+    """For model states that leave no room (``states_exceed``), the settings that bring them
+    under the limit, each with its numbers: the GPU count a full sharding (ZeRO-3 / FSDP)
+    needs, and what an optimizer with smaller states leaves (8-bit Adam)."""
+    peak = account.states_at_peak
+    if peak is None or account.limit is None:
+        return []
+    states = peak.high if peak.high is not None else peak.bytes
+    others = sum(account.bytes_of(t) for t in PHASE_TERMS) + account.bytes_of(Term.REQUEST)
+    room = int(account.limit * (1 - MARGIN)) - _outside_allocator(account) - others
+    fixes: list[Fix] = []
+    world = context.integer(ContextKey.WORLD_SIZE) or 1
+    stage = context.integer(ContextKey.ZERO_STAGE)
+    if room > 0 and (stage is None or stage < 3):
+        total = states * (world if stage else 1)  # the states of the whole model
+        gpus = math.ceil(total / room)
+        if 1 < gpus <= 4096:
+            fixes.append(
+                Fix(
+                    f"Shard parameters, gradients and optimizer states over at least {gpus} GPUs "
+                    f"(ZeRO-3 or FSDP full sharding): {size(total)} of model states / {gpus} "
+                    f"= {size(total // gpus)} per GPU, under the {size(room)} the limit leaves "
+                    f"beside this pass's own {size(others)} (with a {MARGIN:.0%} margin).",
+                    config_patch={"zero_optimization": {"stage": 3}} if stage is not None else None,
+                    cost="communication per step; the GPUs",
+                )
+            )
+    params = context.integer(ContextKey.PARAMS)
+    if params is not None:
+        eight_bit = round(params * 2 * (world if not stage else 1) / (world if stage else 1))
+        saving = max(0, min(states, params * 8) - eight_bit)
+        if saving > 0 and states - saving <= room:
+            fixes.append(
+                Fix(
+                    f"Use 8-bit Adam (bitsandbytes): its two states take 2 bytes per parameter "
+                    f"instead of 8, saving about {size(saving)} of the {size(states)} of model "
+                    "states.",
+                    command="--optim adamw_bnb_8bit  (HF; or bitsandbytes.optim.AdamW8bit)",
+                    predicted_saving_bytes=saving,
+                    cost="8-bit optimizer states: usually the same convergence",
+                )
+            )
+    return fixes
