@@ -276,12 +276,16 @@ def report(plan_path: Path, results_path: Path) -> None:
             "yes" if e["applied"] else "no",
             outcome,
             f"{peak / GIB:.2f} GiB" if peak else "-",
+            f"{r['peak_allocated'] / GIB:.2f} GiB" if r and r.get("peak_allocated") else "-",
             f"{want / GIB:.2f} GiB" if want else "-",
             "-" if within is None else "yes" if within else "no",
         ]
         rows.append("| " + " | ".join(cells) + " |")
-    print("| case | top fix for | applied | re-run | peak reserved | predicted | within 15% |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| case | top fix for | applied | re-run | peak reserved | peak allocated | predicted "
+        "| within 15% |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print(
         f"\nre-runs completed: {completed}/{ran}; peaks within 15% of the prediction: "
