@@ -218,8 +218,14 @@ class MemoryLeakRule(Rule):
             fixes=(
                 Fix(
                     "Keep nothing from a step on the GPU: log loss.item(), move kept outputs "
-                    "with .detach().cpu(), and reset per-epoch accumulators; look at what the "
-                    "piled-up call site appends to.",
+                    "with .detach().cpu(), and reset per-epoch accumulators; "
+                    + (
+                        f"the piled-up tensors come from {figures['piled_site'].value} "
+                        f"({size(int(figures['piled_bytes'].value or 0))}): find what keeps its "
+                        "outputs across steps."
+                        if "piled_site" in figures and "piled_bytes" in figures
+                        else "look at what the piled-up call site appends to."
+                    ),
                     predicted_saving_bytes=int(growth.total) if growth is not None else None,
                     cost="none",
                 ),
