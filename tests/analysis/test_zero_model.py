@@ -687,3 +687,21 @@ def test_an_overflow_with_activations_counted_does_not_say_before_any_activation
         (gpu,) = compare_with_capacity(budget, Capacity(gpu_bytes=8 * 2**30))
         [overflow] = [h for h in memory_hazards(eff, budget, [gpu]) if h.code == "gpu_overflow"]
         assert overflow.message.endswith(said), overflow.message
+
+
+def test_offloading_the_optimizer_allows_the_clients_own_optimizer_deepspeed_would_refuse() -> None:
+    """DeepSpeed 0.19.8's engine raises ZeRORuntimeException ("You are using ZeRO-Offload with
+    a client provided optimizer") for a torch optimizer with the optimizer offloaded unless
+    zero_force_ds_cpu_optimizer is false: a config without an optimizer section (Lightning,
+    scripts passing their own) gets that key with the offload, one with DeepSpeed's own does
+    not."""
+    client = _eff({"stage": 3})
+    patch = patch_offload_optimizer(client, MODEL, EIGHT, build_budget(client, MODEL, EIGHT))
+    assert patch is not None
+    assert any(
+        c.key_path == "zero_force_ds_cpu_optimizer" and c.new is False for c in patch.changes
+    )
+    own = _eff({"stage": 3}, optimizer={"type": "AdamW", "params": {"lr": 1e-4}})
+    patch = patch_offload_optimizer(own, MODEL, EIGHT, build_budget(own, MODEL, EIGHT))
+    assert patch is not None
+    assert all(c.key_path != "zero_force_ds_cpu_optimizer" for c in patch.changes)

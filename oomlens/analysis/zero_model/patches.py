@@ -140,13 +140,25 @@ def patch_offload_optimizer(
     if int(eff.zero.stage.value) < 1 or eff.zero.offload_optimizer.enabled:
         return None
     changes = _offload_changes(eff, "offload_optimizer", device="cpu")
+    client_optimizer = eff.optimizer.type.value is None
+    if client_optimizer and eff.optimizer.zero_force_ds_cpu_optimizer.value:
+        # DeepSpeed refuses a client's own optimizer with the optimizer offloaded unless told
+        # otherwise (engine._configure_basic_optimizer raises ZeRORuntimeException "You are
+        # using ZeRO-Offload with a client provided optimizer"): Lightning and scripts that
+        # pass a torch optimizer would not start.
+        changes.append(ConfigChange("zero_force_ds_cpu_optimizer", False))
     return _predict(
         eff,
         model,
         topo,
         changes,
         {"zero__offload_optimizer__device": "cpu"},
-        "offload the optimizer to the CPU",
+        "offload the optimizer to the CPU"
+        + (
+            " (the client's own optimizer allowed: DeepSpeedCPUAdam is faster)"
+            if client_optimizer
+            else ""
+        ),
         "the optimizer step runs on the CPU (DeepSpeedCPUAdam): slower steps, more host RAM",
         before,
         focus,
