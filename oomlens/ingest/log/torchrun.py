@@ -255,7 +255,9 @@ class FailureBlockParser:
         # torch's ProcessFailure makes this text up when the worker left no error file (its
         # entry point was not decorated with @record): a pointer to the docs, not the error
         unrecorded = _NO_ERROR_FILE.match(traceback_text) is not None
-        if unrecorded:
+        if unrecorded or _cut_in_a_frame(traceback_text):
+            # no exception line: the worker's error is not in this text (the entry was cut,
+            # or the paste stops inside the traceback)
             message = None
         error_file = fields.get("error_file")
         self.failures.append(
@@ -281,6 +283,30 @@ class FailureBlockParser:
         self._close_entry()
         self.done = True
         return FailureSummary(self.source, self.title, tuple(self.failures), self.complete)
+
+
+_FRAME_LINE = lazy_regex(r'^\s*File "[^"]*"(?:, line \d+)?(?:, in \S+)?\s*$|^\s*File "[^"]*$')
+_EXCEPTION_LINE = lazy_regex(r"^\s*[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+def _cut_in_a_frame(traceback_text: str) -> bool:
+    """The quoted traceback stops at a frame (``File "...", line N, in f``) or its source
+    line, before its exception line: a traceback's last line is the exception when it is
+    complete."""
+    if "Traceback (most recent call last)" not in traceback_text:
+        return False
+    lines = [ln for ln in traceback_text.splitlines() if ln.strip()]
+    if not lines:
+        return False
+    last = lines[-1]
+    if _FRAME_LINE.match(last):
+        return True
+    # a source line under a frame: the line before it is the frame
+    return (
+        len(lines) >= 2
+        and _FRAME_LINE.match(lines[-2]) is not None
+        and _EXCEPTION_LINE.match(last) is None
+    )
 
 
 def _summary_time(text: str) -> datetime | None:
