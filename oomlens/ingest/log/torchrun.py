@@ -295,7 +295,8 @@ def _cut_in_a_frame(traceback_text: str) -> bool:
     complete."""
     if "Traceback (most recent call last)" not in traceback_text:
         return False
-    lines = [ln for ln in traceback_text.splitlines() if ln.strip()]
+    # Python 3.11+ marks the failing expression under a source line with ^ and ~
+    lines = [ln for ln in traceback_text.splitlines() if ln.strip().strip("^~")]
     if not lines:
         return False
     last = lines[-1]
