@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, a_fraction
 from oomlens.facts.log import Frame, OomEvent
-from oomlens.facts.oom_balance import LARGEST_DEVICE_BYTES, balance
+from oomlens.facts.oom_balance import LARGEST_DEVICE_BYTES, ROUNDING_BYTES, balance
 from oomlens.facts.run import RunFacts
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.common.evidence import oom_evidence, oom_figures, phase_evidence, size
@@ -75,6 +75,10 @@ def top_level_op(event: OomEvent) -> Frame | None:
     return users[-1]
 
 
+_INCONSISTENT_CONFIDENCE = 0.35
+"""A request above a capacity that the message's own allocated figure exceeds: a lead only."""
+
+
 class OversizedAllocationRule(Rule):
     spec: ClassVar[RuleSpec] = SPEC
 
@@ -114,6 +118,24 @@ class OversizedAllocationRule(Rule):
         else:
             return
         evidence = [oom_evidence(event, note)]
+        if (
+            b.capacity
+            and b.allocated is not None
+            and b.allocated > b.capacity + ROUNDING_BYTES
+        ):
+            # The allocator says it holds more than the card has (memory beyond the device:
+            # managed memory, a capacity read from another device): the card's size this
+            # message gives cannot be the measure of what one request may take.
+            confidence = min(confidence, _INCONSISTENT_CONFIDENCE)
+            evidence.append(
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"{size(b.allocated)} allocated by PyTorch on a card of {size(b.capacity)}",
+                    event.source,
+                    "the message's own figures disagree: its capacity does not bound the request",
+                    supports=False,
+                )
+            )
         placed = phase_evidence(facts, event)
         if placed is not None:
             evidence.append(placed)

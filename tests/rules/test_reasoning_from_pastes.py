@@ -251,3 +251,31 @@ def test_a_lone_unplaced_error_is_not_a_confident_not_oom() -> None:
     assert report.top is not None and report.top.confidence < 0.6
     full = analyze([CRASH / "device_side_assert"])
     assert full.top is not None and full.top.id == "not_oom" and full.top.confidence >= 0.8
+
+
+def test_a_request_above_a_capacity_the_message_itself_contradicts_is_only_a_lead(
+    tmp_path: Path,
+) -> None:
+    """megatrondeepspeed-bigscience-384's real pre-2.2 message with its "already allocated"
+    and "reserved" figures raised above the card's capacity (as managed memory or a capacity
+    read from another device prints them): the card no longer bounds the request, so one
+    request above it is not a confident shape bug."""
+    line = next(
+        ln
+        for ln in (FIELD / "megatrondeepspeed-bigscience-384" / "paste.txt")
+        .read_text()
+        .splitlines()
+        if "total capacity" in ln
+    )
+    varied = (
+        line.replace("37631.79 GiB", "90.00 GiB")
+        .replace("50.52 GiB already allocated", "150.52 GiB already allocated")
+        .replace("52.32 GiB reserved", "152.32 GiB reserved")
+    )
+    assert varied != line
+    paste = tmp_path / "paste.txt"
+    paste.write_text(varied + "\n")
+    report = analyze([paste])
+    oversized = [d for d in report.diagnoses if d.id == "oversized_allocation"]
+    assert oversized and oversized[0].confidence < 0.5
+    assert any(not e.supports for e in oversized[0].evidence)
