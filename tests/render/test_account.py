@@ -122,6 +122,11 @@ def test_the_summary_shows_the_account_after_the_diagnoses(
         assert words.term(term.term) in row and format_size(term.bytes) in row
 
 
+def test_every_term_and_basis_has_its_words() -> None:
+    assert set(words.TERM_WORDS) == set(Term)
+    assert set(words.TERM_BASIS_WORDS) == set(TermBasis)
+
+
 def _peak_shown(account: MemoryAccount) -> bool:
     peak = account.states_at_peak
     return peak is not None and peak != account.term(Term.MODEL_STATES)
