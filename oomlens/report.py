@@ -55,7 +55,7 @@ __all__ = [
     "assemble",
 ]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 """Of the JSON report (docs/json-schema.md): keys are only added within a major version."""
 CHECK_SCHEMA_VERSION = "1.0"
 """Of ``oomlens check``'s JSON, the same way."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from oomlens.facts import SourceRef
-from oomlens.render.text import clean
 from oomlens.units import format_size
+from oomlens.untrusted import strip_controls
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -49,7 +49,7 @@ def cap(source: Sequence[S], limit: int, make: Callable[[S], T]) -> Capped[T]:
 def text(value: object, limit: int = MAX_TEXT) -> str:
     """Untrusted text for display: control and bidi characters removed, capped, one line
     breaks kept (templates show multi-line text in ``<pre>``)."""
-    raw = clean(str(value)).replace("\r", "")
+    raw = strip_controls(str(value)).replace("\r", "")
     if len(raw) <= limit:
         return raw
     return f"{raw[:limit]}… ({len(raw) - limit:,} more characters not shown)"

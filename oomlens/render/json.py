@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from oomlens.facts import SourceRef
+from oomlens.facts.account import AccountTerm, MemoryAccount
+from oomlens.facts.context import RunContext
 from oomlens.facts.log import OomEvent
 from oomlens.facts.memory_model import CapacityVerdict, Device
 from oomlens.facts.ranks import RankStatus
@@ -60,6 +62,54 @@ def _fix(item: Fix) -> dict[str, Any]:
         "command": item.command,
         "predicted_saving_bytes": item.predicted_saving_bytes,
         "cost": item.cost,
+        "arguments": dict(item.arguments),
+        "predicted_peak_bytes": item.predicted_peak_bytes,
+    }
+
+
+def _term(item: AccountTerm) -> dict[str, Any]:
+    return {
+        "term": item.term.value,
+        "bytes": item.bytes,
+        "low": item.low,
+        "high": item.high,
+        "basis": item.basis.value,
+        "source": item.source,
+        "note": item.note,
+    }
+
+
+def account_to_dict(account: MemoryAccount | None) -> dict[str, Any] | None:
+    """The memory account of the first GPU OOM (``oomlens.facts.account``), None without one."""
+    if account is None:
+        return None
+    return {
+        "rank": account.rank,
+        "device": account.device,
+        "phase": account.phase,
+        "limit": account.limit,
+        "limit_source": account.limit_source,
+        "limit_is_cap": account.limit_is_cap,
+        "needed": account.needed,
+        "terms": [_term(t) for t in account.terms],
+        "states_at_peak": _term(account.states_at_peak)
+        if account.states_at_peak is not None
+        else None,
+    }
+
+
+def context_to_dict(context: RunContext) -> dict[str, Any]:
+    """The run's context (``oomlens.facts.context``): each known value with how sure it is,
+    how it was read and where."""
+    return {
+        value.key.value: {
+            "value": value.value,
+            "certainty": value.certainty.value,
+            "origin": value.origin,
+            "source": _source(value.source),
+            "text": value.text,
+        }
+        for value in context
     }
 
 
@@ -168,6 +218,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "config_origin": facts.config.origin if facts.config else None,
             "snapshots": len(facts.snapshots),
         },
+        "account": account_to_dict(facts.account),
+        "context": context_to_dict(facts.context),
         "missing_evidence": list(report.missing),
         "inputs": [
             {

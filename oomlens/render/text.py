@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import click
 
 from oomlens.render import words
+from oomlens.render.account_view import AccountView, account_view
 from oomlens.render.check_text import check_text
 from oomlens.render.registry import Format, Renderer, RenderOptions
 from oomlens.render.whatif import whatif_text
@@ -68,7 +69,11 @@ def _fix_lines(fix: Fix, out: Wrapped) -> None:
         out.add(f"         environment: {clean(name)}={clean(value)}", hang=22)
     if fix.command:
         out.add(f"         command: {clean(fix.command)}", hang=18)
+    if fix.arguments:
+        out.add(f"         arguments: {clean(words.arguments(fix.arguments))}", hang=20)
     details = []
+    if fix.predicted_peak_bytes is not None:
+        details.append(f"predicted peak {format_size(fix.predicted_peak_bytes)}")
     if fix.predicted_saving_bytes:
         details.append(f"saves ~{format_size(fix.predicted_saving_bytes)}")
     if fix.cost:
@@ -97,6 +102,29 @@ def _diagnosis_lines(index: int, d: Diagnosis, style: bool, out: Wrapped) -> Non
         out.add(f"    ... {more} more in the full report ({FULL_REPORT})", hang=8)
     for fix in d.fixes[:1]:
         _fix_lines(fix, out)
+
+
+def _account_lines(view: AccountView, out: Wrapped) -> None:
+    """The memory account: a heading with what was needed against the limit, then one line
+    per term (words, bytes, range, how known: where from)."""
+    head = f"Memory account ({view.heading})" if view.heading else "Memory account"
+    against = []
+    if view.needed:
+        against.append(f"{view.needed} needed")
+    if view.limit:
+        against.append(f"{view.limit} {view.limit_name}")
+    out.add(head + (": " + ", ".join(against) if against else ""), hang=2)
+    rows = [*view.rows, *([view.at_peak] if view.at_peak is not None else [])]
+    label_width = max(len(r.label) for r in rows)
+    range_width = max(len(r.range) for r in rows)
+    previous = None
+    for row in rows:
+        source = "(as above)" if row.source == previous else row.source
+        previous = row.source
+        note = f"; {row.note}" if row.note else ""
+        ranged = f"  {row.range:<{range_width}}" if range_width else ""
+        line = f"  {row.label:<{label_width}}  {row.bytes:>10}{ranged}  {row.basis}: {source}{note}"
+        out.add(line, hang=4)
 
 
 def _bold(text: str) -> str:
@@ -133,6 +161,10 @@ def render_text(report: Report, *, colour: bool = False, width: int = 0) -> str:
             f"{d.id} ({d.confidence:.0%})" for d in report.diagnoses[SHOWN_DIAGNOSES:]
         )
         out.add(f"Also considered: {others}", hang=2)
+    account = account_view(report.facts.account)
+    if account is not None:
+        _account_lines(account, out)
+        out.add("")
     if report.missing:
         out.add("To capture next time:")
         for m in report.missing:

@@ -1,10 +1,11 @@
 """The report as the HTML and Markdown templates show it: a view model built from a ``Report``.
 
 ``build_view(report)`` turns the report's facts and diagnoses into small, bounded, display-ready
-pieces: the verdict banner, the ranked diagnoses with their evidence and fixes, the per-rank
-table, chart geometry (numbers only: every label stays a plain string that the templates
-autoescape), the config summary and memory budgets, the inputs, what was missing, what the
-allocator cannot see, and the list of everything that was cut to keep the report small.
+pieces: the verdict banner, the ranked diagnoses with their evidence and fixes, the memory
+account (``oomlens.render.account_view``), the per-rank table, chart geometry (numbers only:
+every label stays a plain string that the templates autoescape), the config summary and memory
+budgets, the inputs, what was missing, what the allocator cannot see, and the list of everything
+that was cut to keep the report small.
 
 Contracts:
 
@@ -30,6 +31,7 @@ from typing import Any
 from oomlens.facts.log import OomEvent, OomKind, StepSample
 from oomlens.facts.ranks import RankPicture
 from oomlens.render import words
+from oomlens.render.account_view import AccountView, account_view
 from oomlens.render.bounded import MAX_SHORT_TEXT, Capped, Fact, cap, pct, plain, size, text, where
 from oomlens.render.charts import LineChart, SnapshotView, series_chart, snapshot_views
 from oomlens.render.config_view import BudgetView, ConfigView, config_view, oom_budget, zero_budget
@@ -229,8 +231,14 @@ class FixView:
     environment: str | None
     """``export VAR=value`` lines, shell-quoted."""
     command: str | None
+    arguments: str | None
+    """The command-line arguments to set, ``--flag value ...`` shell-quoted (what ``oomlens
+    fix`` sets in the run's command)."""
     saving: str | None
     saving_bytes: int | None
+    predicted_peak: str | None
+    """The peak the run is predicted to reach with the fix applied."""
+    predicted_peak_bytes: int | None
     cost: str | None
 
 
@@ -294,8 +302,13 @@ def _fix(index: int, item: Fix) -> FixView:
         patch=patch,
         environment=_env_lines(dict(item.environment)),
         command=text(item.command, 1000) if item.command else None,
+        arguments=text(words.arguments(item.arguments), 1000) if item.arguments else None,
         saving=size(item.predicted_saving_bytes) if item.predicted_saving_bytes else None,
         saving_bytes=item.predicted_saving_bytes,
+        predicted_peak=size(item.predicted_peak_bytes)
+        if item.predicted_peak_bytes is not None
+        else None,
+        predicted_peak_bytes=item.predicted_peak_bytes,
         cost=text(item.cost, 400) if item.cost else None,
     )
 
@@ -633,6 +646,8 @@ def _blind_spots(report: Report) -> BlindSpots | None:
 class View:
     banner: Banner
     diagnoses: tuple[DiagnosisView, ...]
+    account: AccountView | None
+    """The memory account of the first GPU OOM (None without one)."""
     ranks: RankTable
     oom_events: Capped[OomRow]
     traceback: Excerpt | None
@@ -690,6 +705,7 @@ def build_view(report: Report, *, redacted: bool = False) -> View:
     return View(
         banner=_banner(report),
         diagnoses=diagnoses,
+        account=account_view(report.facts.account),
         ranks=ranks,
         oom_events=oom_rows,
         traceback=_traceback_excerpt(report),

@@ -8,6 +8,10 @@ claims more than the facts do: a run whose output names no rank is "the only pro
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
+
+from oomlens.facts.account import Term, TermBasis
 from oomlens.facts.log import OomEvent
 from oomlens.facts.ranks import BASIS_WORDS, RankPicture, RankStatus
 from oomlens.facts.run import WorldSizeFact
@@ -43,6 +47,26 @@ STACK_WORDS = {
     StackDepth.PYTHON_AND_NATIVE: "Python and C++ stacks",
 }
 
+TERM_WORDS = {
+    Term.MODEL_STATES: "model states",
+    Term.ACTIVATIONS: "activations",
+    Term.EVAL_OUTPUTS: "evaluation outputs",
+    Term.KV_CACHE: "KV cache (generation)",
+    Term.OTHER_LIVE: "other live tensors",
+    Term.REQUEST: "the failed request",
+    Term.CACHED_UNUSED: "cached, not allocated",
+    Term.NON_PYTORCH: "outside PyTorch",
+    Term.OTHER_PROCESSES: "other processes",
+}
+"""A memory account's terms (``oomlens.facts.account.Term``) as a table's first column."""
+
+TERM_BASIS_WORDS = {
+    TermBasis.MEASURED: "measured",
+    TermBasis.MODEL: "ZeRO memory model",
+    TermBasis.ARITHMETIC: "arithmetic",
+    TermBasis.REMAINDER: "remainder",
+}
+
 NO_RANK = "no rank printed"
 """The rank cell of output that names no rank."""
 
@@ -50,6 +74,19 @@ NO_RANK = "no rank printed"
 def count(number: int, noun: str) -> str:
     """``1 block``, ``2,048 blocks``: a count and its noun, singular for one."""
     return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
+
+
+def term(value: Term) -> str:
+    return TERM_WORDS.get(value, value.value.replace("_", " "))
+
+
+def term_basis(value: TermBasis) -> str:
+    return TERM_BASIS_WORDS.get(value, value.value)
+
+
+def arguments(flags: Mapping[str, str]) -> str:
+    """A fix's command-line arguments as one shell-quoted line: ``--flag value ...``."""
+    return " ".join(f"{shlex.quote(flag)} {shlex.quote(value)}" for flag, value in flags.items())
 
 
 def outcome(status: RankStatus) -> str:

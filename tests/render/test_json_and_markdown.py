@@ -46,8 +46,10 @@ OOM_KEYS = {
 def test_json_has_the_documented_keys_and_round_trips(name: str) -> None:
     data = report_to_dict(analyze([case_dir(name)]))
     assert json.loads(json.dumps(data)) == data
-    assert data["schema_version"] == "1.0"
-    assert {"verdict", "diagnoses", "oom_events", "ranks", "inputs"} <= set(data)
+    assert data["schema_version"] == "1.1"
+    assert {"verdict", "diagnoses", "oom_events", "ranks", "inputs", "account", "context"} <= set(
+        data
+    )
     for diagnosis in data["diagnoses"]:
         assert DIAGNOSIS_KEYS <= set(diagnosis)
         assert 0 <= diagnosis["confidence"] <= 1

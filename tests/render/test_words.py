@@ -73,7 +73,9 @@ def test_a_log_that_names_no_rank_is_not_said_to_be_rank_0(reports: dict[str, Re
         assert "the only process" in shown, fmt
         assert "**Rank:**" not in shown and "<dt>Rank</dt>" not in shown, fmt
     markdown = render(report, Format.MARKDOWN, RenderOptions())
-    oom_rows = [line for line in markdown.splitlines() if "| 42.00 MiB |" in line]
+    # the OOM table's rows (the memory account's table lists the same request, by term)
+    table = markdown.split("Out-of-memory errors", 1)[1].split("\n\n")[1]
+    oom_rows = [line for line in table.splitlines() if "| 42.00 MiB |" in line]
     assert oom_rows and all(row.startswith("| the only process |") for row in oom_rows)
 
 

@@ -33,12 +33,21 @@ UNBREAKABLE = {
     },
     "fragmentation_captured": {
         "(fixtures/crash_logs/fragmentation_captured/oomlens-capture/20261201-110830-434/"
-        "rank0.snapshot.pickle"
+        "rank0.snapshot.pickle",
+        # the memory account's source of the model states (no parenthesis: not a citation)
+        "fixtures/crash_logs/fragmentation_captured/oomlens-capture/20261201-110830-434/"
+        "rank0.snapshot.pickle",
     },
     "memory_leak_captured": {
         "(fixtures/crash_logs/memory_leak_captured/oomlens-capture/20261201-110936-794/"
         "rank0.series.jsonl:5",
         "(fixtures/crash_logs/memory_leak_captured/oomlens-capture/20261201-110936-794/"
+        "rank0.snapshot.pickle",
+        "fixtures/crash_logs/memory_leak_captured/oomlens-capture/20261201-110936-794/"
+        "rank0.snapshot.pickle",
+    },
+    "prefetch_overshoot_captured": {
+        "fixtures/crash_logs/prefetch_overshoot_captured/oomlens-capture/20261201-111300-1267/"
         "rank0.snapshot.pickle",
     },
     "pinned_memory_exhaustion_captured": {
@@ -54,6 +63,7 @@ HANGS = (
     (re.compile(r"^         ds_config patch: "), 26),
     (re.compile(r"^         environment: "), 22),
     (re.compile(r"^         command: "), 18),
+    (re.compile(r"^         arguments: "), 20),
     (re.compile(r"^         \S"), 11),  # what the fix saves and costs
     (re.compile(r"^    fix: "), 9),
     (re.compile(r"^    \.\.\. "), 8),
