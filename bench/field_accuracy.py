@@ -163,6 +163,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     split = json.loads((CORPUS / "split.json").read_text())
+    second = CORPUS / "split2.json"
+    split2 = json.loads(second.read_text()) if second.is_file() else {"test": [], "dev": []}
+    # both held-back splits are "test", both development splits "dev"
+    split = {
+        **split,
+        "test1": split["test"],
+        "dev1": split["dev"],
+        "test": split["test"] + split2["test"],
+        "dev": split["dev"] + split2["dev"],
+    }
     cases = sorted(p for p in CORPUS.iterdir() if (p / "case.json").is_file())
     if args.split != "all":
         # Only the chosen split (and the unlabelled cases, kept for parsing): tuning on the
@@ -177,8 +187,10 @@ def main() -> None:
         chosen = set(split[args.split])
         labelled = [r for r in labelled if r["id"] in chosen]
     groups = {
-        "test (held back)": [by_id[i] for i in split["test"] if i in by_id],
-        "development": [by_id[i] for i in split["dev"] if i in by_id],
+        "test (held back)": [by_id[i] for i in split["test1"] if i in by_id],
+        "test2 (held back, new)": [by_id[i] for i in split2["test"] if i in by_id],
+        "development": [by_id[i] for i in split["dev1"] if i in by_id],
+        "dev2 (development, new)": [by_id[i] for i in split2["dev"] if i in by_id],
         "all labelled": labelled,
     }
     print(f"field corpus: {len(results)} cases run, {len(labelled)} labelled in the split shown")
@@ -189,7 +201,7 @@ def main() -> None:
             continue
         verdicts = sum(1 for r in rows if r["verdict"] == r["label_verdict"])
         print(
-            f"  {name:18} top-1 {pct(*accuracy(rows, 1)):>14}   "
+            f"  {name:24} top-1 {pct(*accuracy(rows, 1)):>14}   "
             f"top-2 {pct(*accuracy(rows, 2)):>14}   verdict {pct(verdicts, len(rows)):>14}"
         )
     crashes = [r for r in results if r["exit"] not in (0, 3)]
@@ -223,10 +235,11 @@ def main() -> None:
     print_reliability(labelled)
 
     test_ids = set(split["test"])
+    new_ids = set(split2["test"]) | set(split2["dev"])
     print("\nmisses (top-1 not the thread's label), test split first:")
     misses = [r for r in labelled if not set(r["top"][:1]) & set(r["accepted"])]
     for r in sorted(misses, key=lambda r: (r["id"] not in test_ids, r["id"])):
-        where = "test" if r["id"] in test_ids else "dev "
+        where = ("test" if r["id"] in test_ids else "dev ") + ("2" if r["id"] in new_ids else " ")
         print(
             f"  [{where}] {r['id']:34} label {r['label']:24} got {r['top'][:2]} "
             f"({r['verdict']}, {r['confidence']})"
