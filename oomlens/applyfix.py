@@ -50,8 +50,8 @@ def top_fix(report: Report) -> tuple[Diagnosis, Fix]:
     top = report.top
     if top is None or not top.fixes:
         raise UsageError(
-            "the analysis proposes no fix for this run",
-            "run oomlens analyze on it to see what it found",
+            "the analysis proposes no fix for this run: run oomlens analyze on it to see what "
+            "it found"
         )
     return top, next((f for f in top.fixes if applicable(f)), top.fixes[0])
 

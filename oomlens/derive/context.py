@@ -9,6 +9,7 @@ a model's name or a card's name implies.  The first source that has a key gives 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import regex
 
@@ -38,8 +39,8 @@ def _ordered(facts: RunFacts) -> Iterator[ContextValue]:
             K.PARAMS, facts.params.total, Certainty.STATED, facts.params.origin, facts.params.source
         )
     for log in facts.logs:
-        if log.param_count is not None and log.param_count.trainable is not None:
-            count = log.param_count
+        count = log.param_count
+        if count is not None and count.trainable is not None:
             yield ContextValue(
                 K.TRAINABLE_PARAMS, count.trainable, Certainty.STATED, count.origin, count.source
             )
@@ -65,7 +66,7 @@ def _ordered(facts: RunFacts) -> Iterator[ContextValue]:
 
 
 def _config_value(
-    key: ContextKey, setting: ConfigValue[object], value: object | None = None
+    key: ContextKey, setting: ConfigValue[Any], value: object | None = None
 ) -> Iterable[ContextValue]:
     if setting.origin not in _STATED_ORIGINS and setting.origin is not Origin.DERIVED:
         return ()

@@ -218,7 +218,7 @@ _GENERIC_NAMES = frozenset({"batch_size", "model", "optimizer", "precision"})
 
 
 def _normalise(name: str) -> str:
-    return regex.sub(r"[ -]", "_", name.lower())
+    return name.lower().replace(" ", "_").replace("-", "_")
 
 
 def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
@@ -269,7 +269,7 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
 
 def _has_family(name: str) -> bool:
     """A size part after a family name (``Qwen2-72B``), not a bare size (``350m``)."""
-    head = regex.split(r"[-_]\d", name, maxsplit=1)[0]
+    head: str = regex.split(r"[-_]\d", name, maxsplit=1)[0]
     return sum(c.isalpha() for c in head) >= 2
 
 

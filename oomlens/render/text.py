@@ -69,7 +69,7 @@ def _fix_lines(fix: Fix, out: Wrapped) -> None:
         out.add(f"         environment: {clean(name)}={clean(value)}", hang=22)
     if fix.command:
         out.add(f"         command: {clean(fix.command)}", hang=18)
-    if fix.arguments:
+    if fix.arguments and not fix.command:  # the command already says them
         out.add(f"         arguments: {clean(words.arguments(fix.arguments))}", hang=20)
     details = []
     if fix.predicted_peak_bytes is not None:

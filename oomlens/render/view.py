@@ -302,7 +302,12 @@ def _fix(index: int, item: Fix) -> FixView:
         patch=patch,
         environment=_env_lines(dict(item.environment)),
         command=text(item.command, 1000) if item.command else None,
-        arguments=text(words.arguments(item.arguments), 1000) if item.arguments else None,
+        # the command already says them, in words a reader of the report follows
+        arguments=(
+            text(words.arguments(item.arguments), 1000)
+            if item.arguments and not item.command
+            else None
+        ),
         saving=size(item.predicted_saving_bytes) if item.predicted_saving_bytes else None,
         saving_bytes=item.predicted_saving_bytes,
         predicted_peak=size(item.predicted_peak_bytes)

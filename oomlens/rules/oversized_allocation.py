@@ -118,11 +118,7 @@ class OversizedAllocationRule(Rule):
         else:
             return
         evidence = [oom_evidence(event, note)]
-        if (
-            b.capacity
-            and b.allocated is not None
-            and b.allocated > b.capacity + ROUNDING_BYTES
-        ):
+        if b.capacity and b.allocated is not None and b.allocated > b.capacity + ROUNDING_BYTES:
             # The allocator says it holds more than the card has (memory beyond the device:
             # managed memory, a capacity read from another device): the card's size this
             # message gives cannot be the measure of what one request may take.

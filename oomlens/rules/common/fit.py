@@ -167,7 +167,6 @@ def micro_batch_fix(
         f"{new_accumulation} (the same global batch); predicted peak {size(fit.predicted_peak)} "
         f"of {size(account.limit)}. {fit.arithmetic}."
     )
-    saving = max(0, (current - fit.proposed) * math.ceil(fit.per_unit_low / PASS_DONE_AT_LEAST))
     if ds_config:
         return (
             Fix(
@@ -176,7 +175,6 @@ def micro_batch_fix(
                     "train_micro_batch_size_per_gpu": fit.proposed,
                     "gradient_accumulation_steps": new_accumulation,
                 },
-                predicted_saving_bytes=saving,
                 predicted_peak_bytes=fit.predicted_peak,
                 cost="the same samples per optimizer step, in more, smaller passes",
             ),
@@ -192,7 +190,6 @@ def micro_batch_fix(
             summary,
             command=command,
             arguments={batch_flag: str(fit.proposed), accum_flag: str(new_accumulation)},
-            predicted_saving_bytes=saving,
             predicted_peak_bytes=fit.predicted_peak,
             cost="the same samples per optimizer step, in more, smaller passes",
         ),
@@ -215,7 +212,6 @@ def prompts_fix(account: MemoryAccount, context: RunContext) -> Fix | None:
         f"{size(account.limit)}. {fit.arithmetic}.",
         command=f"{flag} {fit.proposed}" + ("" if own else "  (or your script's equivalent)"),
         arguments={flag: str(fit.proposed)},
-        predicted_saving_bytes=(current - fit.proposed) * fit.per_unit_low,
         predicted_peak_bytes=fit.predicted_peak,
         cost="more generate calls, the same outputs",
     )
@@ -283,8 +279,7 @@ def states_fixes(account: MemoryAccount, context: RunContext) -> list[Fix]:
                     f"instead of 8, saving about {size(saving)} of the {size(states)} of model "
                     "states.",
                     command="--optim adamw_bnb_8bit  (HF; or bitsandbytes.optim.AdamW8bit)",
-                    predicted_saving_bytes=saving,
-                    cost="8-bit optimizer states: usually the same convergence",
+                        cost="8-bit optimizer states: usually the same convergence",
                 )
             )
     return fixes
