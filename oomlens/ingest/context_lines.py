@@ -40,6 +40,7 @@ ALIASES: dict[str, ContextKey] = {
     "batch_size": _K.MICRO_BATCH,
     "per_gpu_train_batch_size": _K.MICRO_BATCH,
     "train_batch_size_per_device": _K.MICRO_BATCH,
+    "batch_size_per_device": _K.MICRO_BATCH,
     # accumulation
     "gradient_accumulation_steps": _K.GRAD_ACCUM,
     "gradient_accumulation": _K.GRAD_ACCUM,
@@ -213,12 +214,40 @@ _READERS: dict[ContextKey, Callable[[str, str], int | float | str | bool | None]
     _K.PRECISION: _precision,
     _K.MODEL_NAME: lambda _n, v: v if model_size_params(v) is not None else None,
 }
+_QUALIFIERS = frozenset(
+    {
+        "total",
+        "global",
+        "effective",
+        "overall",
+        "train",
+        "training",
+        "min",
+        "minimum",
+        "max",
+        "maximum",
+        "eval",
+        "evaluation",
+        "val",
+        "valid",
+        "validation",
+        "test",
+        "predict",
+        "prediction",
+        "inference",
+        "generation",
+    }
+)
+"""Words that, before a setting's name in prose, name another quantity: HF Trainer's
+``Total train batch size (w. parallel, distributed & accumulation) = 32`` and Unsloth's
+``Total batch size = 8`` are the global batch (DeepSpeed's ``train_batch_size`` too), ``test
+batch size``, ``min seq len`` are not the training pass's values."""
 _GENERIC_NAMES = frozenset({"batch_size", "model", "optimizer", "precision"})
 """Names scripts use loosely: read as inferred, not stated."""
 
 
 def _normalise(name: str) -> str:
-    return regex.sub(r"[ -]", "_", name.lower())
+    return name.lower().replace(" ", "_").replace("-", "_")
 
 
 def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
@@ -241,16 +270,17 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
             _K.PROMPTS, int(match["prompts"]), Certainty.INFERRED, "log", source, quoted
         )
     for match in _PAIR.finditer(text, overlapped=True):
-        words = _normalise(match["name"])
-        parts = words.split("_")
-        # prose may carry leading words ("the micro batch"): its longest known tail; an
-        # identifier (``min_train_batch_size``) is one name, never a tail of itself
-        starts = range(len(parts)) if " " in match["name"] else range(1)
-        for start in starts:
-            name = "_".join(parts[start:])
+        # prose may carry leading words ("the micro batch"): its longest known tail, taken at
+        # a space; an identifier (``min_train_batch_size``, ``ds train_batch_size``) is one
+        # word, never cut into a tail of itself
+        words = match["name"].split()
+        for start in range(len(words)):
+            name = _normalise("_".join(words[start:]))
             key = ALIASES.get(name)
             if key is None:
                 continue
+            if start and _normalise(words[start - 1]) in _QUALIFIERS:
+                break  # "Total batch size = 8": another quantity than the setting
             value = _READERS[key](name, match["value"])
             if value is not None:
                 certainty = Certainty.INFERRED if name in _GENERIC_NAMES else Certainty.STATED
@@ -269,7 +299,7 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
 
 def _has_family(name: str) -> bool:
     """A size part after a family name (``Qwen2-72B``), not a bare size (``350m``)."""
-    head = regex.split(r"[-_]\d", name, maxsplit=1)[0]
+    head: str = regex.split(r"[-_]\d", name, maxsplit=1)[0]
     return sum(c.isalpha() for c in head) >= 2
 
 
