@@ -74,6 +74,8 @@ ALIASES: dict[str, ContextKey] = {
     "optim": _K.OPTIMIZER,
     "optimizer": _K.OPTIMIZER,
     "zero_stage": _K.ZERO_STAGE,
+    "zero_optimization_stage": _K.ZERO_STAGE,
+    "optimizer_name": _K.OPTIMIZER,
     "mixed_precision": _K.PRECISION,
     "precision": _K.PRECISION,
     "torch_dtype": _K.PRECISION,
@@ -91,15 +93,18 @@ ALIASES: dict[str, ContextKey] = {
 _NAME = r"[A-Za-z][A-Za-z0-9]*(?:[ _-][A-Za-z][A-Za-z0-9]*){0,4}"
 _PAIR = regex.compile(
     r"(?<![\w.-])(?:--?)?[\"']?(?P<name>" + _NAME + r")[\"']?"
-    r"(?:\s*[=:]\s*|\s+|[\"']?,\s*[\"'])"
+    r"(?:\s*[=:]\s*|\s+\.+\s+|\s+|[\"']?,\s*[\"'])"
     r"[\"']?(?P<value>[A-Za-z0-9][\w./-]{0,150})"
 )
-"""``name = value``, ``name: value``, ``--name value``, ``'--name', 'value'``, ``"name": 8``
-and the prose form ``micro batch 8``."""
+"""``name = value``, ``name: value``, ``--name value``, ``'--name', 'value'``, ``"name": 8``,
+DeepSpeed's config print ``gradient_accumulation_steps .. 2`` (``DeepSpeedConfig.print``: the
+name, dots to column 29, the value) and the prose form ``micro batch 8``."""
 _STEMS = regex.compile(
-    r"batch|seq|len|accum|beam|token|optim|bf16|fp16|precision|dtype|model|checkpoint|stage|prompt",
+    r"batch|seq|len|accum|beam|token|optim|bf16|fp16|precision|dtype|model|checkpoint|stage|prompt"
+    r"|\d[bm](?![a-z])",
     regex.IGNORECASE,
 )
+"""A line without one of these words (or a model size such as ``13b``) states no setting."""
 _BATCH_BY_TOKENS = regex.compile(
     r"\b(?P<batch>\d{1,6})\s*[x\u00d7]\s*(?P<seq>\d{1,7})\s*tokens\b", regex.IGNORECASE
 )
@@ -116,6 +121,9 @@ _SIZED_MODEL = regex.compile(
 )
 """A model id whose part names its size: ``meta-llama/Llama-2-13b-hf``, ``Qwen2-72B``,
 ``opt-6.7b``, ``bloom-560m``."""
+_FILE = regex.compile(r"\.(?:py|sh|json|ya?ml|txt|log|md|cfg|toml|ipynb)$", regex.IGNORECASE)
+"""A script or a config file named after a model size (``deepspeed_7b_finetune.py``) is not
+the model."""
 _GPU = regex.compile(
     r"\b(?:NVIDIA|Tesla|Quadro)\s+(?P<name>(?:GeForce\s+)?(?:RTX\s+)?[A-Z]{0,4}\d{2,4}[A-Za-z]*"
     r"(?:[ -](?:SXM\d?|PCIe|NVL|Ti|SUPER|HBM\d?e?|\d{1,3}GB|Ada|Generation))*)"
@@ -288,7 +296,11 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
             break
     for match in _SIZED_MODEL.finditer(text):
         params = model_size_params(match["name"])
-        if params is not None and ("/" in match["name"] or _has_family(match["name"])):
+        if (
+            params is not None
+            and ("/" in match["name"] or _has_family(match["name"]))
+            and _FILE.search(match["name"]) is None
+        ):
             yield ContextValue(
                 _K.MODEL_NAME, match["name"], Certainty.INFERRED, "log", source, match["name"]
             )
