@@ -90,7 +90,10 @@ ALIASES: dict[str, ContextKey] = {
 }
 """Argument names (lower case, words joined by ``_``) and the setting each states."""
 
-_NAME = r"[A-Za-z][A-Za-z0-9]*(?:[ _-][A-Za-z][A-Za-z0-9]*){0,4}"
+_WORD = r"[A-Za-z][A-Za-z0-9]*(?:[_-][A-Za-z0-9]+)*"
+_NAME = _WORD + r"(?: " + _WORD + r"){0,4}"
+"""An identifier of any length (``train_micro_batch_size_per_gpu``), or up to five words of
+prose (``Instantaneous batch size per device``)."""
 _PAIR = regex.compile(
     r"(?<![\w.-])(?:--?)?[\"']?(?P<name>" + _NAME + r")[\"']?"
     r"(?:\s*[=:]\s*|\s+\.+\s+|\s+|[\"']?,\s*[\"'])"
@@ -250,6 +253,8 @@ _QUALIFIERS = frozenset(
 ``Total train batch size (w. parallel, distributed & accumulation) = 32`` and Unsloth's
 ``Total batch size = 8`` are the global batch (DeepSpeed's ``train_batch_size`` too), ``test
 batch size``, ``min seq len`` are not the training pass's values."""
+_WORD_BEFORE = regex.compile(r"(?<![\w.-])([A-Za-z]+) $")
+"""The prose word just before a name (overlapped matching also starts a match after it)."""
 _GENERIC_NAMES = frozenset({"batch_size", "model", "optimizer", "precision"})
 """Names scripts use loosely: read as inferred, not stated."""
 
@@ -282,12 +287,15 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
         # a space; an identifier (``min_train_batch_size``, ``ds train_batch_size``) is one
         # word, never cut into a tail of itself
         words = match["name"].split()
+        at = match.start("name")
+        before = _WORD_BEFORE.search(text, max(0, at - 64), at)
         for start in range(len(words)):
             name = _normalise("_".join(words[start:]))
             key = ALIASES.get(name)
             if key is None:
                 continue
-            if start and _normalise(words[start - 1]) in _QUALIFIERS:
+            qualifier = words[start - 1] if start else before.group(1) if before else ""
+            if _normalise(qualifier) in _QUALIFIERS:
                 break  # "Total batch size = 8": another quantity than the setting
             value = _READERS[key](name, match["value"])
             if value is not None:
