@@ -279,7 +279,8 @@ def test_read_context_keeps_the_first_statement_of_each_key() -> None:
     found = {v.key: v for v in read_context(path)}
     # "Batch size 2 succeeded, trying batch size 4": the first statement wins
     assert found[K.MICRO_BATCH].value == 2
-    assert found[K.MICRO_BATCH].source is not None and found[K.MICRO_BATCH].source.line == 11
+    source = found[K.MICRO_BATCH].source
+    assert source is not None and source.line == 11
 
 
 # -- hostile input -------------------------------------------------------------------------------
