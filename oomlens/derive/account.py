@@ -292,6 +292,8 @@ def _weights_only(context: RunContext) -> int | None:
     if params is None:
         return None
     precision = context.get(ContextKey.PRECISION)
-    size = 4 if precision is None or precision.value == "fp32" else 2
+    # a lower bound: 16-bit weights unless the run is known to be fp32 (an unknown precision
+    # may be a cast model; bf16 may be autocast over fp32 weights, at least 2 B either way)
+    size = 4 if precision is not None and precision.value == "fp32" else 2
     share, _ = _layout(context)
     return round(params * size * share)
