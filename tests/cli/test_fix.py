@@ -104,8 +104,13 @@ def test_names_that_are_not_utf8(capsys: pytest.CaptureFixture[str], tmp_path: P
     root = os.fsencode(tmp_path)
     run = os.path.join(root, b"r\x80n")
     os.mkdir(run)
-    shutil.copy(case_dir("fragmentation") / "train.log", os.path.join(run, b"tr\xc3.log"))
-    shutil.copy(case_dir("fragmentation") / "snapshot_rank0.pickle", os.path.join(run, b"s.pickle"))
+    shutil.copy(
+        os.fsencode(case_dir("fragmentation") / "train.log"), os.path.join(run, b"tr\xc3.log")
+    )
+    shutil.copy(
+        os.fsencode(case_dir("fragmentation") / "snapshot_rank0.pickle"),
+        os.path.join(run, b"s.pickle"),
+    )
     out_dir = os.fsdecode(os.path.join(root, b"o\xffut"))
     code, out, err = _main(
         capsys,
