@@ -4,11 +4,14 @@ from the accounts of real OOMs (the crash corpus), under limits other than the r
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from oomlens.facts.account import MemoryAccount
+from oomlens.facts.config import Origin
 from oomlens.facts.context import ContextKey
 from oomlens.facts.run import RunFacts
 from oomlens.rules.activation_memory import ActivationMemoryRule
@@ -146,3 +149,58 @@ def test_prompts_that_fit_the_kv_cache() -> None:
     # a limit four times larger allows at least as many
     roomy = prompts_fix(replace(account, limit=account.limit * 4), facts.context)
     assert roomy is None or int(roomy.summary.split()[2]) >= proposed
+
+
+def test_no_batch_fix_of_unknown_size_when_the_states_exceed() -> None:
+    # accelerate's DeepSpeed plugin run: the log does not state the micro batch, so the fix
+    # is a factor to divide it by; under a limit the states alone exceed, none at all
+    facts = _facts("accelerate_deepspeed_activation")
+    account = facts.account
+    assert account is not None and account.micro_batch is None
+    fixes = [f for d in ActivationMemoryRule().evaluate(facts, Thresholds()) for f in d.fixes]
+    assert any(f.summary.startswith("Divide the micro batch by") for f in fixes)
+    peak = account.states_at_peak
+    assert peak is not None
+    states = peak.high if peak.high is not None else peak.bytes
+    starved = replace(facts, account=replace(account, limit=int(states / (1 - MARGIN)) - 1))
+    fixes = [f for d in ActivationMemoryRule().evaluate(starved, Thresholds()) for f in d.fixes]
+    assert fixes and not any("batch" in f.summary.lower() for f in fixes)
+
+
+def test_a_batch_the_trainer_fills_in_is_set_by_its_arguments(tmp_path: Path) -> None:
+    # accumulation_derived_micro's config with the batch triple "auto" (as the HF Trainer's
+    # and Accelerate's examples write it): a number patched into the config would contradict
+    # TrainingArguments (transformers' trainer_config_finalize refuses the mismatch at start):
+    # the fix is the trainer's arguments, not a config patch
+    config = json.loads((case_dir("accumulation_derived_micro") / "ds_config.json").read_text())
+    for key in (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    ):
+        config[key] = "auto"
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    case = case_dir("accumulation_derived_micro")
+    facts = analyze([case / "train.log", case / "snapshot_rank1.pickle", path]).facts
+    assert facts.config is not None
+    batch = facts.config.reading.effective.batch.micro_batch_per_gpu
+    assert batch.origin in (Origin.AUTO_RESOLVED, Origin.AUTO_UNRESOLVED)
+    fixes = [f for d in ActivationMemoryRule().evaluate(facts, Thresholds()) for f in d.fixes]
+    computed = next(f for f in fixes if f.summary.startswith("Micro batch 16 ->"))
+    assert not computed.config_patch
+    assert set(computed.arguments) == {
+        "--per_device_train_batch_size",
+        "--gradient_accumulation_steps",
+    }
+    # the config as the run wrote it (numbers): the patch goes into the config
+    facts = analyze(
+        [case / "train.log", case / "snapshot_rank1.pickle", case / "ds_config.json"]
+    ).facts
+    fixes = [f for d in ActivationMemoryRule().evaluate(facts, Thresholds()) for f in d.fixes]
+    computed = next(f for f in fixes if f.summary.startswith("Micro batch 16 ->"))
+    assert set(computed.config_patch or {}) == {
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    }
+    assert not computed.arguments
