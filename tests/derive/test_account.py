@@ -300,3 +300,51 @@ def test_zero3_model_states_agree_with_deepspeeds_estimator(name: str) -> None:
     expected = (estimate - 4 * largest) * factor
     tolerance = 0.005 * 2**30 * max(factor, 1.0) + 1
     assert abs(ours - expected) <= tolerance, (name, ours, expected, estimate, params, largest)
+
+
+def _zero2_live_estimate(model, gpus: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """``estimate_zero2_model_states_mem_needs_all_live``'s per-GPU figure without offload
+    (bytes, from its GiB with 2 decimals) and the parameter count it read."""
+    stage12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        stage12.estimate_zero2_model_states_mem_needs_all_live(model, num_gpus_per_node=gpus)
+    for line in printed.getvalue().splitlines():
+        row = re.match(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| offload_optimizer=none\b", line)
+        if row is not None:
+            return float(row.group(2)) * 2**30, stage12.model_to_params(model)
+    raise AssertionError(printed.getvalue())
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_zero2_model_states_agree_with_deepspeeds_estimator(gpus: int) -> None:
+    """accelerate_deepspeed_activation's setup (``accelerate launch --use_deepspeed
+    --zero_stage 2 --mixed_precision bf16``, the 350m scenario GPT) as accelerate's
+    DeepSpeedPlugin writes its config (``zero_optimization.stage``, ``offload_optimizer.device``
+    "none", bf16), against ``estimate_zero2_model_states_mem_needs_all_live``.
+
+    DeepSpeed counts ``2 B x params + 18 B x params / GPUs`` (its comment: 2 B 16-bit grads +
+    4 B fp32 grads + 4 B fp32 params + 8 B Adam states); the memory model keeps the fp32
+    gradient partition for the optimizer step only (``step_fp32_grads``), so the persistent
+    states the account takes are DeepSpeed's figure less 4 B x params / GPUs."""
+    from oomlens.analysis.ds_resolve import resolve_effective_config
+    from oomlens.analysis.zero_model import build_budget
+    from oomlens.derive.account import _from_memory_model
+    from oomlens.facts.memory_model import MemoryModelFacts, ModelSize, Topology
+    from oomlens.ingest.ds_config import document_from_mapping
+
+    assert "--zero_stage 2" in manifest("accelerate_deepspeed_activation")["command"]
+    model = _scenario_model("350m")
+    estimate, params = _zero2_live_estimate(model, gpus)
+    config = {
+        "train_micro_batch_size_per_gpu": 32,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}},
+        "bf16": {"enabled": True},
+    }
+    effective = resolve_effective_config(document_from_mapping(config))
+    budget = build_budget(effective, ModelSize(params), Topology(gpus, gpus))
+    term = _from_memory_model(MemoryModelFacts(budget, (), (), ()))
+    assert term is not None and term.basis is TermBasis.MODEL
+    expected = estimate - 4 * params / gpus
+    assert abs(term.bytes - expected) <= 0.005 * 2**30 + 1, (term.bytes, expected, estimate)
