@@ -93,7 +93,10 @@ def rewrite_command(
     ``replacements`` (old -> new, a config's path) replaced; and notes for what it could not
     do.  Every occurrence of a flag is set (argparse keeps the last one given); a flag with no
     value after it (a switch, or the command's last word) is left as it is, with a note."""
-    tokens = shlex.split(command)
+    try:
+        tokens = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"--command: cannot split it as a shell would ({exc})") from exc
     notes: list[str] = []
     for flag, value in arguments.items():
         hits = [

@@ -143,3 +143,21 @@ def test_as_a_process_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == ExitCode.USAGE
     assert result.stdout == b""
     assert result.stderr.decode("utf-8").count("\n") == 1
+
+
+def test_a_command_a_shell_cannot_split_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = _main(
+        capsys,
+        [
+            "fix",
+            str(case_dir("fragmentation")),
+            "--write",
+            str(tmp_path / "x"),
+            "--command",
+            "python3 sample_cached.py --out-dir 'runs/fragmentation",
+        ],
+    )
+    assert code == ExitCode.USAGE
+    assert err.count("\n") == 1 and err.startswith("oomlens: --command: ")
