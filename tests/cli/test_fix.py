@@ -161,3 +161,34 @@ def test_a_command_a_shell_cannot_split_exits_2_with_one_line(
     )
     assert code == ExitCode.USAGE
     assert err.count("\n") == 1 and err.startswith("oomlens: --command: ")
+
+
+def test_a_folder_of_several_runs_is_refused_as_analyze_refuses_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    tree = tmp_path / "tree"
+    for name in ("fragmentation", "compiled_activation"):
+        (tree / name).mkdir(parents=True)
+        shutil.copy(case_dir(name) / "train.log", tree / name / "train.log")
+    code_analyze, _, err_analyze = _main(capsys, ["analyze", str(tree)])
+    code, out, err = _main(capsys, ["fix", str(tree), "--write", str(tmp_path / "x")])
+    assert code == code_analyze == ExitCode.USAGE
+    assert out == "" and err.count("\n") == 1 and "holds 2 runs" in err
+    assert not (tmp_path / "x").exists()
+    code, _, err = _main(capsys, ["fix", str(tree), "--one-run", "--write", str(tmp_path / "x")])
+    assert code in (ExitCode.OK, ExitCode.USAGE), err
+    assert err.count("\n") <= 1
+
+
+def test_a_log_on_standard_input(tmp_path: Path) -> None:
+    log = (case_dir("fragmentation") / "train.log").read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "oomlens", "fix", "-", "--write", str(tmp_path / "x")],
+        input=log,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert result.stdout.decode("utf-8").startswith("fix for fragmentation: ")
+    assert (tmp_path / "x" / "fix.env").exists()
