@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,8 +51,7 @@ def top_fix(report: Report) -> tuple[Diagnosis, Fix]:
     top = report.top
     if top is None or not top.fixes:
         raise UsageError(
-            "the analysis proposes no fix for this run: run oomlens analyze on it to see what "
-            "it found"
+            "the analysis proposes no fix for this run (oomlens analyze shows what it found)"
         )
     return top, next((f for f in top.fixes if applicable(f)), top.fixes[0])
 
@@ -78,42 +78,64 @@ def _same_setting(flag: str, other: str) -> bool:
     return a == b or (ALIASES.get(a) is not None and ALIASES.get(a) == ALIASES.get(b))
 
 
+def _is_flag(token: str) -> bool:
+    """An option, not a value: ``--x``, ``-x``; a negative number is a value."""
+    return token.startswith("-") and not token.startswith("---") and not _NUMBER.match(token)
+
+
+_NUMBER = re.compile(r"^-\d*\.?\d+(?:[eE][-+]?\d+)?$")
+
+
 def rewrite_command(
     command: str, arguments: Mapping[str, str], replacements: Mapping[str, str]
 ) -> tuple[str, list[str]]:
     """``command`` with each argument of ``arguments`` set and each value of
-    ``replacements`` (old -> new, a config's path) replaced; and notes for the arguments it
-    does not have."""
-    tokens = shlex.split(command)
+    ``replacements`` (old -> new, a config's path) replaced; and notes for what it could not
+    do.  Every occurrence of a flag is set (argparse keeps the last one given); a flag with no
+    value after it (a switch, or the command's last word) is left as it is, with a note."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"--command: cannot split it as a shell would ({exc})") from exc
     notes: list[str] = []
     for flag, value in arguments.items():
-        hit = next(
-            (
-                i
-                for i, token in enumerate(tokens)
-                if token.startswith("-")
-                and not token.startswith("---")
-                and _same_setting(flag, token)
-            ),
-            None,
-        )
-        if hit is None:
+        hits = [
+            i for i, token in enumerate(tokens) if _is_flag(token) and _same_setting(flag, token)
+        ]
+        if not hits:
             notes.append(
                 f"the command has no argument for {flag} {value}: not added (the program may "
                 "not accept it); set it where your script takes it"
             )
             continue
-        inline = "=" in tokens[hit]
-        at = hit if inline else hit + 1
-        if at >= len(tokens):
-            continue
-        current = tokens[at].split("=", 1)[1] if inline else tokens[at]
-        new = _relative(value, current)
-        if new is None:
-            notes.append(f"{flag} {value}: the command's value {current!r} is not a count")
-            continue
-        tokens[at] = tokens[hit].split("=", 1)[0] + "=" + new if inline else new
-    tokens = [_replaced(token, replacements) for token in tokens]
+        for hit in hits:
+            inline = "=" in tokens[hit]
+            if not inline and (hit + 1 >= len(tokens) or _is_flag(tokens[hit + 1])):
+                notes.append(
+                    f"{tokens[hit]} has no value in the command: left as it is; set it to {value}"
+                )
+                continue
+            at = hit if inline else hit + 1
+            current = tokens[at].split("=", 1)[1] if inline else tokens[at]
+            updated = _relative(value, current)
+            if updated is None:
+                notes.append(f"{flag} {value}: the command's value {current!r} is not a count")
+                continue
+            tokens[at] = tokens[hit].split("=", 1)[0] + "=" + updated if inline else updated
+    replaced = False
+    for i, token in enumerate(tokens):
+        head, eq, tail = token.partition("=") if _is_flag(token) else ("", "", token)
+        new = _replacement(tail, replacements)
+        if new is not None:
+            if tail not in replacements and not any(
+                os.path.realpath(tail) == os.path.realpath(old) for old in replacements
+            ):
+                notes.append(f"{tail} taken for the run's config (the same file name): {new}")
+            tokens[i] = head + eq + new
+            replaced = True
+    if replacements and not replaced:
+        for old, new in replacements.items():
+            notes.append(f"the command does not name {old}: pass {new} where it takes its config")
     return shlex.join(tokens), notes
 
 
@@ -131,15 +153,22 @@ def _relative(value: str, current: str) -> str | None:
     return str(max(1, count // factor) if value[0] == "/" else count * factor)
 
 
-def _replaced(token: str, replacements: Mapping[str, str]) -> str:
-    """A config's path named the way the command names it: the same path, or the same file
-    name in another folder (the command runs from elsewhere)."""
+def _replacement(token: str, replacements: Mapping[str, str]) -> str | None:
+    """The new path for ``token`` when it names one of the old paths: as written, the same
+    file by another relative path, or a config file of the same name in another folder (the
+    command runs where the run ran, not where its files were collected)."""
+    if not token:
+        return None
     if token in replacements:
         return replacements[token]
+    resolved = os.path.realpath(token)
+    for old, new in replacements.items():
+        if os.path.realpath(old) == resolved:
+            return new
     for old, new in replacements.items():
         if token.endswith(".json") and os.path.basename(token) == os.path.basename(old):
             return new
-    return token
+    return None
 
 
 def _config_file(report: Report) -> str | None:
@@ -149,7 +178,10 @@ def _config_file(report: Report) -> str | None:
 def apply_fix(report: Report, out_dir: str, command: str | None = None) -> AppliedFix:
     """Write the top fix's files into ``out_dir`` (created) and rewrite ``command``."""
     diagnosis, fix = top_fix(report)
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--write {out_dir}: cannot create it ({exc.strerror or exc})") from exc
     written: list[str] = []
     notes: list[str] = []
     replacements: dict[str, str] = {}
@@ -159,19 +191,23 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
             notes.append("the fix patches a ds_config, but the inputs hold none: pass it")
         else:
             patched = merge_patch(config.reading.raw, fix.config_patch)
-            path = os.path.join(out_dir, "ds_config.json")
-            with open(path, "w", encoding="utf-8") as out:
-                json.dump(patched, out, indent=2)
-                out.write("\n")
+            path = _write(out_dir, "ds_config.json", json.dumps(patched, indent=2) + "\n")
             written.append(path)
             original = _config_file(report)
             if original is not None:
                 replacements[original] = path
+            else:
+                notes.append(
+                    f"the run's config file is not among the inputs: pass {path} where the run "
+                    "takes its config"
+                )
     environment = dict(fix.environment)
     if environment:
-        path = os.path.join(out_dir, "fix.env")
-        with open(path, "w", encoding="utf-8") as out:
-            out.writelines(f"export {k}={shlex.quote(v)}\n" for k, v in environment.items())
+        path = _write(
+            out_dir,
+            "fix.env",
+            "".join(f"export {k}={shlex.quote(v)}\n" for k, v in environment.items()),
+        )
         written.append(path)
     new_command = None
     if command is not None:
@@ -183,10 +219,7 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
                 + " "
                 + new_command
             )
-        path = os.path.join(out_dir, "command.txt")
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(new_command + "\n")
-        written.append(path)
+        written.append(_write(out_dir, "command.txt", new_command + "\n"))
     elif fix.arguments:
         notes.append("pass the run's command (--command) to have its arguments rewritten")
     if not applicable(fix):
@@ -203,9 +236,17 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
         "written": list(written),
         "notes": notes,
     }
-    path = os.path.join(out_dir, "fix.json")
-    with open(path, "w", encoding="utf-8") as out:
-        json.dump(record, out, indent=2, default=str)
-        out.write("\n")
-    written.append(path)
+    written.append(_write(out_dir, "fix.json", json.dumps(record, indent=2, default=str) + "\n"))
     return AppliedFix(diagnosis, fix, tuple(written), new_command, tuple(notes))
+
+
+def _write(out_dir: str, name: str, text: str) -> str:
+    """``text`` written as ``out_dir/name`` (UTF-8; a name's undecodable bytes kept as they
+    were); the path, or ``UsageError`` when it cannot be written."""
+    path = os.path.join(out_dir, name)
+    try:
+        with open(path, "w", encoding="utf-8", errors="surrogateescape") as out:
+            out.write(text)
+    except OSError as exc:
+        raise UsageError(f"--write {out_dir}: cannot write {name} ({exc.strerror or exc})") from exc
+    return path

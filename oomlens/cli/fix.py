@@ -24,6 +24,12 @@ from oomlens.untrusted import one_line
     "(an argument it does not have is not added).",
 )
 @click.option(
+    "--one-run",
+    is_flag=True,
+    default=False,
+    help="Read a directory as one run even when it holds several (as analyze).",
+)
+@click.option(
     "--write",
     "out_dir",
     required=True,
@@ -31,13 +37,24 @@ from oomlens.untrusted import one_line
     help="Folder for the patched ds_config.json, fix.env, command.txt and fix.json (created).",
 )
 def fix_command(
-    inputs: tuple[str, ...], config: str | None, run_command: str | None, out_dir: str
+    inputs: tuple[str, ...],
+    config: str | None,
+    run_command: str | None,
+    one_run: bool,
+    out_dir: str,
 ) -> None:
     """Write the top fix for the run as files, and print the changed command line."""
     from oomlens.applyfix import apply_fix
+    from oomlens.cli.analyze import refuse_several_runs
+    from oomlens.ingest.files import spooled_streams
     from oomlens.session import analyze
 
-    report = analyze(list(inputs), config=config)
+    # the inputs as analyze reads them: a stream read once, a folder of several runs refused
+    with spooled_streams(list(inputs)) as (paths, _):
+        if not one_run:
+            for path in paths:
+                refuse_several_runs(path)
+        report = analyze(paths, config=config)
     applied = apply_fix(report, out_dir, run_command)
     click.echo(f"fix for {applied.diagnosis.id}: {one_line(applied.fix.summary)}")
     for path in applied.written:

@@ -18,6 +18,8 @@ failure are then bounded below by the weights alone, and ``states_at_peak`` is t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from oomlens.facts.account import (
     STATE_BYTES,
     AccountTerm,
@@ -58,6 +60,7 @@ _MODEL_STATE_CODES = frozenset(
         "optimizer_states",
         "step_fp32_grads",
         "hpz_secondary",
+        "persistent_params",
     }
 )
 """The memory model's components that are model states (not buckets or gathers)."""
@@ -125,6 +128,8 @@ def derive_account(facts: RunFacts, context: RunContext) -> MemoryAccount | None
 
 
 def _gib(value: int) -> str:
+    if value < 1024**3:
+        return f"{value / 1024**2:.1f} MiB"
     return f"{value / 1024**3:.2f} GiB"
 
 
@@ -137,16 +142,26 @@ def _model_states(
     if located is not None:
         snapshot, device = located
         held = sum(c.bytes for c in device.live_by_category if c.category in _STATE_CATEGORIES)
+        # blocks whose stacks name no known frame (a snapshot recorded without stacks) may be
+        # model states too: the measurement bounds them, it does not rule them out
+        unsure = sum(
+            c.bytes for c in device.live_by_category if c.category is MemoryCategory.UNKNOWN
+        )
         where = f"snapshot {snapshot.source.path} (device {device.device})"
         measured = AccountTerm(
             Term.MODEL_STATES,
             held,
             TermBasis.MEASURED,
             f"{where}: parameters, gradients, optimizer states and ZeRO buffers",
+            low=held if unsure else None,
+            high=held + unsure if unsure else None,
+            note=f"{_gib(unsure)} of live blocks the snapshot cannot attribute" if unsure else "",
         )
         peak = modelled or _from_arithmetic(context)
         if peak is None or peak.bytes < held:
-            peak = measured
+            # the phase's term is what the live tensors leave once ``held`` is taken out:
+            # unattributed blocks are counted there, not twice
+            peak = replace(measured, low=None, high=None)
         return measured, peak
     if modelled is not None:
         return modelled, modelled
@@ -192,14 +207,15 @@ def _from_memory_model(model: MemoryModelFacts | None) -> AccountTerm | None:
         and c.phase is BudgetPhase.PERSISTENT
         and c.code in _MODEL_STATE_CODES
     ]
-    if not parts:
-        return None
+    # none on the GPU is an answer (every state offloaded), not a gap to fill with the
+    # arithmetic, which knows nothing of offload
     total = sum(c.bytes for c in parts)
     return AccountTerm(
         Term.MODEL_STATES,
         total,
         TermBasis.MODEL,
-        "ZeRO memory model of the config: " + ", ".join(c.code for c in parts),
+        "ZeRO memory model of the config: "
+        + (", ".join(c.code for c in parts) if parts else "every model state offloaded"),
     )
 
 
@@ -276,6 +292,8 @@ def _weights_only(context: RunContext) -> int | None:
     if params is None:
         return None
     precision = context.get(ContextKey.PRECISION)
-    size = 4 if precision is None or precision.value == "fp32" else 2
+    # a lower bound: 16-bit weights unless the run is known to be fp32 (an unknown precision
+    # may be a cast model; bf16 may be autocast over fp32 weights, at least 2 B either way)
+    size = 4 if precision is not None and precision.value == "fp32" else 2
     share, _ = _layout(context)
     return round(params * size * share)

@@ -34,10 +34,25 @@ def derive_context(facts: RunFacts) -> RunContext:
 
 def _ordered(facts: RunFacts) -> Iterator[ContextValue]:
     yield from _from_config(facts)
+    counted_trainable = False
     if facts.params is not None:
-        yield ContextValue(
-            K.PARAMS, facts.params.total, Certainty.STATED, facts.params.origin, facts.params.source
+        # HF Trainer's "Number of trainable parameters = N" counts what trains (LoRA's
+        # adapters): the model is at least that, its size is better read from its name
+        counted_trainable = any(
+            log.param_count is not None
+            and log.param_count.source == facts.params.source
+            and log.param_count.trainable == log.param_count.total
+            and log.param_count.origin == "hf_trainer"
+            for log in facts.logs
         )
+        if not counted_trainable:
+            yield ContextValue(
+                K.PARAMS,
+                facts.params.total,
+                Certainty.STATED,
+                facts.params.origin,
+                facts.params.source,
+            )
     for log in facts.logs:
         count = log.param_count
         if count is not None and count.trainable is not None:
@@ -63,6 +78,14 @@ def _ordered(facts: RunFacts) -> Iterator[ContextValue]:
     stated = [value for log in facts.logs for value in log.context]
     yield from stated
     yield from _implied(stated)
+    if counted_trainable and facts.params is not None:
+        yield ContextValue(
+            K.PARAMS,
+            facts.params.total,
+            Certainty.INFERRED,
+            f"{facts.params.origin}: the trainable parameters (all of them when none is frozen)",
+            facts.params.source,
+        )
 
 
 def _config_value(

@@ -40,6 +40,7 @@ ALIASES: dict[str, ContextKey] = {
     "batch_size": _K.MICRO_BATCH,
     "per_gpu_train_batch_size": _K.MICRO_BATCH,
     "train_batch_size_per_device": _K.MICRO_BATCH,
+    "batch_size_per_device": _K.MICRO_BATCH,
     # accumulation
     "gradient_accumulation_steps": _K.GRAD_ACCUM,
     "gradient_accumulation": _K.GRAD_ACCUM,
@@ -73,6 +74,8 @@ ALIASES: dict[str, ContextKey] = {
     "optim": _K.OPTIMIZER,
     "optimizer": _K.OPTIMIZER,
     "zero_stage": _K.ZERO_STAGE,
+    "zero_optimization_stage": _K.ZERO_STAGE,
+    "optimizer_name": _K.OPTIMIZER,
     "mixed_precision": _K.PRECISION,
     "precision": _K.PRECISION,
     "torch_dtype": _K.PRECISION,
@@ -87,18 +90,24 @@ ALIASES: dict[str, ContextKey] = {
 }
 """Argument names (lower case, words joined by ``_``) and the setting each states."""
 
-_NAME = r"[A-Za-z][A-Za-z0-9]*(?:[ _-][A-Za-z][A-Za-z0-9]*){0,4}"
+_WORD = r"[A-Za-z][A-Za-z0-9]*(?:[_-][A-Za-z0-9]+)*"
+_NAME = _WORD + r"(?: " + _WORD + r"){0,4}"
+"""An identifier of any length (``train_micro_batch_size_per_gpu``), or up to five words of
+prose (``Instantaneous batch size per device``)."""
 _PAIR = regex.compile(
     r"(?<![\w.-])(?:--?)?[\"']?(?P<name>" + _NAME + r")[\"']?"
-    r"(?:\s*[=:]\s*|\s+|[\"']?,\s*[\"'])"
+    r"(?:\s*[=:]\s*|\s+\.+\s+|\s+|[\"']?,\s*[\"'])"
     r"[\"']?(?P<value>[A-Za-z0-9][\w./-]{0,150})"
 )
-"""``name = value``, ``name: value``, ``--name value``, ``'--name', 'value'``, ``"name": 8``
-and the prose form ``micro batch 8``."""
+"""``name = value``, ``name: value``, ``--name value``, ``'--name', 'value'``, ``"name": 8``,
+DeepSpeed's config print ``gradient_accumulation_steps .. 2`` (``DeepSpeedConfig.print``: the
+name, dots to column 29, the value) and the prose form ``micro batch 8``."""
 _STEMS = regex.compile(
-    r"batch|seq|len|accum|beam|token|optim|bf16|fp16|precision|dtype|model|checkpoint|stage|prompt",
+    r"batch|seq|len|accum|beam|token|optim|bf16|fp16|precision|dtype|model|checkpoint|stage|prompt"
+    r"|\d[bm](?![a-z])",
     regex.IGNORECASE,
 )
+"""A line without one of these words (or a model size such as ``13b``) states no setting."""
 _BATCH_BY_TOKENS = regex.compile(
     r"\b(?P<batch>\d{1,6})\s*[x\u00d7]\s*(?P<seq>\d{1,7})\s*tokens\b", regex.IGNORECASE
 )
@@ -115,6 +124,9 @@ _SIZED_MODEL = regex.compile(
 )
 """A model id whose part names its size: ``meta-llama/Llama-2-13b-hf``, ``Qwen2-72B``,
 ``opt-6.7b``, ``bloom-560m``."""
+_FILE = regex.compile(r"\.(?:py|sh|json|ya?ml|txt|log|md|cfg|toml|ipynb)$", regex.IGNORECASE)
+"""A script or a config file named after a model size (``deepspeed_7b_finetune.py``) is not
+the model."""
 _GPU = regex.compile(
     r"\b(?:NVIDIA|Tesla|Quadro)\s+(?P<name>(?:GeForce\s+)?(?:RTX\s+)?[A-Z]{0,4}\d{2,4}[A-Za-z]*"
     r"(?:[ -](?:SXM\d?|PCIe|NVL|Ti|SUPER|HBM\d?e?|\d{1,3}GB|Ada|Generation))*)"
@@ -213,6 +225,36 @@ _READERS: dict[ContextKey, Callable[[str, str], int | float | str | bool | None]
     _K.PRECISION: _precision,
     _K.MODEL_NAME: lambda _n, v: v if model_size_params(v) is not None else None,
 }
+_QUALIFIERS = frozenset(
+    {
+        "total",
+        "global",
+        "effective",
+        "overall",
+        "train",
+        "training",
+        "min",
+        "minimum",
+        "max",
+        "maximum",
+        "eval",
+        "evaluation",
+        "val",
+        "valid",
+        "validation",
+        "test",
+        "predict",
+        "prediction",
+        "inference",
+        "generation",
+    }
+)
+"""Words that, before a setting's name in prose, name another quantity: HF Trainer's
+``Total train batch size (w. parallel, distributed & accumulation) = 32`` and Unsloth's
+``Total batch size = 8`` are the global batch (DeepSpeed's ``train_batch_size`` too), ``test
+batch size``, ``min seq len`` are not the training pass's values."""
+_WORD_BEFORE = regex.compile(r"(?<![\w.-])([A-Za-z]+) $")
+"""The prose word just before a name (overlapped matching also starts a match after it)."""
 _GENERIC_NAMES = frozenset({"batch_size", "model", "optimizer", "precision"})
 """Names scripts use loosely: read as inferred, not stated."""
 
@@ -241,16 +283,20 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
             _K.PROMPTS, int(match["prompts"]), Certainty.INFERRED, "log", source, quoted
         )
     for match in _PAIR.finditer(text, overlapped=True):
-        words = _normalise(match["name"])
-        parts = words.split("_")
-        # prose may carry leading words ("the micro batch"): its longest known tail; an
-        # identifier (``min_train_batch_size``) is one name, never a tail of itself
-        starts = range(len(parts)) if " " in match["name"] else range(1)
-        for start in starts:
-            name = "_".join(parts[start:])
+        # prose may carry leading words ("the micro batch"): its longest known tail, taken at
+        # a space; an identifier (``min_train_batch_size``, ``ds train_batch_size``) is one
+        # word, never cut into a tail of itself
+        words = match["name"].split()
+        at = match.start("name")
+        before = _WORD_BEFORE.search(text, max(0, at - 64), at)
+        for start in range(len(words)):
+            name = _normalise("_".join(words[start:]))
             key = ALIASES.get(name)
             if key is None:
                 continue
+            qualifier = words[start - 1] if start else before.group(1) if before else ""
+            if _normalise(qualifier) in _QUALIFIERS:
+                break  # "Total batch size = 8": another quantity than the setting
             value = _READERS[key](name, match["value"])
             if value is not None:
                 certainty = Certainty.INFERRED if name in _GENERIC_NAMES else Certainty.STATED
@@ -258,7 +304,11 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
             break
     for match in _SIZED_MODEL.finditer(text):
         params = model_size_params(match["name"])
-        if params is not None and ("/" in match["name"] or _has_family(match["name"])):
+        if (
+            params is not None
+            and ("/" in match["name"] or _has_family(match["name"]))
+            and _FILE.search(match["name"]) is None
+        ):
             yield ContextValue(
                 _K.MODEL_NAME, match["name"], Certainty.INFERRED, "log", source, match["name"]
             )

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
+from oomlens.facts.config import Origin
 from oomlens.facts.log import OomKind, Phase
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
@@ -21,7 +22,7 @@ from oomlens.rules.common.evidence import (
     size,
     snapshot_evidence,
 )
-from oomlens.rules.common.fit import divide_batch_fix, micro_batch_fix
+from oomlens.rules.common.fit import divide_batch_fix, micro_batch_fix, states_exceed
 from oomlens.rules.common.message import (
     allocator_oom,
     demand_exceeds_card,
@@ -53,9 +54,14 @@ def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fi
     no room: no batch fits then."""
     effective = effective_config(facts) if facts is not None else None
     if facts is not None and facts.account is not None:
-        computed, fit = micro_batch_fix(
-            facts.account, facts.context, ds_config=effective is not None
-        )
+        if states_exceed(facts.account):
+            yield _CHECKPOINTING
+            return
+        # a batch the HF Trainer / Accelerate fill in ("auto") is set by their arguments: a
+        # number in the config would contradict TrainingArguments, which refuses to start
+        batch = effective.batch.micro_batch_per_gpu if effective is not None else None
+        in_config = batch is not None and batch.origin not in _AUTO
+        computed, fit = micro_batch_fix(facts.account, facts.context, ds_config=in_config)
         computed = computed or divide_batch_fix(facts.account, facts.context)
         if computed is not None:
             yield computed
@@ -94,6 +100,8 @@ def _activation_fixes(facts: RunFacts | None, saving: int | None) -> Iterator[Fi
         )
     yield _CHECKPOINTING
 
+
+_AUTO = frozenset({Origin.AUTO_RESOLVED, Origin.AUTO_UNRESOLVED})
 
 _CHECKPOINTING = Fix(
     "Recompute activations in the backward pass instead of keeping them.",
