@@ -73,9 +73,16 @@ def _accepted(case: str) -> set[str]:
 def test_every_known_miss_is_a_labelled_case_with_a_reason_and_a_verdict_on_the_paste() -> None:
     labelled = set(_labelled())
     split = json.loads((FIELD / "split.json").read_text())
+    split2 = json.loads((FIELD / "split2.json").read_text())
+    where = {
+        **{c: "test" for c in split["test"]},
+        **{c: "dev" for c in split["dev"]},
+        **{c: "test2" for c in split2["test"]},
+        **{c: "dev2" for c in split2["dev"]},
+    }
     for case, entry in _known_misses().items():
         assert case in labelled, case
-        assert entry["split"] == ("test" if case in split["test"] else "dev"), case
+        assert entry["split"] == where.get(case), case
         assert entry["miss"] in ("diagnosis", "verdict", "both"), case
         assert isinstance(entry["paste_decides"], bool), case
         assert len(entry["reason"]) > 20, case
@@ -106,9 +113,17 @@ def test_the_top_diagnosis_and_verdict_are_the_threads(case: str) -> None:
     )
     # ...the very answer listed (a changed answer is a change to review, not noise)...
     assert ((top.id if top else None), report.verdict.value) == (known["top"], known["verdict"])
-    # ...and never a confident wrong answer, never "no failure" for a failure
+    # ...and never a confident wrong answer, never "no failure" for a failure; a held-back
+    # case of the second split is recorded, not tuned: its confident wrong answer is listed
+    # (``confident_wrong``) and reported, and the list must say so both ways
     if not diagnosis_ok and top is not None:
-        assert top.confidence < CONFIDENT, (top.id, top.confidence)
+        if known["split"] == "test2":
+            assert (top.confidence >= CONFIDENT) == bool(known.get("confident_wrong")), (
+                top.id,
+                top.confidence,
+            )
+        else:
+            assert top.confidence < CONFIDENT, (top.id, top.confidence)
     if label["verdict"] != "no_failure":
         assert report.verdict.value != "no_failure", report.verdict_reason
 
