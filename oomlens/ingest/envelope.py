@@ -57,6 +57,7 @@ the line reader anyway)."""
 
 _SNIFF_LINES = 200
 _SNIFF_UTF16_BYTES = 4096
+_ZEROS = re.compile(rb"\x00{2,}")
 
 _RFC3339 = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
 """Go's ``time.RFC3339Nano`` as kubelet and the container runtimes write it: a ``.`` before the
@@ -73,6 +74,25 @@ zap/logrus/pino/bunyan ``msg``, fluentd/Docker ``log``, loguru ``text``, journal
 ``MESSAGE``, Cloud Logging ``textPayload``, structlog ``event``."""
 _EXCEPTION_KEYS = ("exc_info", "exception", "exc_text", "stack_trace", "stacktrace", "traceback")
 """Where they put the traceback of a record logged with one."""
+
+
+def without_nul_units(data: bytes) -> bytes:
+    """``data`` without its two-byte units of zeros, counted from its start: a hole of zero
+    bytes a crashed writer left (``oomlens.ingest.detect``), which in UTF-16 is whole NUL
+    characters and in UTF-8 zeroes both halves of a unit alike, so says nothing of which it
+    is; what is left is the text that does."""
+    if b"\x00\x00" not in data:
+        return data
+    out = bytearray()
+    last = 0
+    for run in _ZEROS.finditer(data):
+        start = run.start() + run.start() % 2  # the first unit that starts inside the run
+        end = start + (run.end() - start) // 2 * 2
+        if end > start:
+            out += data[last:start]
+            last = end
+    out += data[last:]
+    return bytes(out)
 
 
 def _decodes_strictly(data: bytes, codec: str) -> bool:
@@ -97,7 +117,7 @@ def sniff_encoding(head: bytes) -> Encoding:
             return Encoding.UTF8
         breaks = b"\n" not in body or "\n" in body.decode(codec.value, "replace")
         return codec if breaks else Encoding.UTF8
-    sample = head[:_SNIFF_UTF16_BYTES]
+    sample = without_nul_units(head)[:_SNIFF_UTF16_BYTES]
     pairs = len(sample) // 2
     if pairs < 8:
         return Encoding.UTF8

@@ -86,6 +86,15 @@ def _utf16(data: bytes, codec: str, bom: bool) -> bytes:
     return (("\ufeff" if bom else "") + text).encode(codec)
 
 
+def _holey_utf16(lines: list[str]) -> bytes:
+    """UTF-16 without a mark, with holes of zeros where a crashed writer left them: one longer
+    than the sniffed head at the start, one of an odd count of characters before a line."""
+    text = "".join(line + "\n" for line in lines)
+    middle = text.index("\n", len(text) // 2) + 1
+    holey = "\x00" * 150_001 + text[:middle] + "\x00" * 3_001 + text[middle:]
+    return holey.encode("utf-16-le")
+
+
 WRAP: dict[str, Callable[[list[str]], bytes]] = {
     "kubectl_timestamps": _kubectl,
     "cri_file": _cri,
@@ -95,6 +104,7 @@ WRAP: dict[str, Callable[[list[str]], bytes]] = {
     "utf16le_no_bom": lambda lines: _utf16(_plain(lines), "utf-16-le", False),
     "utf16be_bom": lambda lines: _utf16(_plain(lines), "utf-16-be", True),
     "utf16_of_kubectl": lambda lines: _utf16(_kubectl(lines), "utf-16-le", True),
+    "utf16le_no_bom_with_holes": _holey_utf16,
     "cri_of_json_lines": lambda lines: _cri(_json_lines(lines).decode().splitlines()),
 }
 
