@@ -207,8 +207,9 @@ def _quotes_log(found: Document, ordered: tuple[InputKind, ...], shown: str) -> 
 def _reader_reads(text: str) -> bool:
     """The log reader, reading ``text`` as a log, finds what tells of a failure in it: an
     out-of-memory error (caught or not), an exception or a traceback, a process's failure or
-    a fatal signal, a kernel's or a scheduler's kill, an allocator's summary, a rejected
-    config.  What counts as a log's line is what the reader reads, not a list of forms."""
+    a fatal signal, a launcher's failed exit or kill, a kernel's or a scheduler's kill, an
+    allocator's summary, a rejected config.  What counts as a log's line is what the reader
+    reads, not a list of forms."""
     from oomlens.ingest.log import read_log  # the log package loads numpy: only when asked
 
     with tempfile.TemporaryDirectory(prefix="oomlens-quoted-") as folder:
@@ -226,6 +227,8 @@ def _reader_reads(text: str) -> bool:
         or log.partial_tracebacks
         or log.process_failures
         or log.failure_summaries
+        or any(e.return_code != 0 for e in log.launcher_exits)
+        or log.killed_subprocesses
         or log.fatal_signals
         or log.kernel_oom_kills
         or log.slurm_oom_kills

@@ -123,12 +123,14 @@ def sniff_encoding(head: bytes) -> Encoding:
         return Encoding.UTF8
     even_zero = sample[0 : 2 * pairs : 2].count(0)
     odd_zero = sample[1 : 2 * pairs : 2].count(0)
-    # a hole of zeros in a UTF-8 file zeroes both halves alike; UTF-16 of ASCII only one
+    # Without its holes (``without_nul_units``) UTF-8 text has no zero byte; UTF-16 of mostly
+    # ASCII text has one in every high byte, and in the low byte of the characters U+xx00
+    # (box drawing's U+2500 of a rich traceback, Latin Extended's U+0100...): fewer there
     for codec, high, low in (
         (Encoding.UTF16LE, odd_zero, even_zero),
         (Encoding.UTF16BE, even_zero, odd_zero),
     ):
-        if high >= 0.7 * pairs and low <= 0.05 * pairs and _decodes_strictly(sample, codec.value):
+        if high >= 0.7 * pairs and 2 * low < high and _decodes_strictly(sample, codec.value):
             return codec
     return Encoding.UTF8
 

@@ -237,6 +237,15 @@ def test_a_pasted_log_whose_lines_have_no_log_lines_form_is_read_when_named(
     assert report.verdict == alone.verdict and report.verdict.value != "no_failure"
 
 
+def test_a_pasted_launcher_exit_is_read_when_named(tmp_path: Path) -> None:
+    # the end of DeepSpeed's launcher line, its logger's record cut off by the copy
+    log = (ROOT / "fixtures/crash_logs/checkpoint_save_host_oom/train.log").read_text()
+    line = next(x for x in log.splitlines() if "exits with return code = -" in x)
+    tail = line[line.index("exits with return code") :]
+    report = analyze([_ticket(tmp_path, tail)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value != "no_failure"
+
+
 def test_a_quoted_error_line_is_output_not_a_json_config(tmp_path: Path) -> None:
     # a user quoting the error as a string: JSON would decode it, but a config is an object
     line = next(

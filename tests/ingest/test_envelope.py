@@ -253,3 +253,33 @@ def test_a_cri_file_joins_partial_lines_into_the_one_the_program_wrote(tmp_path:
     source = open_text(path)
     assert source.envelopes == (Envelope.CRI,)
     assert longest in [text for _, text in source.lines()]
+
+
+def test_utf16_of_a_rich_traceback_is_text(tmp_path: Path) -> None:
+    # rich draws its box with U+2500 ("─"), whose low byte is zero: a zero in the half of
+    # UTF-16LE that ASCII leaves non-zero, in one character of ten here (rich renders a real
+    # exception, with a lab run's OOM message, its frames without their source lines)
+    import io
+
+    from rich.console import Console
+    from rich.traceback import Traceback
+
+    lab = Path(__file__).resolve().parents[1] / "assets" / "logs" / "lab_log_torch2.11_h200.txt"
+    line = next(x for x in lab.read_text().splitlines() if "CUDA out of memory" in x)
+    message = line[line.index("CUDA out of memory") :]
+
+    def step() -> None:
+        raise RuntimeError(message)
+
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    try:
+        step()
+    except RuntimeError:
+        console.print(Traceback(extra_lines=0))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\u2500" * 20 in text
+    path = tmp_path / "train.log"
+    path.write_bytes(text.encode("utf-16-le"))  # no mark, as some Windows tools write it
+    assert detect_kind(path).kind_id == "training_log"
+    report = analyze([str(path)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value == "gpu_oom"
