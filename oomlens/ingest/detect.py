@@ -25,6 +25,7 @@ import pickle
 import pickletools
 import re
 import stat
+import tempfile
 from dataclasses import dataclass
 
 from oomlens.errors import InputError
@@ -186,7 +187,11 @@ def detect_kind(path: str | os.PathLike[str], *, display: str | None = None) -> 
 
 def _quotes_log(found: Document, ordered: tuple[InputKind, ...], shown: str) -> bool:
     """What the document quotes (its code blocks of output, a snippet's comments) has log
-    lines or is recognised by a text kind: the document holds a log."""
+    lines, or, set apart as output in code blocks, a line the log reader reads
+    (``_reader_reads``), or is recognised by a text kind: the document holds a log.  So may a
+    code block the head read ends inside."""
+    if found.cut_in_block:
+        return True
     if not found.quoted.strip():
         return False
     if found.quotes_log_lines:
@@ -194,7 +199,43 @@ def _quotes_log(found: Document, ordered: tuple[InputKind, ...], shown: str) -> 
     quoted = found.quoted.encode("utf-8", "surrogateescape")
     sample = Sample(shown, len(quoted), quoted, Compression.NONE)
     text_kinds = (k for k in ordered if not k.binary and not k.json_document)
-    return any(k.recognise(sample) is not None for k in text_kinds)
+    if any(k.recognise(sample) is not None for k in text_kinds):
+        return True
+    return found.fenced and _reader_reads(found.quoted)
+
+
+def _reader_reads(text: str) -> bool:
+    """The log reader, reading ``text`` as a log, finds what tells of a failure in it: an
+    out-of-memory error (caught or not), an exception or a traceback, a process's failure or
+    a fatal signal, a launcher's failed exit or kill, a kernel's or a scheduler's kill, an
+    allocator's summary, a rejected config.  What counts as a log's line is what the reader
+    reads, not a list of forms."""
+    from oomlens.ingest.log import read_log  # the log package loads numpy: only when asked
+
+    with tempfile.TemporaryDirectory(prefix="oomlens-quoted-") as folder:
+        path = os.path.join(folder, "quoted.txt")
+        with open(path, "wb") as out:
+            out.write(text.encode("utf-8", "surrogateescape"))
+        try:
+            log = read_log(path)
+        except InputError:
+            return False
+    return bool(
+        log.oom_events
+        or log.caught_oom_events
+        or log.exceptions
+        or log.partial_tracebacks
+        or log.process_failures
+        or log.failure_summaries
+        or any(e.return_code != 0 for e in log.launcher_exits)
+        or log.killed_subprocesses
+        or log.fatal_signals
+        or log.kernel_oom_kills
+        or log.slurm_oom_kills
+        or log.allocator_summaries
+        or log.config_errors
+        or log.batch_assertions
+    )
 
 
 _NOWHERE = Location()

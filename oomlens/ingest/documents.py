@@ -23,9 +23,11 @@ Recognition is by each format's own structure, whatever the file quotes:
   carry commas has no header of names, or its "header" has the form of its other lines;
 * Markdown: a fenced code block or headings, and prose or Markdown marks outside its code
   blocks; log lines outside the code blocks make it a log (a paste with prose around).  A code
-  block that is not code (commands, Python, a config) nor oomlens' own report is ``quoted``: a
-  program's output; when it is a log, the document is a ticket's paste when the user names
-  it, notes when found in a run directory;
+  block that is not code (commands, Python, a config: a JSON object or array, not a quoted
+  line) nor oomlens' own report is ``quoted``: a program's output; when it is a log (what
+  ``oomlens.ingest.detect`` decides: log lines' forms, a text kind's markers, or what the log
+  reader reads in it), or when the head read ends inside a code block, the document is a
+  ticket's paste when the user names it, notes when found in a run directory;
 * oomlens' own text or Markdown report (its evidence quotes the errors it read);
 * TOML/INI and Python that does not parse: by the form of their lines, only when the file has
   (almost) no log lines; the lines of a TOML multi-line string (``'''``/``\"\"\"`` opened by a
@@ -106,6 +108,13 @@ class Document:
     text input kind recognises it: ``oomlens.ingest.detect``), the document is a ticket's paste
     when the user names it, notes that quote one in a run directory."""
 
+    fenced: bool = False
+    """``quoted`` is code blocks of Markdown: text its author set apart as it was printed (a
+    program's output), not a source's comments, which are prose about the code."""
+    cut_in_block: bool = False
+    """The head read ends inside a Markdown code block: what the block holds past it is
+    unknown, so whether the document quotes a log is too."""
+
     @property
     def quotes_log_lines(self) -> bool:
         """A quoted line has a log line's form (a traceback frame, a logger's record...)."""
@@ -137,7 +146,7 @@ def document(text: str, *, whole: bool) -> Document | None:
     table = _table(text, whole=whole)
     if table is not None:
         return Document(table)
-    markdown = _markdown(lines)
+    markdown = _markdown(lines, whole=whole)
     if markdown is not None:
         return markdown
     head = lines[:400]
@@ -351,9 +360,10 @@ def _repeats(names: list[str], row: list[str]) -> bool:
     return total > 0 and shared * 2 >= total
 
 
-def _markdown(lines: list[str]) -> Document | None:
+def _markdown(lines: list[str], *, whole: bool) -> Document | None:
     """Code fences or headings, and outside its code blocks mostly prose and Markdown's own
-    marks, with (almost) no log line; see the module docstring."""
+    marks, with (almost) no log line; see the module docstring.  ``whole``: ``lines`` are all
+    of the file, not a head that may end inside a code block."""
     headings = fences = 0
     outside: list[str] = []
     blocks: list[list[str]] = []
@@ -385,7 +395,12 @@ def _markdown(lines: list[str]) -> Document | None:
     if marked < 0.7 * len(outside):
         return None
     quoted = [line for block in blocks if _output(block) for line in block]
-    return Document("a Markdown document", quoted="\n".join(quoted))
+    return Document(
+        "a Markdown document",
+        quoted="\n".join(quoted),
+        fenced=True,
+        cut_in_block=fenced and not whole,
+    )
 
 
 def _output(block: list[str]) -> bool:
@@ -402,9 +417,10 @@ def _output(block: list[str]) -> bool:
 
 
 def _config(text: str) -> bool:
+    """A JSON or TOML config: an object or an array (a quoted line alone is JSON too, a
+    string, but no config), or TOML's tables."""
     try:
-        json.loads(text)
-        return True
+        return isinstance(json.loads(text), dict | list)
     except (ValueError, RecursionError):
         pass
     try:

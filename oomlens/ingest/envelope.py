@@ -57,6 +57,7 @@ the line reader anyway)."""
 
 _SNIFF_LINES = 200
 _SNIFF_UTF16_BYTES = 4096
+_ZEROS = re.compile(rb"\x00{2,}")
 
 _RFC3339 = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
 """Go's ``time.RFC3339Nano`` as kubelet and the container runtimes write it: a ``.`` before the
@@ -73,6 +74,25 @@ zap/logrus/pino/bunyan ``msg``, fluentd/Docker ``log``, loguru ``text``, journal
 ``MESSAGE``, Cloud Logging ``textPayload``, structlog ``event``."""
 _EXCEPTION_KEYS = ("exc_info", "exception", "exc_text", "stack_trace", "stacktrace", "traceback")
 """Where they put the traceback of a record logged with one."""
+
+
+def without_nul_units(data: bytes) -> bytes:
+    """``data`` without its two-byte units of zeros, counted from its start: a hole of zero
+    bytes a crashed writer left (``oomlens.ingest.detect``), which in UTF-16 is whole NUL
+    characters and in UTF-8 zeroes both halves of a unit alike, so says nothing of which it
+    is; what is left is the text that does."""
+    if b"\x00\x00" not in data:
+        return data
+    out = bytearray()
+    last = 0
+    for run in _ZEROS.finditer(data):
+        start = run.start() + run.start() % 2  # the first unit that starts inside the run
+        end = start + (run.end() - start) // 2 * 2
+        if end > start:
+            out += data[last:start]
+            last = end
+    out += data[last:]
+    return bytes(out)
 
 
 def _decodes_strictly(data: bytes, codec: str) -> bool:
@@ -97,18 +117,20 @@ def sniff_encoding(head: bytes) -> Encoding:
             return Encoding.UTF8
         breaks = b"\n" not in body or "\n" in body.decode(codec.value, "replace")
         return codec if breaks else Encoding.UTF8
-    sample = head[:_SNIFF_UTF16_BYTES]
+    sample = without_nul_units(head)[:_SNIFF_UTF16_BYTES]
     pairs = len(sample) // 2
     if pairs < 8:
         return Encoding.UTF8
     even_zero = sample[0 : 2 * pairs : 2].count(0)
     odd_zero = sample[1 : 2 * pairs : 2].count(0)
-    # a hole of zeros in a UTF-8 file zeroes both halves alike; UTF-16 of ASCII only one
+    # Without its holes (``without_nul_units``) UTF-8 text has no zero byte; UTF-16 of mostly
+    # ASCII text has one in every high byte, and in the low byte of the characters U+xx00
+    # (box drawing's U+2500 of a rich traceback, Latin Extended's U+0100...): fewer there
     for codec, high, low in (
         (Encoding.UTF16LE, odd_zero, even_zero),
         (Encoding.UTF16BE, even_zero, odd_zero),
     ):
-        if high >= 0.7 * pairs and low <= 0.05 * pairs and _decodes_strictly(sample, codec.value):
+        if high >= 0.7 * pairs and 2 * low < high and _decodes_strictly(sample, codec.value):
             return codec
     return Encoding.UTF8
 

@@ -48,6 +48,7 @@ from oomlens.ingest.envelope import (
     sniff_encoding,
     sniff_envelopes,
     unwrap,
+    without_nul_units,
 )
 from oomlens.ingest.files import open_regular
 
@@ -58,6 +59,8 @@ READ_CHUNK_BYTES = 1 << 20
 
 HEAD_BYTES = 64 * 1024
 """How much decompressed text ``read_head`` returns for content sniffing."""
+HOLE_SCAN_BYTES = 64 * HEAD_BYTES
+"""How far the encoding's sniff reads through a hole of zeros at the start for text."""
 
 
 class Compression(StrEnum):
@@ -212,6 +215,9 @@ class TextSource:
         if self.compression is Compression.ZSTD:
             _zstd_available(self.display)
         head = self._raw_head(HEAD_BYTES)
+        if len(head) >= HEAD_BYTES and len(without_nul_units(head)) < HEAD_BYTES // 16:
+            # a hole of zeros at the start says nothing of the encoding: sniff the text after
+            head = self._raw_head(HOLE_SCAN_BYTES)
         self.encoding = sniff_encoding(head)
         if self.encoding is not Encoding.UTF8:
             head = b"".join(decode_utf16(self.encoding, iter((head,))))

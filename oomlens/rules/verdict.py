@@ -339,6 +339,23 @@ def _no_normal_end(facts: RunFacts, _: Thresholds) -> str | None:
     )
 
 
+def _oom_bare_before_end(facts: RunFacts, _: Thresholds) -> str | None:
+    """An OOM taken for caught only because a normal end follows it, printed bare: no
+    exception class (not Python's line of a raised error) and nothing around it that says a
+    program handled it (no log record, no "retrying" before the message).  ``print(e)`` in a
+    retry loop writes that, and so does a crash whose traceback the paste lost: the end may be
+    the program's own after a retry, or another run's, written to the same file."""
+    caught = [e for log in facts.logs if log.lines for e in log.caught_oom_events]
+    bare = [e for e in caught if e.preamble is None and not e.message.exception_class]
+    if not bare:
+        return None
+    return (
+        f"an out-of-memory message at {bare[0].source.describe()} is printed bare (no "
+        "exception class, no log record around it) and a normal end follows it: whether the "
+        "program caught it and went on, or the end is another run's, the text cannot say"
+    )
+
+
 def _oom_caught(facts: RunFacts, _: Thresholds) -> str | None:
     caught = [e for log in facts.logs if log.lines for e in log.caught_oom_events]
     if not caught:
@@ -410,6 +427,7 @@ VERDICT_TABLE: tuple[VerdictRow, ...] = (
     VerdictRow("a traceback is cut", Verdict.UNKNOWN, _log_traceback_cut),
     VerdictRow("a compressed log is cut", Verdict.UNKNOWN, _log_stream_cut),
     VerdictRow("a log that stops without a normal end", Verdict.UNKNOWN, _no_normal_end),
+    VerdictRow("an OOM printed bare, then a normal end", Verdict.UNKNOWN, _oom_bare_before_end),
     VerdictRow("OOMs caught and the run went on", Verdict.NO_FAILURE, _oom_caught),
     VerdictRow("a log that ends normally, no failure", Verdict.NO_FAILURE, _log_clean),
     VerdictRow("a snapshot without an OOM, no log", Verdict.UNKNOWN, _snapshot_only),

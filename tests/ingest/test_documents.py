@@ -215,6 +215,67 @@ def test_a_log_pasted_in_markdown_is_read_when_named(tmp_path: Path, case: str) 
     assert [d.id for d in report.diagnoses][:1] == [d.id for d in alone.diagnoses][:1]
 
 
+def _ticket(tmp_path: Path, block: str) -> Path:
+    ticket = tmp_path / "issue.md"
+    ticket.write_text(
+        "### Bug\n\nIt stops partway through. The output:\n\n```text\n" + block + "\n```\n\n"
+        "Any pointers on what to change would be welcome.\n"
+    )
+    return ticket
+
+
+@pytest.mark.parametrize("case", ["csdn-146158524", "fastmri-238", "vllm-42609"])
+def test_a_pasted_log_whose_lines_have_no_log_lines_form_is_read_when_named(
+    tmp_path: Path, case: str
+) -> None:
+    # GIVEN a paste of a message cut before its class ("error:GPU 0 has...", "Tried to
+    # allocate..."), or an engine's words ("Failed: Cuda error ..."): no logger's record, no
+    # traceback, but lines the log reader reads
+    paste = (FIELD / case / "paste.txt").read_text()
+    alone = analyze([FIELD / case / "paste.txt"], options=AnalysisOptions(prefer_deepspeed=False))
+    report = analyze([_ticket(tmp_path, paste)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict == alone.verdict and report.verdict.value != "no_failure"
+
+
+def test_a_pasted_launcher_exit_is_read_when_named(tmp_path: Path) -> None:
+    # the end of DeepSpeed's launcher line, its logger's record cut off by the copy
+    log = (ROOT / "fixtures/crash_logs/checkpoint_save_host_oom/train.log").read_text()
+    line = next(x for x in log.splitlines() if "exits with return code = -" in x)
+    tail = line[line.index("exits with return code") :]
+    report = analyze([_ticket(tmp_path, tail)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value != "no_failure"
+
+
+def test_a_quoted_error_line_is_output_not_a_json_config(tmp_path: Path) -> None:
+    # a user quoting the error as a string: JSON would decode it, but a config is an object
+    line = next(
+        x
+        for x in (FIELD / "algoperf-426" / "paste.txt").read_text().splitlines()
+        if x.startswith("torch.cuda.OutOfMemoryError")
+    )
+    report = analyze(
+        [_ticket(tmp_path, json.dumps(line))], options=AnalysisOptions(prefer_deepspeed=False)
+    )
+    assert report.verdict.value == "gpu_oom"
+
+
+def test_a_paste_whose_code_block_runs_past_the_head_read_is_read_when_named(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a dump printed on one line longer than the head sniffed, then the crash
+    steps = (ROOT / "fixtures/crash_logs/memory_leak_fixed/train.log").read_text().splitlines()
+    bar = " ".join(x for x in steps if x.startswith("step "))
+    bar = (bar + " ") * (100_000 // len(bar) + 1)
+    crash = (FIELD / "lc0-927" / "paste.txt").read_text()
+    alone = analyze(
+        [FIELD / "lc0-927" / "paste.txt"], options=AnalysisOptions(prefer_deepspeed=False)
+    )
+    report = analyze(
+        [_ticket(tmp_path, bar + "\n" + crash)], options=AnalysisOptions(prefer_deepspeed=False)
+    )
+    assert report.verdict == alone.verdict and report.verdict.value != "no_failure"
+
+
 def test_windows_of_real_logs_whose_lines_carry_commas_are_logs(tmp_path: Path) -> None:
     # GIVEN every run of lines with the same number of commas in the real logs (a DeepSpeed
     # config dump, kernel assert lines, progress lines, HF metric dicts), as a window of a log

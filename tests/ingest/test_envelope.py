@@ -86,6 +86,15 @@ def _utf16(data: bytes, codec: str, bom: bool) -> bytes:
     return (("\ufeff" if bom else "") + text).encode(codec)
 
 
+def _holey_utf16(lines: list[str]) -> bytes:
+    """UTF-16 without a mark, with holes of zeros where a crashed writer left them: one longer
+    than the sniffed head at the start, one of an odd count of characters before a line."""
+    text = "".join(line + "\n" for line in lines)
+    middle = text.index("\n", len(text) // 2) + 1
+    holey = "\x00" * 150_001 + text[:middle] + "\x00" * 3_001 + text[middle:]
+    return holey.encode("utf-16-le")
+
+
 WRAP: dict[str, Callable[[list[str]], bytes]] = {
     "kubectl_timestamps": _kubectl,
     "cri_file": _cri,
@@ -95,6 +104,7 @@ WRAP: dict[str, Callable[[list[str]], bytes]] = {
     "utf16le_no_bom": lambda lines: _utf16(_plain(lines), "utf-16-le", False),
     "utf16be_bom": lambda lines: _utf16(_plain(lines), "utf-16-be", True),
     "utf16_of_kubectl": lambda lines: _utf16(_kubectl(lines), "utf-16-le", True),
+    "utf16le_no_bom_with_holes": _holey_utf16,
     "cri_of_json_lines": lambda lines: _cri(_json_lines(lines).decode().splitlines()),
 }
 
@@ -243,3 +253,33 @@ def test_a_cri_file_joins_partial_lines_into_the_one_the_program_wrote(tmp_path:
     source = open_text(path)
     assert source.envelopes == (Envelope.CRI,)
     assert longest in [text for _, text in source.lines()]
+
+
+def test_utf16_of_a_rich_traceback_is_text(tmp_path: Path) -> None:
+    # rich draws its box with U+2500 ("─"), whose low byte is zero: a zero in the half of
+    # UTF-16LE that ASCII leaves non-zero, in one character of ten here (rich renders a real
+    # exception, with a lab run's OOM message, its frames without their source lines)
+    import io
+
+    from rich.console import Console
+    from rich.traceback import Traceback
+
+    lab = Path(__file__).resolve().parents[1] / "assets" / "logs" / "lab_log_torch2.11_h200.txt"
+    line = next(x for x in lab.read_text().splitlines() if "CUDA out of memory" in x)
+    message = line[line.index("CUDA out of memory") :]
+
+    def step() -> None:
+        raise RuntimeError(message)
+
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    try:
+        step()
+    except RuntimeError:
+        console.print(Traceback(extra_lines=0))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\u2500" * 20 in text
+    path = tmp_path / "train.log"
+    path.write_bytes(text.encode("utf-16-le"))  # no mark, as some Windows tools write it
+    assert detect_kind(path).kind_id == "training_log"
+    report = analyze([str(path)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value == "gpu_oom"

@@ -134,12 +134,17 @@ def log_facts(reader: LogReader) -> LogFacts:
 
 
 def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEvent, ...]]:
-    """``(uncaught, caught)`` OOM events.  An OOM raised to the top (printed after a
-    ``Traceback (most recent call last)`` header) is never caught: a run restarted in the same
-    file does not make the first one's crash a retry.  Another is caught (a batch-size finder, a
-    retry loop that logged it) when the run ended normally after it and nothing says a process
-    failed, or when it was logged rather than raised (no exception class) and the same rank
-    printed training progress after it."""
+    """``(uncaught, caught)`` OOM events.  An OOM raised to the top is never caught: a run
+    restarted in the same file, or another run's lines in it, do not make its crash a retry.
+    Raised is what Python's traceback printer writes: a ``Traceback (most recent call last)``
+    header, or the exception's own line (``torch.OutOfMemoryError: CUDA out of memory...``,
+    its class then the message, nothing else on the line), which ``sys.excepthook`` prints
+    and a program that catches the error and logs it does not (a log record wraps it, or
+    ``str(e)`` drops the class); its header may be lost to a paste's window or broken off by
+    another process's lines.  Another OOM is caught (a batch-size finder, a retry loop that
+    logged it) when the run ended normally after it and nothing says a process failed, or
+    when it was logged rather than raised (no exception class) and the same rank printed
+    training progress after it."""
     events = reader.oom.items
     if not events:
         return (), ()
@@ -153,7 +158,9 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     caught: list[OomEvent] = []
     for event in events:
         line = event.source.line or 0
-        raised = event.traceback is not None and not event.traceback.headless
+        raised = (event.traceback is not None and not event.traceback.headless) or (
+            bool(event.message.exception_class) and event.preamble is None
+        )
         logged = event.traceback is None and not event.message.exception_class
         progressed = reader.progress_line.get(event.source.rank, 0) > line
         if (

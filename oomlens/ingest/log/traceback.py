@@ -64,7 +64,13 @@ _EXCEPTION_NAME = lazy_regex(
 )
 """How the classes of exceptions end (Python's own and the libraries'), for an exception line
 printed without a message."""
-_LOG_RECORD = lazy_regex(r"\[\d{4}-\d\d-\d\d[ T]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} ")
+_LOG_RECORD = lazy_regex(
+    r"\[\d{4}-\d\d-\d\d[ T]|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|"
+    r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|\[[IWEF]\d{4} "
+)
+"""A logger's record, which starts no exception line and continues no message: DeepSpeed's
+``[2026-11-30 06:40:33,625]``, Python logging's default ``2026-12-01 10:24:13,851`` (its
+``asctime``), glog's ``W1130 06:30:28.828000``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +336,12 @@ class TracebackAssembler:
             # A bare word that no exception class ends with (``Runt``, ``OutOfMe``): the paste
             # cut the exception line, and what was cut says nothing of what it was.
             match = None
+        if match is not None and self._style == "ipython" and self._header_class:
+            # IPython names the class in its header and ends the traceback with the same name
+            # (``OutOfMemoryError: ...``): a line naming another is not its end, but a line of
+            # another process's output written between its lines
+            if match.group("cls").rsplit(".", 1)[-1] != self._header_class.rsplit(".", 1)[-1]:
+                match = None
         if match is None or _LOG_RECORD.match(text):
             if self._style == "ipython" and match is None:
                 return None  # a frame line wrapped by the paste: only the exception ends it
