@@ -33,6 +33,7 @@ from oomlens.ingest.log.tb_shapes import (
     line_shape,
 )
 from oomlens.ingest.log.torch_oom import ANCHOR_CONTEXT, has_allocator_start, looks_like_oom
+from oomlens.knowledge.frames import frame_role, phase_of_role
 from oomlens.lazyregex import lazy_regex
 
 HEADER = "Traceback (most recent call last):"
@@ -637,6 +638,17 @@ _EVAL_PATHS = ("loops/evaluation_loop.py", "loops/prediction_loop.py")
 
 
 def _frame_phase(frame: Frame) -> Phase | None:
+    """The phase of one frame: the library knowledge's (``oomlens.knowledge``), generated
+    from the libraries' source, for a library function it holds (None for a role of several
+    phases: a ZeRO gather, a collective, a config check); otherwise read from the frame's
+    module and name (user code, a library version or file the data does not hold)."""
+    known = frame_role(frame.filename, frame.function)
+    if known is not None:
+        return phase_of_role(known.role)
+    return _named_phase(frame)
+
+
+def _named_phase(frame: Frame) -> Phase | None:
     # IPython and Colab print qualified names ("_BaseAutoModelClass.from_pretrained")
     func = frame.function.rsplit(".", 1)[-1]
     path = frame.filename.replace("\\", "/")

@@ -1,0 +1,132 @@
+"""A traceback frame's role, read from ``library_frames.json``.
+
+``frame_role(filename, function)`` finds the library file a frame's path ends with (the longest
+package-relative path in the data that the frame's path ends with, on a ``/`` boundary: the
+site-packages prefix, a checkout's folder or a Windows drive in front of it does not matter)
+and the function's role there.  ``None`` when the file is not in the data or the function has
+no role in it (a helper, a getter, or a name with two roles in one file); the caller then reads
+the frame by its module and name.  ``phase_of_role`` is the training phase a role places an
+event in, ``None`` for roles that happen in several phases (a ZeRO gather runs in forward, in
+backward and in a save; a collective anywhere; a config check at start).
+
+The data is loaded once, on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from importlib import resources
+
+from oomlens.facts.log import Phase
+
+DATA = "library_frames.json"
+
+_PHASES: dict[str, Phase | None] = {
+    "model_init": Phase.MODEL_INIT,
+    "model_load": Phase.MODEL_INIT,
+    "checkpoint_load": Phase.MODEL_INIT,
+    "checkpoint_save": Phase.CHECKPOINT_SAVE,
+    "data_loading": Phase.DATA_LOADING,
+    "forward": Phase.FORWARD,
+    "activation_checkpoint": Phase.FORWARD,
+    "backward": Phase.BACKWARD,
+    "grad_reduce": Phase.BACKWARD,
+    "optimizer_step": Phase.OPTIMIZER_STEP,
+    "evaluation": Phase.EVALUATION,
+    "generation": Phase.GENERATION,
+    "kv_cache": Phase.GENERATION,
+    "config_check": None,
+    "param_gather": None,
+    "param_partition": None,
+    "pinning": None,
+    "collective": None,
+    "training_loop": None,
+}
+"""Loading a checkpoint counts as building the model (it happens before training, or on resume
+before the step); a gradient reduction runs inside backward's hooks; activation checkpointing
+wraps the forward (its recomputation frames are ``backward``'s); the KV cache is an inference
+engine's, sized for generation."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRole:
+    """A frame's role in the data, and where the data says so."""
+
+    role: str
+    file: str
+    """The package-relative file matched (``deepspeed/runtime/config.py``)."""
+    library: str
+    checks: tuple[str, ...] = ()
+    """A config check's asserted conditions, as written in the source."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Data:
+    files: dict[str, dict[str, str]]
+    checks: dict[str, dict[str, tuple[str, ...]]]
+    libraries: dict[str, str]
+    covers: tuple[dict[str, str], ...]
+
+
+@cache
+def _data() -> _Data:
+    raw = json.loads(resources.files(__package__).joinpath(DATA).read_text(encoding="utf-8"))
+    files = {
+        path: {name: role for role, names in roles.items() for name in names.split()}
+        for path, roles in raw["files"].items()
+    }
+    checks = {
+        path: {name: tuple(found) for name, found in by_name.items()}
+        for path, by_name in raw.get("checks", {}).items()
+    }
+    return _Data(
+        files,
+        checks,
+        dict(raw.get("libraries", ())),
+        tuple(raw.get("covers", ())),
+    )
+
+
+def covers() -> tuple[dict[str, str], ...]:
+    """The libraries, versions and commits the data was generated from."""
+    return _data().covers
+
+
+@lru_cache(maxsize=4096)
+def library_file(filename: str) -> str | None:
+    """The data's file that ``filename`` (a frame's path) is, or None."""
+    path = filename.replace("\\", "/")
+    files = _data().files
+    start = 0
+    while True:
+        candidate = path[start:]
+        if candidate in files:
+            return candidate
+        slash = path.find("/", start)
+        if slash < 0:
+            return None
+        start = slash + 1
+
+
+def frame_role(filename: str, function: str) -> FrameRole | None:
+    """The role of ``function`` in the library file ``filename`` ends with; see the module
+    docstring.  IPython's qualified names (``Trainer.train``) are read by their last part."""
+    file = library_file(filename)
+    if file is None:
+        return None
+    data = _data()
+    name = function.rsplit(".", 1)[-1]
+    role = data.files[file].get(name)
+    if role is None:
+        return None
+    root = file.split("/", 1)[0]
+    return FrameRole(
+        role, file, data.libraries.get(root, root), data.checks.get(file, {}).get(name, ())
+    )
+
+
+def phase_of_role(role: str) -> Phase | None:
+    """The training phase ``role`` places an event in; None for roles of several phases."""
+    return _PHASES.get(role)
