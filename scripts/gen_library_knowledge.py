@@ -543,6 +543,8 @@ def classify(
         return "evaluation", []
 
     # Training: backward (and the gradient reduction it triggers), the optimizer step, forward.
+    if re.search(r"clip_grad", name):
+        return "optimizer_step", []  # clipping the gradients is the step's first part
     if _REDUCE_NAME.search(name):
         return "grad_reduce", []
     if _BACKWARD_NAME.match(name) and (name != "grad" or "/autograd/" in module):
@@ -577,8 +579,10 @@ def classify(
     # ZeRO / FSDP parameter movement.
     if _GATHER_NAME.search(name):
         return "param_gather", []
-    if _PARTITION_NAME.search(name) and re.search(
-        r"/(?:zero|fsdp|_fsdp|distributed|sharded\w*)/|stage", module
+    if (
+        _PARTITION_NAME.search(name)
+        and not re.match(r"^_?create_", name)
+        and re.search(r"/(?:zero|fsdp|_fsdp|distributed|sharded\w*)/|stage", module)
     ):
         return "param_partition", []
 

@@ -3,8 +3,9 @@
 ``frame_role(filename, function)`` finds the library file a frame's path ends with (the longest
 package-relative path in the data that the frame's path ends with, on a ``/`` boundary: the
 site-packages prefix, a checkout's folder or a Windows drive in front of it does not matter)
-and the function's role there.  ``None`` when the file is not in the data or the function has
-no role in it (a helper, a getter, or a name with two roles in one file); the caller then reads
+and the function's role there; for a library file or function the data lacks (an older or newer
+release moved it), the function's role in the rest of that library when all its files agree.
+``None`` otherwise (user code, a helper, a getter, a name with two roles); the caller then reads
 the frame by its module and name.  ``phase_of_role`` is the training phase a role places an
 event in, ``None`` for roles that happen in several phases (a ZeRO gather runs in forward, in
 backward and in a save; a collective anywhere; a config check at start).
@@ -68,6 +69,9 @@ class _Data:
     checks: dict[str, dict[str, tuple[str, ...]]]
     libraries: dict[str, str]
     covers: tuple[dict[str, str], ...]
+    by_package: dict[str, dict[str, str | None]]
+    """Package root -> function name -> its role in every file of the package that has it
+    (None where two files give it different roles)."""
 
 
 @cache
@@ -81,11 +85,17 @@ def _data() -> _Data:
         path: {name: tuple(found) for name, found in by_name.items()}
         for path, by_name in raw.get("checks", {}).items()
     }
+    by_package: dict[str, dict[str, str | None]] = {}
+    for path, roles in files.items():
+        names = by_package.setdefault(path.split("/", 1)[0], {})
+        for name, role in roles.items():
+            names[name] = role if names.get(name, role) == role else None
     return _Data(
         files,
         checks,
         dict(raw.get("libraries", ())),
         tuple(raw.get("covers", ())),
+        by_package,
     )
 
 
@@ -113,18 +123,32 @@ def library_file(filename: str) -> str | None:
 def frame_role(filename: str, function: str) -> FrameRole | None:
     """The role of ``function`` in the library file ``filename`` ends with; see the module
     docstring.  IPython's qualified names (``Trainer.train``) are read by their last part."""
-    file = library_file(filename)
-    if file is None:
-        return None
     data = _data()
     name = function.rsplit(".", 1)[-1]
-    role = data.files[file].get(name)
-    if role is None:
+    file = library_file(filename)
+    if file is not None and name in data.files[file]:
+        root = file.split("/", 1)[0]
+        return FrameRole(
+            data.files[file][name],
+            file,
+            data.libraries.get(root, root),
+            data.checks.get(file, {}).get(name, ()),
+        )
+    root = package_of(filename)
+    role = data.by_package.get(root, {}).get(name) if root is not None else None
+    if root is None or role is None:
         return None
-    root = file.split("/", 1)[0]
-    return FrameRole(
-        role, file, data.libraries.get(root, root), data.checks.get(file, {}).get(name, ())
-    )
+    # a version the data does not hold moved or renamed the file: the function's role in
+    # the rest of the library, when every file that has it agrees
+    return FrameRole(role, f"{root}/", data.libraries.get(root, root))
+
+
+def package_of(filename: str) -> str | None:
+    """The library package ``filename`` lies in (``deepspeed``): the innermost folder of its
+    path named as a package of the data, with a file below it; None for user code."""
+    parts = filename.replace("\\", "/").split("/")
+    packages = _data().by_package
+    return next((part for part in reversed(parts[:-1]) if part in packages), None)
 
 
 def phase_of_role(role: str) -> Phase | None:

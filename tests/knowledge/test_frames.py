@@ -149,3 +149,21 @@ def test_the_data_records_what_it_covers() -> None:
     assert {"deepspeed", "torch", "transformers", "accelerate", "peft", "trl"} <= libraries
     assert {"lightning", "vllm", "diffusers", "megatron", "bitsandbytes"} <= libraries
     assert all(cover["version"] and cover["from"] for cover in covers())
+
+
+def test_a_file_of_another_release_is_read_by_the_library_s_names() -> None:
+    """https://github.com/deepspeedai/DeepSpeed/issues/237: DeepSpeed 0.1's ``deepspeed/pt/``
+    files, which no release the data reads has; their functions kept their names."""
+    site = "/opt/conda/envs/python3.6/lib/python3.6/site-packages/deepspeed"
+    frames = stack(
+        ("pretrain_gpt2.py", 656, "main"),
+        ("pretrain_gpt2.py", 171, "setup_model_and_optimizer"),
+        (f"{site}/__init__.py", 98, "initialize"),
+        (f"{site}/pt/deepspeed_light.py", 172, "__init__"),
+        (f"{site}/pt/deepspeed_light.py", 496, "_configure_optimizer"),
+        (f"{site}/pt/deepspeed_light.py", 591, "_configure_zero_optimizer"),
+        (f"{site}/pt/deepspeed_zero_optimizer.py", 333, "__init__"),
+    )
+    found = frame_role(f"{site}/pt/deepspeed_light.py", "_configure_zero_optimizer")
+    assert found is not None and found.role == "model_init" and found.file == "deepspeed/"
+    assert classify_phase(frames)[0] is Phase.MODEL_INIT

@@ -457,20 +457,13 @@ def exception_message(exception_class: str, text: str) -> str:
 
 _CHECKPOINT_FUNCS = frozenset(
     {
-        "save_16bit_model",
         "save_checkpoint",
         "_save_checkpoint",
-        "_zero3_consolidated_16bit_state_dict",
         "save_model",
         "save_pretrained",
-        "save_fp16_model",
-        "_save_zero_checkpoint",
-        "_save_optimizer_and_scheduler",
-        "consolidate_state_dict",
         "_get_zero_param_shapes",
         "get_fp32_state_dict_from_zero_checkpoint",
         "save_state",
-        "_save_tpu",
         "save_16bit_state_dict",
         "get_state_dict",
         "_full_post_state_dict_hook",
@@ -481,14 +474,7 @@ _GENERATION_FUNCS = frozenset(
     {
         "generate",
         "_sample",
-        "greedy_search",
-        "_greedy_search",
-        "beam_search",
-        "_beam_search",
         "assisted_decoding",
-        "_assisted_decoding",
-        "contrastive_search",
-        "_contrastive_search",
         "sample",
         "beam_sample",
         "_beam_sample",
@@ -498,9 +484,6 @@ _GENERATION_FUNCS = frozenset(
 _EVAL_FUNCS = frozenset(
     {
         "evaluate",
-        "evaluation_loop",
-        "prediction_step",
-        "prediction_loop",
         "predict",
         "eval_step",
         "validation_step",
@@ -515,27 +498,15 @@ _EVAL_FUNCS = frozenset(
         "do_eval",
         "eval_epoch",
         "val_step",
-        "nested_concat",
-        "nested_numpify",
-        "_nested_gather",
-        "gather_for_metrics",
-        "_evaluation_step",
-        "_predict_step",
     }
 )
 _EVAL_NAME = lazy_regex(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
 _INIT_FUNCS = frozenset(
     {
-        "_post_init_method",
         "from_pretrained",
-        "_load_pretrained_model",
         "initialize",
-        "_configure_distributed_model",
-        "_configure_optimizer",
-        "_configure_zero_optimizer",
         "_create_fp32_partitions",
         "_setup_for_real_optimizer",
-        "_prepare_deepspeed",
         "reset_parameters",
         "_init_weights",
         "init_weights",
@@ -549,38 +520,17 @@ _INIT_FUNCS = frozenset(
 _STEP_FUNCS = frozenset(
     {
         "step",
-        "_optimizer_step",
-        "_take_model_step",
         "optimizer_step",
-        "_single_tensor_adam",
-        "_multi_tensor_adam",
-        "_fused_adam",
-        "_single_tensor_adamw",
-        "_multi_tensor_adamw",
-        "_init_group",
         "_prepare_fp32_grad_for_sub_group",
-        "unscale_and_clip_grads",
-        "_post_step",
-        "_update_scale",
         "clip_grad_norm_",
-        "_pre_step",
         "_apply_optimizer",
-        "initialize_optimizer_states",
     }
 )
 _BACKWARD_FUNCS = frozenset(
     {
         "backward",
-        "_engine_run_backward",
         "run_backward",
         "_backward",
-        "unpack_hook",
-        "recompute_fn",
-        "reduce_partition_and_remove_grads",
-        "reduce_ready_partitions_and_remove_grads",
-        "__reduce_and_partition_ipg_grads",
-        "reduce_independent_p_g_buckets_and_remove_grads",
-        "_run_after_backward_hook",
         "_backward_hook",
         "grad",
     }
@@ -588,12 +538,6 @@ _BACKWARD_FUNCS = frozenset(
 _FORWARD_FUNCS = frozenset(
     {
         "forward",
-        "_call_impl",
-        "_wrapped_call_impl",
-        "_pre_forward_module_hook",
-        "pre_sub_module_forward_function",
-        "_post_forward_module_hook",
-        "post_sub_module_forward_function",
         "compute_loss",
         "_forward",
         "forward_step",
@@ -621,19 +565,7 @@ _CONTEXT = (
 
 
 _TRAINING = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER_STEP)
-_VLLM_INIT = frozenset({"load_model", "load_weights", "_load_weights", "_initialize_model"})
-_VLLM_CACHE = frozenset(
-    {
-        "_allocate_kv_cache",
-        "initialize_cache",
-        "_init_cache",
-        "_initialize_kv_caches",
-        "determine_num_available_blocks",
-        "profile_run",
-        "raise_if_cache_size_invalid",
-        "initialize_from_config",
-    }
-)
+_VLLM_CACHE = frozenset({"_init_cache", "initialize_from_config"})
 _EVAL_PATHS = ("loops/evaluation_loop.py", "loops/prediction_loop.py")
 
 
@@ -655,9 +587,7 @@ def _named_phase(frame: Frame) -> Phase | None:
     if "torch/utils/data/" in path:
         return Phase.DATA_LOADING
     if "/vllm/" in path:
-        # an inference engine: its weights are loaded, then its KV cache sized and allocated
-        if func in _VLLM_INIT:
-            return Phase.MODEL_INIT
+        # an inference engine's KV cache, sized and allocated before it generates
         if func in _VLLM_CACHE:
             return Phase.GENERATION
     if any(part in path for part in _EVAL_PATHS):
