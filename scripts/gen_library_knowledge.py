@@ -133,14 +133,22 @@ SOURCES: tuple[Source, ...] = (
     ),
 )
 
-SKIP_DIRS = re.compile(
+NOT_READ = (
     r"(?:^|/)(?:tests?|testing|examples?|benchmarks?|docs|_vendor|third_party|commands|onnx)/"
     r"|/(?:modeling_tf_|modeling_flax_|convert_|tokenization_|image_processing_|"
     r"video_processing_|feature_extraction_|processing_|dummy_)\w*\.py$"
+    r"|^torch/(?:_inductor|_dynamo|_decomp|_refs|_prims|_prims_common|fx|export|_export|ao|"
+    r"_higher_order_ops|_meta_registrations\.py|_library|jit|package|_lazy|_subclasses|"
+    r"utils/benchmark|utils/tensorboard|_logging|_strobelight|compiler|_numpy)"
+    r"|^lightning/app/|^lightning_app/"
 )
-"""Not code a PyTorch job runs on the GPU: tests, examples, command-line tools, other
+"""Not code of a training or inference phase: tests, examples, command-line tools, other
 frameworks' models (TensorFlow, Flax), conversion scripts, tokenizers and image processors
-(CPU work inside a data loader's frames, which place it)."""
+(CPU work inside a data loader's frames, which place it), torch's compiler and tracing
+internals (their ``generate``, ``load``, ``save`` are code generation and graph plumbing,
+whatever phase compiled them), Lightning's app framework.  Recorded in the output: a frame
+there is read by its name, not by the rest of its library."""
+SKIP_DIRS = re.compile(NOT_READ)
 
 # --- what a function body shows ------------------------------------------------------------
 
@@ -611,9 +619,12 @@ def classify(
     # (Megatron's ``train``, ``pretrain``) is the loop.
     if _LOOP_NAME.match(name) and calls & _LOOP_CALLS:
         return "training_loop", []
-    if calls & _SAVE_CALLS:
+    # ... a save or load is what a short function does; a long one that saves or loads on
+    # the way (a learning-rate finder restoring its checkpoint) does more
+    focused = len({c for c in calls if "." not in c}) <= 12
+    if calls & _SAVE_CALLS and focused:
         return "checkpoint_save", []
-    if calls & _LOAD_CALLS:
+    if calls & _LOAD_CALLS and focused:
         return "checkpoint_load", []
     if "checkpoint" in calls or "CheckpointFunction.apply" in calls:
         return "activation_checkpoint", []  # torch.utils.checkpoint.checkpoint(fn, ...)
@@ -874,6 +885,7 @@ def generate(
             "Regenerate with the command in that script's docstring; review the diff."
         ),
         "roles": list(ROLES),
+        "not_read": NOT_READ,
         "covers": covers,
         "libraries": sorted({(path.split("/", 1)[0], owners[path]) for path in kept}),
         "files": kept,

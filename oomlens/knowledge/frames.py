@@ -16,6 +16,7 @@ The data is loaded once, on first use.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -23,6 +24,9 @@ from importlib import resources
 from oomlens.facts.log import Phase
 
 DATA = "library_frames.json"
+_DISTINCT_FILES = 3
+"""A name defined in more files of a library than this is too common to place a frame of a
+file the data lacks (``load``, ``forward``, ``step``)."""
 
 _PHASES: dict[str, Phase | None] = {
     "model_init": Phase.MODEL_INIT,
@@ -71,7 +75,10 @@ class _Data:
     covers: tuple[dict[str, str], ...]
     by_package: dict[str, dict[str, str | None]]
     """Package root -> function name -> its role in every file of the package that has it
-    (None where two files give it different roles)."""
+    (None where two files give it different roles, or where many files have it: a common
+    name says little about a file the data does not hold)."""
+    not_read: re.Pattern[str] | None
+    """The library paths the generator did not read (tests, compiler internals...)."""
 
 
 @cache
@@ -86,16 +93,24 @@ def _data() -> _Data:
         for path, by_name in raw.get("checks", {}).items()
     }
     by_package: dict[str, dict[str, str | None]] = {}
+    count: dict[tuple[str, str], int] = {}
     for path, roles in files.items():
-        names = by_package.setdefault(path.split("/", 1)[0], {})
+        root = path.split("/", 1)[0]
+        names = by_package.setdefault(root, {})
         for name, role in roles.items():
             names[name] = role if names.get(name, role) == role else None
+            count[root, name] = count.get((root, name), 0) + 1
+    for (root, name), files_with_it in count.items():
+        if files_with_it > _DISTINCT_FILES:
+            by_package[root][name] = None
+    not_read = raw.get("not_read")
     return _Data(
         files,
         checks,
         dict(raw.get("libraries", ())),
         tuple(raw.get("covers", ())),
         by_package,
+        re.compile(not_read) if not_read else None,
     )
 
 
@@ -127,20 +142,26 @@ def frame_role(filename: str, function: str) -> FrameRole | None:
     name = function.rsplit(".", 1)[-1]
     file = library_file(filename)
     if file is not None and name in data.files[file]:
-        root = file.split("/", 1)[0]
+        top = file.split("/", 1)[0]
         return FrameRole(
             data.files[file][name],
             file,
-            data.libraries.get(root, root),
+            data.libraries.get(top, top),
             data.checks.get(file, {}).get(name, ()),
         )
-    root = package_of(filename)
-    role = data.by_package.get(root, {}).get(name) if root is not None else None
-    if root is None or role is None:
+    package = package_of(filename)
+    if package is None:
+        return None
+    path = filename.replace("\\", "/")
+    inside = path[path.rfind("/" + package + "/") + 1 :]
+    if data.not_read is not None and data.not_read.search(inside):
+        return None
+    role = data.by_package[package].get(name)
+    if role is None:
         return None
     # a version the data does not hold moved or renamed the file: the function's role in
     # the rest of the library, when every file that has it agrees
-    return FrameRole(role, f"{root}/", data.libraries.get(root, root))
+    return FrameRole(role, f"{package}/", data.libraries.get(package, package))
 
 
 def package_of(filename: str) -> str | None:
