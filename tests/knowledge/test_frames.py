@@ -167,3 +167,11 @@ def test_a_file_of_another_release_is_read_by_the_library_s_names() -> None:
     found = frame_role(f"{site}/pt/deepspeed_light.py", "_configure_zero_optimizer")
     assert found is not None and found.role == "model_init" and found.file == "deepspeed/"
     assert classify_phase(frames)[0] is Phase.MODEL_INIT
+
+
+def test_compiler_internals_are_not_read_as_phases() -> None:
+    """torch's code generation has its own ``generate`` and ``load``: a frame there says
+    nothing about the training phase (the frames around it do)."""
+    inductor = "/usr/lib/python3/site-packages/torch/_inductor/codecache.py"
+    assert frame_role(inductor, "load") is None
+    assert frame_role(inductor, "generate") is None
