@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from importlib import resources
+from pathlib import Path
 
 from oomlens.facts.log import Phase
 
@@ -70,48 +70,51 @@ class FrameRole:
 @dataclass(frozen=True, slots=True)
 class _Data:
     files: dict[str, dict[str, str]]
-    checks: dict[str, dict[str, tuple[str, ...]]]
+    """Path -> role -> the functions with that role, space-separated, as stored."""
+    checks: dict[str, dict[str, list[str]]]
     libraries: dict[str, str]
     covers: tuple[dict[str, str], ...]
-    by_package: dict[str, dict[str, str | None]]
-    """Package root -> function name -> its role in every file of the package that has it
-    (None where two files give it different roles, or where many files have it: a common
-    name says little about a file the data does not hold)."""
     not_read: re.Pattern[str] | None
     """The library paths the generator did not read (tests, compiler internals...)."""
 
 
 @cache
 def _data() -> _Data:
-    raw = json.loads(resources.files(__package__).joinpath(DATA).read_text(encoding="utf-8"))
-    files = {
-        path: {name: role for role, names in roles.items() for name in names.split()}
-        for path, roles in raw["files"].items()
-    }
-    checks = {
-        path: {name: tuple(found) for name, found in by_name.items()}
-        for path, by_name in raw.get("checks", {}).items()
-    }
+    raw = json.loads((Path(__file__).parent / DATA).read_text(encoding="utf-8"))
+    not_read = raw.get("not_read")
+    return _Data(
+        raw["files"],
+        raw.get("checks", {}),
+        dict(raw.get("libraries", ())),
+        tuple(raw.get("covers", ())),
+        re.compile(not_read) if not_read else None,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _roles(file: str) -> dict[str, str]:
+    """Function -> role in one file of the data (expanded when a frame first asks)."""
+    return {name: role for role, names in _data().files[file].items() for name in names.split()}
+
+
+@cache
+def _by_package() -> dict[str, dict[str, str | None]]:
+    """Package root -> function name -> its role in every file of the package that has it
+    (None where two files give it different roles, or where many files have it: a common
+    name says little about a file the data does not hold)."""
     by_package: dict[str, dict[str, str | None]] = {}
     count: dict[tuple[str, str], int] = {}
-    for path, roles in files.items():
+    for path, roles in _data().files.items():
         root = path.split("/", 1)[0]
         names = by_package.setdefault(root, {})
-        for name, role in roles.items():
-            names[name] = role if names.get(name, role) == role else None
-            count[root, name] = count.get((root, name), 0) + 1
+        for role, listed in roles.items():
+            for name in listed.split():
+                names[name] = role if names.get(name, role) == role else None
+                count[root, name] = count.get((root, name), 0) + 1
     for (root, name), files_with_it in count.items():
         if files_with_it > _DISTINCT_FILES:
             by_package[root][name] = None
-    not_read = raw.get("not_read")
-    return _Data(
-        files,
-        checks,
-        dict(raw.get("libraries", ())),
-        tuple(raw.get("covers", ())),
-        by_package,
-        re.compile(not_read) if not_read else None,
-    )
+    return by_package
 
 
 def covers() -> tuple[dict[str, str], ...]:
@@ -141,13 +144,13 @@ def frame_role(filename: str, function: str) -> FrameRole | None:
     data = _data()
     name = function.rsplit(".", 1)[-1]
     file = library_file(filename)
-    if file is not None and name in data.files[file]:
+    if file is not None and name in _roles(file):
         top = file.split("/", 1)[0]
         return FrameRole(
-            data.files[file][name],
+            _roles(file)[name],
             file,
             data.libraries.get(top, top),
-            data.checks.get(file, {}).get(name, ()),
+            tuple(data.checks.get(file, {}).get(name, ())),
         )
     package = package_of(filename)
     if package is None:
@@ -156,7 +159,7 @@ def frame_role(filename: str, function: str) -> FrameRole | None:
     inside = path[path.rfind("/" + package + "/") + 1 :]
     if data.not_read is not None and data.not_read.search(inside):
         return None
-    role = data.by_package[package].get(name)
+    role = _by_package()[package].get(name)
     if role is None:
         return None
     # a version the data does not hold moved or renamed the file: the function's role in
@@ -168,7 +171,7 @@ def package_of(filename: str) -> str | None:
     """The library package ``filename`` lies in (``deepspeed``): the innermost folder of its
     path named as a package of the data, with a file below it; None for user code."""
     parts = filename.replace("\\", "/").split("/")
-    packages = _data().by_package
+    packages = _data().libraries
     return next((part for part in reversed(parts[:-1]) if part in packages), None)
 
 
