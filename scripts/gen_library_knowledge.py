@@ -480,6 +480,18 @@ def classify(
         return "pinning", []
     if (
         "/utils/data/" in module
+        and name.startswith("__")
+        and name
+        not in (
+            "__iter__",
+            "__next__",
+            "__getitem__",
+            "__getitems__",
+        )
+    ):
+        return None, []  # __repr__, __len__, __add__ of a data pipe: no loading of their own
+    if (
+        "/utils/data/" in module
         or (
             (owner and _DATA_BASES.search(owner) or any(_DATA_BASES.search(b) for b in bases))
             and _DATA_NAME.match(name)
@@ -665,7 +677,8 @@ def _propagate_checks(
 
 
 def functions(path: str, text: str) -> dict[str, tuple[str | None, list[str]]]:
-    """Every function of one file with its role (module-level, methods, nested)."""
+    """Every function of one file (module-level, methods, nested) with its role (None when
+    nothing shows one) and the checks it makes."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
@@ -701,7 +714,7 @@ def functions(path: str, text: str) -> dict[str, tuple[str | None, list[str]]]:
         else:
             merged[name] = (None, [], entries[0][2])
     _propagate_checks(merged)
-    return {name: (role, checks) for name, (role, checks, _) in merged.items() if role is not None}
+    return {name: (role, checks) for name, (role, checks, _) in merged.items()}
 
 
 def _git(gitdir: Path, *args: str) -> bytes:
@@ -798,6 +811,9 @@ def generate(
     covers: list[dict[str, str]] = []
     owners: dict[str, str] = {}
 
+    defined: dict[tuple[str, str], set[str]] = {}
+    """(package, function name) -> the files that define it, with a role or without."""
+
     def add(library: str, version: str, where: str, texts: Iterator[tuple[str, bytes]]) -> None:
         count = 0
         for relative, data in texts:
@@ -806,7 +822,11 @@ def generate(
             target = files.setdefault(relative, {})
             owners.setdefault(relative, library)
             for name, (role, made) in found.items():
-                target[name] = role  # a later (newer) version's role wins
+                defined.setdefault((relative.split("/", 1)[0], name), set()).add(relative)
+                if role is None:
+                    target.pop(name, None)  # a later (newer) version's reading wins
+                    continue
+                target[name] = role
                 if made:
                     checks.setdefault(relative, {})[name] = made
         covers.append({"library": library, "version": version, "from": where, "files": str(count)})
@@ -890,6 +910,34 @@ def generate(
         "libraries": sorted({(path.split("/", 1)[0], owners[path]) for path in kept}),
         "files": kept,
         "checks": {path: checks[path] for path in sorted(checks) if path in kept},
+        "distinctive": _distinctive(files, defined),
+    }
+
+
+DISTINCT_FILES = 3
+
+
+def _distinctive(
+    files: dict[str, dict[str, str]], defined: dict[tuple[str, str], set[str]]
+) -> dict[str, dict[str, str]]:
+    """Per package, the functions whose role a frame of a file the data lacks (another
+    release moved or renamed it) can take from the rest of the library: names defined in at
+    most ``DISTINCT_FILES`` files of the package (with a role or without), every one with a
+    role giving the same; no protocol method (``__add__``, ``__len__``)."""
+    roles: dict[tuple[str, str], set[str]] = {}
+    for path, by_name in files.items():
+        for name, role in by_name.items():
+            if not role.startswith("ambiguous:"):
+                roles.setdefault((path.split("/", 1)[0], name), set()).add(role)
+    out: dict[str, dict[str, list[str]]] = {}
+    for (package, name), found in sorted(roles.items()):
+        dunder = name.startswith("__") and name.endswith("__")
+        if len(found) != 1 or dunder or len(defined.get((package, name), ())) > DISTINCT_FILES:
+            continue
+        out.setdefault(package, {}).setdefault(found.pop(), []).append(name)
+    return {
+        package: {role: " ".join(names) for role, names in sorted(by_role.items())}
+        for package, by_role in sorted(out.items())
     }
 
 

@@ -4,7 +4,8 @@
 package-relative path in the data that the frame's path ends with, on a ``/`` boundary: the
 site-packages prefix, a checkout's folder or a Windows drive in front of it does not matter)
 and the function's role there; for a library file or function the data lacks (an older or newer
-release moved it), the function's role in the rest of that library when all its files agree.
+release moved it), the function's role in the rest of that library when the name is
+distinctive there (defined in few files, all with that role).
 ``None`` otherwise (user code, a helper, a getter, a name with two roles); the caller then reads
 the frame by its module and name.  ``phase_of_role`` is the training phase a role places an
 event in, ``None`` for roles that happen in several phases (a ZeRO gather runs in forward, in
@@ -24,9 +25,6 @@ from pathlib import Path
 from oomlens.facts.log import Phase
 
 DATA = "library_frames.json"
-_DISTINCT_FILES = 3
-"""A name defined in more files of a library than this is too common to place a frame of a
-file the data lacks (``load``, ``forward``, ``step``)."""
 
 _PHASES: dict[str, Phase | None] = {
     "model_init": Phase.MODEL_INIT,
@@ -76,6 +74,8 @@ class _Data:
     covers: tuple[dict[str, str], ...]
     not_read: re.Pattern[str] | None
     """The library paths the generator did not read (tests, compiler internals...)."""
+    distinctive: dict[str, dict[str, str]]
+    """Package -> role -> functions, for the names few files of the package define."""
 
 
 @cache
@@ -88,6 +88,7 @@ def _data() -> _Data:
         dict(raw.get("libraries", ())),
         tuple(raw.get("covers", ())),
         re.compile(not_read) if not_read else None,
+        raw.get("distinctive", {}),
     )
 
 
@@ -98,23 +99,14 @@ def _roles(file: str) -> dict[str, str]:
 
 
 @cache
-def _by_package() -> dict[str, dict[str, str | None]]:
-    """Package root -> function name -> its role in every file of the package that has it
-    (None where two files give it different roles, or where many files have it: a common
-    name says little about a file the data does not hold)."""
-    by_package: dict[str, dict[str, str | None]] = {}
-    count: dict[tuple[str, str], int] = {}
-    for path, roles in _data().files.items():
-        root = path.split("/", 1)[0]
-        names = by_package.setdefault(root, {})
-        for role, listed in roles.items():
-            for name in listed.split():
-                names[name] = role if names.get(name, role) == role else None
-                count[root, name] = count.get((root, name), 0) + 1
-    for (root, name), files_with_it in count.items():
-        if files_with_it > _DISTINCT_FILES:
-            by_package[root][name] = None
-    return by_package
+def _by_package() -> dict[str, dict[str, str]]:
+    """Package root -> function name -> its role wherever the package defines it, for the
+    names few files of the package define (the data's ``distinctive``): a common name says
+    little about a file the data does not hold."""
+    return {
+        package: {name: role for role, names in by_role.items() for name in names.split()}
+        for package, by_role in _data().distinctive.items()
+    }
 
 
 def covers() -> tuple[dict[str, str], ...]:
@@ -159,7 +151,7 @@ def frame_role(filename: str, function: str) -> FrameRole | None:
     inside = path[path.rfind("/" + package + "/") + 1 :]
     if data.not_read is not None and data.not_read.search(inside):
         return None
-    role = _by_package()[package].get(name)
+    role = _by_package().get(package, {}).get(name)
     if role is None:
         return None
     # a version the data does not hold moved or renamed the file: the function's role in

@@ -139,6 +139,10 @@ def test_generated_from_a_tagged_repository(library: Path) -> None:
     staging = roles["lib/runtime/staging.py"]
     assert staging["make_buffer"] == "pinning" and staging["grab"] == "pinning"
     assert not any(path.startswith("lib/tests/") for path in files)  # not code a job runs
+    # names few files define place a frame of a file another release moved
+    distinctive = data["distinctive"]["lib"]
+    assert "_update" in distinctive["optimizer_step"].split()
+    assert "__init__" not in " ".join(distinctive.values()).split()
     (cover,) = data["covers"]
     assert cover["library"] == "lib" and cover["version"] == "v1.0"
     assert cover["from"].startswith("github.com/acme/lib@") and len(cover["from"]) == 20 + 40
