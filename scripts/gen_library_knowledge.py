@@ -327,7 +327,7 @@ _BACKWARD_NAME = re.compile(
     r"^_?(?:backward\w*|\w*_backward\w*|run_backward|_engine_run_backward|unpack_hook|recompute\w*|\w*_grad_hook|\w*grad_hook\w*|grad)$"
 )
 _REDUCE_NAME = re.compile(
-    r"reduce\w*grad|grads?\w*reduce|reduce_ipg|ipg\w*reduce|reduce\w*bucket|bucket\w*reduce|allreduce_gradients|reduce_gradients|average_tensor|reduce_partition|gradient_reduction|reduce_scatter_grad|_reduce_grad|reduce_\w*_grads?"
+    r"reduce\w*grad|grads?_(?:reduce|allreduce|reduction)|reduce_ipg|ipg\w*reduce|reduce\w*bucket|bucket\w*reduce|allreduce_gradients|reduce_gradients|average_tensor|reduce_partition|gradient_reduction|reduce_scatter_grad|_reduce_grad|reduce_\w*_grads?"
 )
 _STEP_NAME = re.compile(
     r"^_?(?:step|\w*_step|step_\w+|zero_grad|_init_group|_single_tensor_\w+|_multi_tensor_\w+|_fused_\w+|unscale\w*|\w*clip_grad\w*|_update_scale|update_scale|initialize_optimizer_states|_init_state\w*|init_state\w*|_apply_optimizer)$"
@@ -922,17 +922,27 @@ def _distinctive(
 ) -> dict[str, dict[str, str]]:
     """Per package, the functions whose role a frame of a file the data lacks (another
     release moved or renamed it) can take from the rest of the library: names defined in at
-    most ``DISTINCT_FILES`` files of the package (with a role or without), every one with a
-    role giving the same; no protocol method (``__add__``, ``__len__``)."""
+    most ``DISTINCT_FILES`` files of the package, every one of which gives it the same role
+    (a file defining it with no role, ``make_boxed_func``'s inner ``g``, rules it out); no
+    protocol method (``__add__``, ``__len__``)."""
     roles: dict[tuple[str, str], set[str]] = {}
+    holders: dict[tuple[str, str], set[str]] = {}
     for path, by_name in files.items():
         for name, role in by_name.items():
-            if not role.startswith("ambiguous:"):
-                roles.setdefault((path.split("/", 1)[0], name), set()).add(role)
+            key = (path.split("/", 1)[0], name)
+            roles.setdefault(key, set()).add(role)
+            holders.setdefault(key, set()).add(path)
     out: dict[str, dict[str, list[str]]] = {}
     for (package, name), found in sorted(roles.items()):
         dunder = name.startswith("__") and name.endswith("__")
-        if len(found) != 1 or dunder or len(defined.get((package, name), ())) > DISTINCT_FILES:
+        everywhere = defined.get((package, name), set())
+        if (
+            len(found) != 1
+            or next(iter(found)).startswith("ambiguous:")
+            or dunder
+            or len(everywhere) > DISTINCT_FILES
+            or everywhere != holders[package, name]  # a file defines it without that role
+        ):
             continue
         out.setdefault(package, {}).setdefault(found.pop(), []).append(name)
     return {
