@@ -1,12 +1,12 @@
 """The training phase of a failure when the log reader's phase table says nothing.
 
-The reader classifies a traceback by its frames (``oomlens.ingest.log.traceback``).  A paste
-often keeps only the innermost frames, which are library internals: the reader's table knows
-the common ones (``Module.to``'s ``convert``, the HF Trainer's ``nested_concat``); this module
-adds what only says where memory went once the outer frames are gone: a state-dict loader
-placing weights on the device (model loading), the HF Trainer padding predictions together
-(evaluation).  ``phase_of(event)`` is the reader's phase, or, when that is unknown, what those
-inner frames show; ``phase_site(event)`` is where the frame that shows it was read.
+The reader classifies a traceback by its frames (``oomlens.ingest.log.traceback``), library
+frames through the library knowledge (``oomlens.knowledge``: a state-dict loader is model
+loading, the HF Trainer padding predictions together is evaluation); this module adds what
+only says where memory went once the outer frames are gone and could mean another phase with
+them: accelerate placing a weight on the device (model loading).  ``phase_of(event)`` is the
+reader's phase, or, when that is unknown, what those inner frames show; ``phase_site(event)``
+is where the frame that shows it was read.
 
 ``cut_tracebacks(facts)`` are the tracebacks cut before their exception that the reader placed
 by their frames (or by the call on the innermost frame's current line), when the inputs hold no
@@ -20,30 +20,30 @@ from dataclasses import replace
 from oomlens.facts import SourceRef
 from oomlens.facts.log import ExceptionEvent, Frame, OomEvent, Phase
 from oomlens.facts.run import RunFacts
+from oomlens.knowledge.frames import frame_role
 
 _INNER = (
-    # Loading weights onto the device.
-    (
-        Phase.MODEL_INIT,
-        frozenset(
-            {
-                "load_state_dict",
-                "_load_from_state_dict",
-                "_load_state_dict_into_meta_model",
-                "load_model_dict_into_meta",
-                "set_module_tensor_to_device",
-                "load_checkpoint_in_model",
-                "load_checkpoint_and_dispatch",
-            }
-        ),
-        "",
-    ),
-    # The HF Trainer padding evaluation outputs to one tensor.
-    (Phase.EVALUATION, frozenset({"torch_pad_and_concatenate", "nested_truncate"}), ""),
+    # Accelerate placing a weight on the device: loading a model (dispatch), but also what its
+    # offload hooks do in every forward, so it places an event only when nothing else does.
+    # The loading and evaluation-padding functions this table held are the library
+    # knowledge's (``_INNER_ROLES``).
+    (Phase.MODEL_INIT, frozenset({"set_module_tensor_to_device"}), ""),
 )
 
 
+_INNER_ROLES = {
+    "model_load": Phase.MODEL_INIT,
+    "checkpoint_load": Phase.MODEL_INIT,
+    "evaluation": Phase.EVALUATION,
+}
+"""The library knowledge's roles that place an event from an inner frame alone: loading weights
+(onto the device), gathering or padding evaluation outputs."""
+
+
 def _inner_phase(frame: Frame) -> Phase | None:
+    known = frame_role(frame.filename, frame.function)
+    if known is not None and known.role in _INNER_ROLES:
+        return _INNER_ROLES[known.role]
     path = frame.filename.replace("\\", "/")
     for phase, functions, where in _INNER:
         if frame.function in functions and where in path:

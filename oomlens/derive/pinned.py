@@ -7,8 +7,9 @@ runtime says ``CUDA error: out of memory`` although the card may be nearly empty
 DataLoader reports ``Caught RuntimeError in pin memory thread``.  WSL2 caps pinned memory far
 below the machine's RAM, so under WSL a runtime-level ``CUDA error: out of memory`` is taken for
 a pinned allocation.  ``pinned_failure(facts)`` finds the line or frame that says a pinned
-allocation failed: a pinning frame (DataLoader's pin-memory thread), the message's words, or an
-innermost frame whose source line pins (``t.pin_memory()``, ``torch.empty(..., pin_memory=True)``).
+allocation failed: a pinning frame (DataLoader's pin-memory thread, or an innermost library
+function that the library knowledge says pins), the message's words, or an innermost frame
+whose source line pins (``t.pin_memory()``, ``torch.empty(..., pin_memory=True)``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import re
 
 from oomlens.facts import SourceRef
+from oomlens.facts.log import Frame
 from oomlens.facts.run import RunFacts
 from oomlens.facts.signals import PinnedFailure
+from oomlens.knowledge.frames import frame_role
 
 _PINNED_TEXT = re.compile(
     r"pin memory thread|cudaHostAlloc|CachingHostAllocator|HostAllocator|pinned memory",
@@ -38,12 +41,22 @@ def under_wsl(facts: RunFacts) -> SourceRef | None:
     return None
 
 
+def _pins(frame: Frame) -> bool:
+    """The library knowledge says this function pins host memory (its body calls
+    ``pin_memory()`` or asks a factory for ``pin_memory=True``): the innermost frame of a
+    failure is then the pinned allocation."""
+    known = frame_role(frame.filename, frame.function)
+    return known is not None and known.role == "pinning"
+
+
 def pinned_failure(facts: RunFacts) -> PinnedFailure | None:
     """The first OOM raised while pinning host memory (its text or its frames say so), else
     the first exception of a pin-memory thread."""
     for event in facts.oom_events():
         frames = event.traceback.frames if event.traceback is not None else ()
         pinning = [f for f in frames if f.function in _PINNED_FRAMES]
+        if not pinning and frames and _pins(frames[-1]):
+            pinning = [frames[-1]]
         current = event.traceback.current_line if event.traceback is not None else None
         if current and frames and not pinning and _PINNING_CALL.search(current):
             # the innermost frame was running a pinning call when the runtime failed: the

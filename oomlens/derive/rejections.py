@@ -6,7 +6,8 @@ pydantic's ``ValidationError`` over a config model (DeepSpeed's ``DeepSpeedZeroC
 does not multiply out (DeepSpeed's batch assertion, transformers' "config values that mismatch
 TrainingArguments" listing batch keys, a trainer's "batch size must be divisible by ..."), or a
 framework refusing to run in the memory its own setting allows and naming the setting to change.
-``rejection_of(exception_class, text)`` says which, from the exception as printed.
+``rejection_of(exception_class, text)`` says which, from the exception as printed;
+``check_rejection(exception)`` from where its traceback stops: inside a library's config check.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from oomlens.facts.log import LogFacts
+from oomlens.facts.log import ExceptionEvent, LogFacts
 from oomlens.facts.signals import ConfigRejection, Rejection
+from oomlens.knowledge.frames import frame_role
 
 BATCH_KEYS = frozenset(
     {
@@ -77,15 +79,57 @@ def rejection_of(exception_class: str, text: str) -> ConfigRejectionKind | None:
     return None
 
 
+_CHECK_FAILURES = ("AssertionError", "ValueError", "ConfigError", "ValidationError")
+"""What a config check raises when it fails; a check's frame under another error (an OOM, a
+KeyError) is where that error happened, not the check failing."""
+_BATCH_CHECK = re.compile(r"(?i)batch|grad_acc|gradient_accumulation")
+
+
+def check_rejection(exception: ExceptionEvent) -> ConfigRejection | None:
+    """A traceback that stops inside a library's config check (``library_frames.json``'s
+    ``config_check``: DeepSpeed's ``_batch_assertion``), cut before its error or ending in
+    the error such a check raises: that check failed.  A check of the batch arithmetic is a
+    batch rejection; another check in a config module a refused config."""
+    traceback = exception.traceback
+    if traceback is None or not traceback.frames:
+        return None
+    failed = exception.exception_class.rsplit(".", 1)[-1]
+    if exception.text.strip() and failed not in _CHECK_FAILURES:
+        return None
+    inner = traceback.frames[-1]
+    known = frame_role(inner.filename, inner.function)
+    if known is None or known.role != "config_check":
+        return None
+    checks = "; ".join(known.checks)
+    if any(_BATCH_CHECK.search(check) for check in known.checks):
+        kind = Rejection.BATCH
+    elif "config" in known.file:
+        kind = Rejection.SCHEMA
+    else:
+        return None
+    said = exception.text.strip() or "(the traceback stops there)"
+    text = (
+        f"{inner.filename}:{inner.line} in {inner.function}, {known.library}'s config check"
+        + (f" asserting {checks}" if checks else "")
+        + f": {said}"
+    )
+    return ConfigRejection(kind, exception.source, text[:1000])
+
+
 def config_rejections(logs: tuple[LogFacts, ...] | list[LogFacts]) -> list[ConfigRejection]:
-    """Every refused configuration the logs show: exceptions that are a rejection, and
-    DeepSpeed's config error lines (whose continuation lines the exception carries)."""
+    """Every refused configuration the logs show: exceptions that are a rejection, tracebacks
+    that stop inside a library's config check (``check_rejection``), and DeepSpeed's config
+    error lines (whose continuation lines the exception carries)."""
     found: list[ConfigRejection] = []
     seen: set[tuple[str, int | None]] = set()
     for log in logs:
-        for exception in log.exceptions:
+        for exception in (*log.exceptions, *log.partial_tracebacks):
             what = rejection_of(exception.exception_class, exception.text)
             if what is None:
+                checked = check_rejection(exception)
+                if checked is not None:
+                    seen.add((exception.source.path, exception.source.line))
+                    found.append(checked)
                 continue
             seen.add((exception.source.path, exception.source.line))
             found.append(

@@ -64,3 +64,24 @@ def test_a_runtime_oom_in_a_device_allocation_is_not_pinned(tmp_path: Path) -> N
     report = analyze([_driver_oom_in(tmp_path, _PINNING_LINES["not pinning"])])
     assert pinned_failure(report.facts) is None
     assert report.verdict.value == "gpu_oom"
+
+
+def test_a_runtime_oom_in_a_library_function_that_pins_is_pinned(tmp_path: Path) -> None:
+    """The innermost frame is DeepSpeed's ``buffer_to_accumulate_to_in_cpu`` (ZeRO offload),
+    whose current line pins through the accelerator (no ``.pin_memory()`` of its own): the
+    library knowledge, read from DeepSpeed's source, says that function pins."""
+    real = (case_dir("driver_oom_other_process") / "train.log").read_text().splitlines()
+    error = next(i for i, ln in enumerate(real) if "CUDA error: out of memory" in ln)
+    site = "/usr/local/lib/python3.10/dist-packages/deepspeed/runtime/zero/stage_1_and_2.py"
+    frame = [
+        f'  File "{site}", line 1195, in buffer_to_accumulate_to_in_cpu',
+        "    return get_accelerator().pin_memory(buffer) if self.cpu_offload_pin_memory else "
+        "buffer",
+    ]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*real[:3], *frame, *real[error:]]) + "\n")
+    report = analyze([log])
+    failure = pinned_failure(report.facts)
+    assert failure is not None and failure.oom
+    assert "buffer_to_accumulate_to_in_cpu" in failure.text
+    assert report.verdict.value == "host_oom"

@@ -33,6 +33,7 @@ from oomlens.ingest.log.tb_shapes import (
     line_shape,
 )
 from oomlens.ingest.log.torch_oom import ANCHOR_CONTEXT, has_allocator_start, looks_like_oom
+from oomlens.knowledge.frames import frame_role, phase_of_role
 from oomlens.lazyregex import lazy_regex
 
 HEADER = "Traceback (most recent call last):"
@@ -468,20 +469,13 @@ def exception_message(exception_class: str, text: str) -> str:
 
 _CHECKPOINT_FUNCS = frozenset(
     {
-        "save_16bit_model",
         "save_checkpoint",
         "_save_checkpoint",
-        "_zero3_consolidated_16bit_state_dict",
         "save_model",
         "save_pretrained",
-        "save_fp16_model",
-        "_save_zero_checkpoint",
-        "_save_optimizer_and_scheduler",
-        "consolidate_state_dict",
         "_get_zero_param_shapes",
         "get_fp32_state_dict_from_zero_checkpoint",
         "save_state",
-        "_save_tpu",
         "save_16bit_state_dict",
         "get_state_dict",
         "_full_post_state_dict_hook",
@@ -492,14 +486,7 @@ _GENERATION_FUNCS = frozenset(
     {
         "generate",
         "_sample",
-        "greedy_search",
-        "_greedy_search",
-        "beam_search",
-        "_beam_search",
         "assisted_decoding",
-        "_assisted_decoding",
-        "contrastive_search",
-        "_contrastive_search",
         "sample",
         "beam_sample",
         "_beam_sample",
@@ -509,9 +496,6 @@ _GENERATION_FUNCS = frozenset(
 _EVAL_FUNCS = frozenset(
     {
         "evaluate",
-        "evaluation_loop",
-        "prediction_step",
-        "prediction_loop",
         "predict",
         "eval_step",
         "validation_step",
@@ -526,27 +510,15 @@ _EVAL_FUNCS = frozenset(
         "do_eval",
         "eval_epoch",
         "val_step",
-        "nested_concat",
-        "nested_numpify",
-        "_nested_gather",
-        "gather_for_metrics",
-        "_evaluation_step",
-        "_predict_step",
     }
 )
 _EVAL_NAME = lazy_regex(r"(?:eval|evaluat\w*|valid\w*)(?:_\w{0,40})?\Z|\w{0,40}_eval\Z")
 _INIT_FUNCS = frozenset(
     {
-        "_post_init_method",
         "from_pretrained",
-        "_load_pretrained_model",
         "initialize",
-        "_configure_distributed_model",
-        "_configure_optimizer",
-        "_configure_zero_optimizer",
         "_create_fp32_partitions",
         "_setup_for_real_optimizer",
-        "_prepare_deepspeed",
         "reset_parameters",
         "_init_weights",
         "init_weights",
@@ -560,38 +532,17 @@ _INIT_FUNCS = frozenset(
 _STEP_FUNCS = frozenset(
     {
         "step",
-        "_optimizer_step",
-        "_take_model_step",
         "optimizer_step",
-        "_single_tensor_adam",
-        "_multi_tensor_adam",
-        "_fused_adam",
-        "_single_tensor_adamw",
-        "_multi_tensor_adamw",
-        "_init_group",
         "_prepare_fp32_grad_for_sub_group",
-        "unscale_and_clip_grads",
-        "_post_step",
-        "_update_scale",
         "clip_grad_norm_",
-        "_pre_step",
         "_apply_optimizer",
-        "initialize_optimizer_states",
     }
 )
 _BACKWARD_FUNCS = frozenset(
     {
         "backward",
-        "_engine_run_backward",
         "run_backward",
         "_backward",
-        "unpack_hook",
-        "recompute_fn",
-        "reduce_partition_and_remove_grads",
-        "reduce_ready_partitions_and_remove_grads",
-        "__reduce_and_partition_ipg_grads",
-        "reduce_independent_p_g_buckets_and_remove_grads",
-        "_run_after_backward_hook",
         "_backward_hook",
         "grad",
     }
@@ -599,12 +550,6 @@ _BACKWARD_FUNCS = frozenset(
 _FORWARD_FUNCS = frozenset(
     {
         "forward",
-        "_call_impl",
-        "_wrapped_call_impl",
-        "_pre_forward_module_hook",
-        "pre_sub_module_forward_function",
-        "_post_forward_module_hook",
-        "post_sub_module_forward_function",
         "compute_loss",
         "_forward",
         "forward_step",
@@ -632,32 +577,29 @@ _CONTEXT = (
 
 
 _TRAINING = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER_STEP)
-_VLLM_INIT = frozenset({"load_model", "load_weights", "_load_weights", "_initialize_model"})
-_VLLM_CACHE = frozenset(
-    {
-        "_allocate_kv_cache",
-        "initialize_cache",
-        "_init_cache",
-        "_initialize_kv_caches",
-        "determine_num_available_blocks",
-        "profile_run",
-        "raise_if_cache_size_invalid",
-        "initialize_from_config",
-    }
-)
+_VLLM_CACHE = frozenset({"_init_cache", "initialize_from_config"})
 _EVAL_PATHS = ("loops/evaluation_loop.py", "loops/prediction_loop.py")
 
 
 def _frame_phase(frame: Frame) -> Phase | None:
+    """The phase of one frame: the library knowledge's (``oomlens.knowledge``), generated
+    from the libraries' source, for a library function it holds (None for a role of several
+    phases: a ZeRO gather, a collective, a config check); otherwise read from the frame's
+    module and name (user code, a library version or file the data does not hold)."""
+    known = frame_role(frame.filename, frame.function)
+    if known is not None:
+        return phase_of_role(known.role)
+    return _named_phase(frame)
+
+
+def _named_phase(frame: Frame) -> Phase | None:
     # IPython and Colab print qualified names ("_BaseAutoModelClass.from_pretrained")
     func = frame.function.rsplit(".", 1)[-1]
     path = frame.filename.replace("\\", "/")
     if "torch/utils/data/" in path:
         return Phase.DATA_LOADING
     if "/vllm/" in path:
-        # an inference engine: its weights are loaded, then its KV cache sized and allocated
-        if func in _VLLM_INIT:
-            return Phase.MODEL_INIT
+        # an inference engine's KV cache, sized and allocated before it generates
         if func in _VLLM_CACHE:
             return Phase.GENERATION
     if any(part in path for part in _EVAL_PATHS):
