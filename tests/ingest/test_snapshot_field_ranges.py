@@ -15,7 +15,8 @@ import pytest
 
 from oomlens.cli import main
 from oomlens.errors import ExitCode, InputError
-from oomlens.ingest.snapshot import load_snapshot
+from oomlens.ingest.snapshot import layout, load_snapshot
+from oomlens.ingest.snapshot.unpickler import restricted_load
 from tests.assets.snapshots import make_variants as variants
 
 _REAL = variants.load_real("python_expandable")
@@ -114,3 +115,55 @@ def test_cli_refuses_with_the_no_input_code(
     assert info.value.code == ExitCode.NO_INPUT
     assert "internal error" not in err
     assert ".address is None, not an int" in err
+
+
+_CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "crash_logs"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*variants.REAL.values(), *sorted(_CORPUS.glob("*/snapshot_rank*.pickle"))[:6]],
+    ids=lambda path: f"{path.parent.name}/{path.name}",
+)
+def test_the_column_checks_pass_every_real_recording_as_the_record_checks_do(path: Path) -> None:
+    # The column checks are the fast path: they must accept what torch writes (else every load
+    # takes the record-by-record path) and agree with the record checks on what they return.
+    data = restricted_load(path).data
+    segments = data["segments"] if isinstance(data, dict) else data
+    traces = data.get("device_traces", []) if isinstance(data, dict) else []
+
+    assert layout._segments_plain(segments) == layout._check_segments(str(path), segments)
+    for device, trace in enumerate(traces):
+        expected = {layout._action("", device, i, entry) for i, entry in enumerate(trace)}
+        assert layout._trace_plain(trace) == expected
+
+
+@pytest.mark.parametrize(
+    ("pick", "key", "value", "named"),
+    [
+        (_segment, "segment_type", ["large"], "segment_type"),
+        (_segment, "segment_pool_id", (0, 2**64), "segment_pool_id"),
+        (_segment, "blocks", {}, "blocks"),
+        (_block, "state", ["inactive"], "state"),
+        (_block, "state", "freed", "state"),
+        (_block, "size", True, "size"),
+        (_entry("alloc"), "action", ["alloc"], "has no 'action' string"),
+        (_entry("alloc"), "addr", False, "addr"),
+    ],
+)
+def test_unhashable_or_unknown_values_in_a_column_are_named_not_crashed_on(
+    pick: Callable[[dict[str, Any]], dict[str, Any]],
+    key: str,
+    value: object,
+    named: str,
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(_REAL)
+    pick(data)[key] = value
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+
+    with pytest.raises(InputError) as caught:
+        load_snapshot(path)
+
+    assert named in str(caught.value)
