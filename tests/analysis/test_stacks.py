@@ -56,9 +56,12 @@ def test_unshared_frames_give_the_same_analysis_and_classify_each_frame_once(
     assert len({id(frame) for frame in frames}) == len(frames) > 3 * len(distinct)
     classified: list[object] = []
     original = stacks._classify_frame
-    monkeypatch.setattr(
-        stacks, "_classify_frame", lambda frame: classified.append(frame) or original(frame)
-    )
+
+    def counting(frame: object) -> Any:
+        classified.append(frame)
+        return original(frame)
+
+    monkeypatch.setattr(stacks, "_classify_frame", counting)
 
     expected = analyze_snapshot(shared).devices
     classified.clear()

@@ -128,9 +128,9 @@ _CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "crash_logs"
 def test_the_column_checks_pass_every_real_recording_as_the_record_checks_do(path: Path) -> None:
     # The column checks are the fast path: they must accept what torch writes (else every load
     # takes the record-by-record path) and agree with the record checks on what they return.
-    data = restricted_load(path).data
-    segments = data["segments"] if isinstance(data, dict) else data
-    traces = data.get("device_traces", []) if isinstance(data, dict) else []
+    data: Any = restricted_load(path).data
+    segments: list[Any] = data["segments"]
+    traces: list[Any] = data["device_traces"]
 
     assert layout._segments_plain(segments) == layout._check_segments(str(path), segments)
     for device, trace in enumerate(traces):
