@@ -376,9 +376,12 @@ class StackResolver:
         key = (count, id(frames[0]), id(frames[middle]), id(frames[-1]))
         bucket = self._buckets.get(key)
         if bucket is not None:
-            found = _find(bucket, frames)
-            if found is not None:
-                return found
+            for known, attribution in bucket:
+                try:
+                    if known == frames:
+                        return attribution
+                except Exception:  # noqa: BLE001 - crafted items that cannot be compared differ
+                    continue
             if len(bucket) >= _BUCKET_LIMIT:
                 return self._resolve_exact(frames)
         content = (
@@ -388,17 +391,19 @@ class StackResolver:
             _frame_key(frames[-1]),
         )
         similar = self._by_content.get(content)
+        attribution = None
         if similar is None:
             similar = self._by_content[content] = []
         else:
-            found = _find(similar, frames)
-            if found is not None:
-                return found
-            if len(similar) >= _BUCKET_LIMIT:
+            attribution = _find(similar, frames)
+            if attribution is None and len(similar) >= _BUCKET_LIMIT:
                 # Many distinct stacks under one key (crafted input): exact keys, no scanning.
                 return self._resolve_exact(frames)
-        attribution = self._resolve_new(frames)
-        similar.append((frames, attribution))
+        if attribution is None:
+            attribution = self._resolve_new(frames)
+            similar.append((frames, attribution))
+        # Known by identity from now on: a list met again (a block and its alloc entry), or
+        # another list of the same frame dicts, is found without comparing contents.
         if bucket is None:
             self._buckets[key] = [(frames, attribution)]
         elif len(bucket) < _BUCKET_LIMIT:

@@ -15,8 +15,7 @@ import pytest
 
 from oomlens.cli import main
 from oomlens.errors import ExitCode, InputError
-from oomlens.ingest.snapshot import layout, load_snapshot
-from oomlens.ingest.snapshot.unpickler import restricted_load
+from oomlens.ingest.snapshot import load_snapshot
 from tests.assets.snapshots import make_variants as variants
 
 _REAL = variants.load_real("python_expandable")
@@ -115,27 +114,6 @@ def test_cli_refuses_with_the_no_input_code(
     assert info.value.code == ExitCode.NO_INPUT
     assert "internal error" not in err
     assert ".address is None, not an int" in err
-
-
-_CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "crash_logs"
-
-
-@pytest.mark.parametrize(
-    "path",
-    [*variants.REAL.values(), *sorted(_CORPUS.glob("*/snapshot_rank*.pickle"))[:6]],
-    ids=lambda path: f"{path.parent.name}/{path.name}",
-)
-def test_the_column_checks_pass_every_real_recording_as_the_record_checks_do(path: Path) -> None:
-    # The column checks are the fast path: they must accept what torch writes (else every load
-    # takes the record-by-record path) and agree with the record checks on what they return.
-    data: Any = restricted_load(path).data
-    segments: list[Any] = data["segments"]
-    traces: list[Any] = data["device_traces"]
-
-    assert layout._segments_plain(segments) == layout._check_segments(str(path), segments)
-    for device, trace in enumerate(traces):
-        expected = {layout._action("", device, i, entry) for i, entry in enumerate(trace)}
-        assert layout._trace_plain(trace) == expected
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,6 @@ Nothing is copied or mutated: :class:`RawSnapshot` holds the unpickled lists the
 
 from __future__ import annotations
 
-from itertools import chain, repeat
 from typing import Any
 
 from oomlens.errors import InputError, ResourceLimitError
@@ -110,18 +109,13 @@ def build_snapshot(
         )
 
     check_walk(where, segments, device_traces, limits or SnapshotLimits())
-    checked = _segments_plain(segments)
-    if checked is None:
-        checked = _check_segments(where, segments)
-    block_count, block_history = checked
+    block_count, block_history = _check_segments(where, segments)
     devices = {segment["device"] for segment in segments}
     trace_entries = 0
     for device, trace in enumerate(device_traces):
         trace_entries += len(trace)
         # every entry is checked: later passes read them all, not just up to the first event
-        actions: set[Any] | None = _trace_plain(trace)
-        if actions is None:
-            actions = {_action(where, device, index, entry) for index, entry in enumerate(trace)}
+        actions = [_action(where, device, index, entry) for index, entry in enumerate(trace)]
         if any(action not in _MARKER_ACTIONS for action in actions):
             devices.add(device)
     device_count = max(len(device_traces), max(devices, default=-1) + 1)
@@ -201,106 +195,6 @@ def _action(where: str, device: int, index: int, entry: object) -> object:
         _int_field(where, entry, "time_us", location, required=False, bounds=_TIME_RANGE)
         _int_field(where, entry, "stream", location, required=False, bounds=_STREAM_RANGE)
     return action
-
-
-# --------------------------------------------------------------------------------------------
-# Column checks: the same checks as _action and _check_segments, one field at a time over all
-# records at C speed (map, set, min, max), so that checking a million entries costs a few C
-# passes, not a million Python calls.  They only say "all as torch writes them" (a result) or
-# "not" (None); the record-by-record checks then run to name the first wrong field.
-# --------------------------------------------------------------------------------------------
-
-_INT_ONLY = frozenset({int})
-
-
-def _column(records: list[Any], key: str, default: object) -> list[Any]:
-    return list(map(dict.get, records, repeat(key), repeat(default)))
-
-
-def _ints_within(values: list[Any], bounds: tuple[int, int]) -> bool:
-    """Every value an int (not a bool) within ``bounds``; True for none."""
-    if not values:
-        return True
-    if set(map(type, values)) != _INT_ONLY:
-        return False
-    low: int = min(values)
-    high: int = max(values)
-    return bounds[0] <= low and high < bounds[1]
-
-
-def _trace_plain(trace: list[Any]) -> set[str] | None:
-    """The set of actions of ``trace`` when every entry passes :func:`_action`'s checks;
-    None when one may not (then :func:`_action` runs on each to name it)."""
-    if not trace:
-        return set()
-    if set(map(type, trace)) != {dict}:
-        return None
-    actions = _column(trace, "action", None)
-    if set(map(type, actions)) != {str}:
-        return None
-    distinct: set[str] = set(actions)
-    for key, bounds in (
-        ("addr", _SIZE_RANGE),
-        ("size", _SIZE_RANGE),
-        ("time_us", _TIME_RANGE),
-        ("stream", _STREAM_RANGE),
-    ):
-        if not _ints_within(_column(trace, key, 0), bounds):
-            return None
-    if "oom" in distinct:
-        index = -1
-        while True:
-            try:
-                index = actions.index("oom", index + 1)
-            except ValueError:
-                break
-            free = trace[index].get("device_free", 0)
-            if type(free) is not int or not 0 <= free < _U64:
-                return None
-    return distinct
-
-
-def _segments_plain(segments: list[Any]) -> tuple[int, bool] | None:
-    """What :func:`_check_segments` returns when every segment and block passes its checks
-    and every block has a ``frames`` list (the current layout); None otherwise (then
-    :func:`_check_segments` runs to name the first wrong field, or reads the legacy layout)."""
-    if not segments:
-        return 0, False
-    if set(map(type, segments)) != {dict}:
-        return None
-    for key, bounds in (("device", _DEVICE_RANGE), ("total_size", _SIZE_RANGE)):
-        if not _ints_within(_column(segments, key, None), bounds):
-            return None
-    for key in _SEGMENT_OPTIONAL_SIZES:
-        if not _ints_within(_column(segments, key, 0), _SIZE_RANGE):
-            return None
-    if not _ints_within(_column(segments, "stream", 0), _STREAM_RANGE):
-        return None
-    kinds = _column(segments, "segment_type", "large")
-    if set(map(type, kinds)) != {str} or not set(kinds) <= {"large", "small"}:
-        return None
-    pools = _column(segments, "segment_pool_id", (0, 0))
-    if not set(map(type, pools)) <= {tuple, list} or set(map(len, pools)) != {2}:
-        return None
-    if not _ints_within(list(chain.from_iterable(pools)), _SIZE_RANGE):
-        return None
-    block_lists = _column(segments, "blocks", None)
-    if set(map(type, block_lists)) != {list}:
-        return None
-    blocks = list(chain.from_iterable(block_lists))
-    if not blocks:
-        return 0, False
-    if set(map(type, blocks)) != {dict}:
-        return None
-    states = _column(blocks, "state", None)
-    if set(map(type, states)) != {str} or not set(states) <= KNOWN_BLOCK_STATES:
-        return None
-    if set(map(type, _column(blocks, "frames", None))) != {list}:
-        return None
-    for key, default in (("size", None), ("requested_size", 0), ("address", 0)):
-        if not _ints_within(_column(blocks, key, default), _SIZE_RANGE):
-            return None
-    return len(blocks), False
 
 
 def _bad(where: str, location: str, what: str) -> InputError:
