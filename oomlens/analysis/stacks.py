@@ -391,24 +391,24 @@ class StackResolver:
             _frame_key(frames[-1]),
         )
         similar = self._by_content.get(content)
-        attribution = None
+        found: Attribution | None = None
         if similar is None:
             similar = self._by_content[content] = []
         else:
-            attribution = _find(similar, frames)
-            if attribution is None and len(similar) >= _BUCKET_LIMIT:
+            found = _find(similar, frames)
+            if found is None and len(similar) >= _BUCKET_LIMIT:
                 # Many distinct stacks under one key (crafted input): exact keys, no scanning.
                 return self._resolve_exact(frames)
-        if attribution is None:
-            attribution = self._resolve_new(frames)
-            similar.append((frames, attribution))
+        if found is None:
+            found = self._resolve_new(frames)
+            similar.append((frames, found))
         # Known by identity from now on: a list met again (a block and its alloc entry), or
         # another list of the same frame dicts, is found without comparing contents.
         if bucket is None:
-            self._buckets[key] = [(frames, attribution)]
+            self._buckets[key] = [(frames, found)]
         elif len(bucket) < _BUCKET_LIMIT:
-            bucket.append((frames, attribution))
-        return attribution
+            bucket.append((frames, found))
+        return found
 
     def _resolve_exact(self, frames: list[Any]) -> Attribution:
         exact = tuple(map(id, frames))
