@@ -198,6 +198,11 @@ _NATIVE_PLUMBING = (
 
 _MAX_TEXT = 2000
 _BUCKET_LIMIT = 32
+# Identity keys a stack found by content may get besides its first (one per set of equal frame
+# dicts: a snapshot merged from several recordings has one set per recording); past that,
+# equal stacks are found by content, at the same answer.  Bounds the resolver's memory when
+# frame dicts are never shared.
+_ALIASES_PER_STACK = 8
 _KIND_USER = 0
 _KIND_LIBRARY = 1
 _KIND_NATIVE = 2
@@ -354,7 +359,9 @@ class StackResolver:
     the contents of those three frames; either way it is compared with the few stacks under
     that key (``==`` on lists compares the frame dicts at C speed, and stops at once on the
     very same dicts): about one microsecond per list whatever its depth, never a pass over
-    its frames in Python.  The resolver keeps every list it stores, so the ``id()`` keys stay
+    its frames in Python.  A list found by content is also keyed by identity, so other lists
+    of the same frame dicts are found the fast way, up to ``_ALIASES_PER_STACK`` keys per
+    distinct stack.  The resolver keeps every list it stores, so the ``id()`` keys stay
     valid while it lives; create one per analysis.
     """
 
@@ -364,6 +371,7 @@ class StackResolver:
         self._frame_contents: dict[object, _FrameInfo] = {}
         self._buckets: dict[tuple[int, int, int, int], list[tuple[list[Any], Attribution]]] = {}
         self._by_content: dict[tuple[Any, ...], list[tuple[list[Any], Attribution]]] = {}
+        self._aliases = 0
         self._exact: dict[tuple[int, ...], Attribution] = {}
         self._pinned: list[Any] = []
 
@@ -402,6 +410,12 @@ class StackResolver:
         if found is None:
             found = self._resolve_new(frames)
             similar.append((frames, found))
+        elif self._aliases >= _ALIASES_PER_STACK * len(self._by_content):
+            # Found by content, and the identity keys are spent: frame dicts that are never
+            # shared (one copy per block) would add one key per list and never be met again.
+            return found
+        else:
+            self._aliases += 1
         # Known by identity from now on: a list met again (a block and its alloc entry), or
         # another list of the same frame dicts, is found without comparing contents.
         if bucket is None:

@@ -95,3 +95,17 @@ def test_crafted_unhashable_frames_still_resolve() -> None:
     crafted = [{"filename": ["x"], "line": {}, "name": None}, [1, 2], {"line": 3}]
 
     assert resolver.resolve(crafted) == resolver.resolve(list(crafted))
+
+
+def test_lists_of_unshared_frame_dicts_do_not_each_add_an_identity_key() -> None:
+    # One copy of the frame dicts per block: a key per list would grow with the file, and
+    # none of them would ever be met again.
+    stack = [
+        {"filename": "/home/me/model.py", "line": line, "name": "forward"} for line in range(40)
+    ]
+    resolver = StackResolver()
+
+    found = {resolver.resolve([dict(frame) for frame in stack]) for _ in range(2000)}
+
+    assert len(found) == 1
+    assert len(resolver._buckets) <= 1 + stacks._ALIASES_PER_STACK
