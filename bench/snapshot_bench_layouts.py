@@ -13,7 +13,7 @@ Axes (see :data:`LAYOUTS`):
 * ``stacks``: ``all`` (every Python stack gets a real native unwind from the stacks='all'
   sample in front of it, as torch's default records it; the sample's own stacks stay as they
   are), ``python`` (native frames dropped, as stacks='python' records), ``none`` (every frame
-  list empty, as ``_record_memory_history(stacks=None)``... records: ``[]``).
+  list empty, as a recording with ``context=None`` writes it, like ``fixtures/whatif``'s).
 * ``frames``: ``shared`` (torch's symbolizer shares one dict per distinct frame across the
   whole recording and one list per captured traceback, which a block and its ``alloc`` entry,
   a ``free_requested`` and its ``free_completed``, share) or ``per-block`` (every block and
