@@ -32,10 +32,12 @@ load + analysis over the bare load went from 2.2-2.9x to 0.57-0.82x on the three
 per-block frame dicts (peak RSS 1.13-1.35x to 1.01x: the resolver classified every frame dict of
 every block, and kept each), and stayed 0.87-1.43x elsewhere (no stacks 1.43x and expandable
 1.31x: a million small events per 100 MB, the per-event analysis; the same code before and after
-there); at 1.15 GiB (stacks ``all``, shared; one round) 0.47x, peak 1.00x; at 1-3 MiB (medians of
-5) 1.6-2.9x.  The table is in the README's speed section.  The bare and oomlens
-processes exit with ``os._exit`` right after their work, so that none of them pays for freeing
-millions of objects at interpreter shutdown; the CLI exits as it does.
+there); at about 1.1 GiB (one round) 0.47x with stacks ``all`` shared, 0.82x with no stacks,
+peak 1.00x; at 1-3 MiB (medians of 5) 1.6-2.9x.  In CPU seconds the ratios are higher where the
+bare load's collector walk is what the wall hides (no stacks, 1.1 GiB: 46.8 s vs 37.7 s, 1.24x).
+The table is in the README's speed section.  The bare and oomlens processes exit with
+``os._exit`` right after their work, so that none of them pays for freeing millions of objects
+at interpreter shutdown; the CLI exits as it does.
 """
 
 from __future__ import annotations
