@@ -37,8 +37,8 @@ use (``deepspeed-reference.md`` §1.12, torch 2.11 snapshots):
   and forward temporaries still referenced cannot be told apart);
 * otherwise ``unknown`` (``no stack recorded`` or ``no frame recognised``).
 
-:class:`StackResolver` caches by object identity (frame dicts are shared in the pickle), so
-resolving the stacks of a million blocks costs about one dict lookup per frame list.
+:class:`StackResolver` caches by content (shared frame dicts are recognised by identity first),
+so resolving the stacks of a million blocks costs about one dict lookup per frame list.
 """
 
 from __future__ import annotations
@@ -198,6 +198,11 @@ _NATIVE_PLUMBING = (
 
 _MAX_TEXT = 2000
 _BUCKET_LIMIT = 32
+# Identity keys a stack found by content may get besides its first (one per set of equal frame
+# dicts: a snapshot merged from several recordings has one set per recording); past that,
+# equal stacks are found by content, at the same answer.  Bounds the resolver's memory when
+# frame dicts are never shared.
+_ALIASES_PER_STACK = 8
 _KIND_USER = 0
 _KIND_LIBRARY = 1
 _KIND_NATIVE = 2
@@ -345,18 +350,28 @@ def _short(name: str) -> str:
 class StackResolver:
     """Resolves frame lists to :class:`Attribution`, caching by content.
 
-    Torch shares frame dicts between stacks but gives most events their own list, so a
-    million lists may hold a few thousand distinct stacks.  A list is looked up by its length
-    and the identities of three of its frames, then compared with the few stacks under that
-    key (``==`` on lists whose items are the very same dicts stops at the first difference at
-    C speed): about one microsecond per list, whatever its depth.  The resolver keeps every
-    list it stores, so the ``id()`` keys stay valid while it lives; create one per analysis.
+    An attribution depends only on what the frames say, so equal stacks are resolved once,
+    however the pickle shared their objects.  torch's symbolizer shares one dict per distinct
+    frame and gives most events their own list, so a million lists may hold a few thousand
+    distinct stacks; a snapshot rebuilt by a tool that copies records gives every block and
+    event its own frame dicts too.  A list is first looked up by its length and the
+    identities of three of its frames (shared dicts), then, if that misses, by its length and
+    the contents of those three frames; either way it is compared with the few stacks under
+    that key (``==`` on lists compares the frame dicts at C speed, and stops at once on the
+    very same dicts): about one microsecond per list whatever its depth, never a pass over
+    its frames in Python.  A list found by content is also keyed by identity, so other lists
+    of the same frame dicts are found the fast way, up to ``_ALIASES_PER_STACK`` keys per
+    distinct stack.  The resolver keeps every list it stores, so the ``id()`` keys stay
+    valid while it lives; create one per analysis.
     """
 
     def __init__(self, no_stack: Attribution = NO_STACK) -> None:
         self.no_stack = no_stack
         self._frames: dict[int, _FrameInfo] = {}
+        self._frame_contents: dict[object, _FrameInfo] = {}
         self._buckets: dict[tuple[int, int, int, int], list[tuple[list[Any], Attribution]]] = {}
+        self._by_content: dict[tuple[Any, ...], list[tuple[list[Any], Attribution]]] = {}
+        self._aliases = 0
         self._exact: dict[tuple[int, ...], Attribution] = {}
         self._pinned: list[Any] = []
 
@@ -365,34 +380,67 @@ class StackResolver:
         if type(frames) is not list or not frames:
             return self.no_stack
         count = len(frames)
-        key = (count, id(frames[0]), id(frames[count >> 1]), id(frames[-1]))
+        middle = count >> 1
+        key = (count, id(frames[0]), id(frames[middle]), id(frames[-1]))
         bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = []
-        elif len(bucket) >= _BUCKET_LIMIT:
-            # Many distinct stacks under one key (crafted input): exact keys, no scanning.
-            exact = tuple(map(id, frames))
-            found = self._exact.get(exact)
-            if found is None:
-                found = self._exact[exact] = self._resolve_new(frames)
-                self._pinned.append(frames)
+        if bucket is not None:
+            for known, attribution in bucket:
+                try:
+                    if known == frames:
+                        return attribution
+                except Exception:  # noqa: BLE001 - crafted items that cannot be compared differ
+                    continue
+            if len(bucket) >= _BUCKET_LIMIT:
+                return self._resolve_exact(frames)
+        content = (
+            count,
+            _frame_key(frames[0]),
+            _frame_key(frames[middle]),
+            _frame_key(frames[-1]),
+        )
+        similar = self._by_content.get(content)
+        found: Attribution | None = None
+        if similar is None:
+            similar = self._by_content[content] = []
+        else:
+            found = _find(similar, frames)
+            if found is None and len(similar) >= _BUCKET_LIMIT:
+                # Many distinct stacks under one key (crafted input): exact keys, no scanning.
+                return self._resolve_exact(frames)
+        if found is None:
+            found = self._resolve_new(frames)
+            similar.append((frames, found))
+        elif self._aliases >= _ALIASES_PER_STACK * len(self._by_content):
+            # Found by content, and the identity keys are spent: frame dicts that are never
+            # shared (one copy per block) would add one key per list and never be met again.
             return found
-        for known, attribution in bucket:
-            try:
-                if known == frames:
-                    return attribution
-            except Exception:  # noqa: BLE001 - crafted items that cannot be compared differ
-                continue
-        attribution = self._resolve_new(frames)
-        bucket.append((frames, attribution))
-        return attribution
+        else:
+            self._aliases += 1
+        # Known by identity from now on: a list met again (a block and its alloc entry), or
+        # another list of the same frame dicts, is found without comparing contents.
+        if bucket is None:
+            self._buckets[key] = [(frames, found)]
+        elif len(bucket) < _BUCKET_LIMIT:
+            bucket.append((frames, found))
+        return found
+
+    def _resolve_exact(self, frames: list[Any]) -> Attribution:
+        exact = tuple(map(id, frames))
+        found = self._exact.get(exact)
+        if found is None:
+            found = self._exact[exact] = self._resolve_new(frames)
+            self._pinned.append(frames)
+        return found
 
     def _info(self, frame: object) -> _FrameInfo:
         info = self._frames.get(id(frame))
         if info is not None:
             return info
+        content = _frame_key(frame)
+        info = self._frame_contents.get(content)
+        if info is None:
+            info = self._frame_contents[content] = _classify_frame(frame)
         self._pinned.append(frame)
-        info = _classify_frame(frame)
         self._frames[id(frame)] = info
         return info
 
@@ -406,6 +454,28 @@ class StackResolver:
         return Attribution(
             site, MemoryCategory.UNKNOWN, Confidence.HIGH, "no frame of the stack is recognised"
         )
+
+
+def _find(bucket: list[tuple[list[Any], Attribution]], frames: list[Any]) -> Attribution | None:
+    for known, attribution in bucket:
+        try:
+            if known == frames:
+                return attribution
+        except Exception:  # noqa: BLE001 - crafted items that cannot be compared differ
+            continue
+    return None
+
+
+def _frame_key(frame: object) -> object:
+    """What a frame says, as a hashable key: (filename, line, name) for a frame as torch writes
+    it, else the object's identity (a crafted frame may hold unhashable values)."""
+    if type(frame) is dict:
+        filename = frame.get("filename")
+        line = frame.get("line")
+        name = frame.get("name")
+        if type(filename) is str and type(line) is int and type(name) is str:
+            return (filename, line, name)
+    return id(frame)
 
 
 # torch copies a frame's line from a C int; beyond it the number is not torch's (and past 4,300

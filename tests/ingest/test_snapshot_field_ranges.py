@@ -114,3 +114,34 @@ def test_cli_refuses_with_the_no_input_code(
     assert info.value.code == ExitCode.NO_INPUT
     assert "internal error" not in err
     assert ".address is None, not an int" in err
+
+
+@pytest.mark.parametrize(
+    ("pick", "key", "value", "named"),
+    [
+        (_segment, "segment_type", ["large"], "segment_type"),
+        (_segment, "segment_pool_id", (0, 2**64), "segment_pool_id"),
+        (_segment, "blocks", {}, "blocks"),
+        (_block, "state", ["inactive"], "state"),
+        (_block, "state", "freed", "state"),
+        (_block, "size", True, "size"),
+        (_entry("alloc"), "action", ["alloc"], "has no 'action' string"),
+        (_entry("alloc"), "addr", False, "addr"),
+    ],
+)
+def test_unhashable_or_unknown_values_in_a_column_are_named_not_crashed_on(
+    pick: Callable[[dict[str, Any]], dict[str, Any]],
+    key: str,
+    value: object,
+    named: str,
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(_REAL)
+    pick(data)[key] = value
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+
+    with pytest.raises(InputError) as caught:
+        load_snapshot(path)
+
+    assert named in str(caught.value)

@@ -320,38 +320,51 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
     histories_seen: set[int] = set()
     states = KNOWN_BLOCK_STATES
     for seg_index, segment in enumerate(segments):
-        location = f"segments[{seg_index}]"
         if type(segment) is not dict:
-            raise _bad(where, location, f"is a {type(segment).__name__}, not a dict")
-        _int_field(where, segment, "device", location, bounds=_DEVICE_RANGE)
-        _int_field(where, segment, "total_size", location)
-        for key in _SEGMENT_OPTIONAL_SIZES:
-            _int_field(where, segment, key, location, required=False)
-        _int_field(where, segment, "stream", location, required=False, bounds=_STREAM_RANGE)
-        segment_type = segment.get("segment_type", "large")
-        if segment_type not in ("large", "small"):
             raise _bad(
-                where, f"{location}.segment_type", f"is {segment_type!r}, not 'large' or 'small'"
+                where, f"segments[{seg_index}]", f"is a {type(segment).__name__}, not a dict"
             )
+        device = segment.get("device")
+        total = segment.get("total_size")
+        seg_address = segment.get("address", 0)
+        allocated = segment.get("allocated_size", 0)
+        active = segment.get("active_size", 0)
+        seg_requested = segment.get("requested_size", 0)
+        stream = segment.get("stream", 0)
         pool_id = segment.get("segment_pool_id", (0, 0))
+        blocks: list[Any] = segment.get("blocks")  # type: ignore[assignment]  # checked below
+        # The common case is one expression on locals (there can be a million segments);
+        # the field-by-field checks run only when it fails, to name the wrong field.
         if not (
-            isinstance(pool_id, tuple | list)
+            type(device) is int
+            and 0 <= device < _DEVICE_RANGE[1]
+            and type(total) is int
+            and 0 <= total < _U64
+            and type(seg_address) is int
+            and 0 <= seg_address < _U64
+            and type(allocated) is int
+            and 0 <= allocated < _U64
+            and type(active) is int
+            and 0 <= active < _U64
+            and type(seg_requested) is int
+            and 0 <= seg_requested < _U64
+            and type(stream) is int
+            and _STREAM_RANGE[0] <= stream < _STREAM_RANGE[1]
+            and segment.get("segment_type", "large") in _SEGMENT_TYPES
+            and type(pool_id) is tuple
             and len(pool_id) == 2
-            and all(type(part) is int and 0 <= part < _U64 for part in pool_id)
+            and type(pool_id[0]) is int
+            and type(pool_id[1]) is int
+            and 0 <= pool_id[0] < _U64
+            and 0 <= pool_id[1] < _U64
+            and type(blocks) is list
         ):
-            raise _bad(
-                where, f"{location}.segment_pool_id", "is not a pair of unsigned 64-bit ints"
-            )
-        blocks = segment.get("blocks")
-        if type(blocks) is not list:
-            raise _bad(
-                where, f"{location}.blocks", "is missing" if blocks is None else "is not a list"
-            )
+            _check_segment_fields(where, segment, f"segments[{seg_index}]")
         for block_index, block in enumerate(blocks):
             if type(block) is not dict:
                 raise _bad(
                     where,
-                    f"{location}.blocks[{block_index}]",
+                    f"segments[{seg_index}].blocks[{block_index}]",
                     f"is a {type(block).__name__}, not a dict",
                 )
             size = block.get("size")
@@ -370,7 +383,7 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                 or not 0 <= address < _U64
                 or (frames is not None and type(frames) is not list)
             ):
-                raise _block_error(where, f"{location}.blocks[{block_index}]", block)
+                raise _block_error(where, f"segments[{seg_index}].blocks[{block_index}]", block)
             if frames is None:
                 history = block.get("history")
                 if history is not None:
@@ -384,7 +397,7 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                         ):
                             raise _bad(
                                 where,
-                                f"{location}.blocks[{block_index}].history",
+                                f"segments[{seg_index}].blocks[{block_index}].history",
                                 "is not a list of dicts",
                             )
                         for item_index, item in enumerate(history):
@@ -393,11 +406,39 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
                                     where,
                                     item,
                                     key,
-                                    f"{location}.blocks[{block_index}].history[{item_index}]",
+                                    f"segments[{seg_index}].blocks[{block_index}]"
+                                    f".history[{item_index}]",
                                     required=False,
                                 )
         blocks_total += len(blocks)
     return blocks_total, block_history
+
+
+_SEGMENT_TYPES = ("large", "small")
+
+
+def _check_segment_fields(where: str, segment: dict[Any, Any], location: str) -> None:
+    """Check a segment's fields one by one; raise ``InputError`` naming the first wrong one."""
+    _int_field(where, segment, "device", location, bounds=_DEVICE_RANGE)
+    _int_field(where, segment, "total_size", location)
+    for key in _SEGMENT_OPTIONAL_SIZES:
+        _int_field(where, segment, key, location, required=False)
+    _int_field(where, segment, "stream", location, required=False, bounds=_STREAM_RANGE)
+    segment_type = segment.get("segment_type", "large")
+    if segment_type not in _SEGMENT_TYPES:
+        raise _bad(
+            where, f"{location}.segment_type", f"is {segment_type!r}, not 'large' or 'small'"
+        )
+    pool_id = segment.get("segment_pool_id", (0, 0))
+    if not (
+        isinstance(pool_id, tuple | list)
+        and len(pool_id) == 2
+        and all(type(part) is int and 0 <= part < _U64 for part in pool_id)
+    ):
+        raise _bad(where, f"{location}.segment_pool_id", "is not a pair of unsigned 64-bit ints")
+    blocks = segment.get("blocks")
+    if type(blocks) is not list:
+        raise _bad(where, f"{location}.blocks", "is missing" if blocks is None else "is not a list")
 
 
 def _block_error(where: str, location: str, block: dict[Any, Any]) -> InputError:
@@ -449,6 +490,7 @@ def _stack_depth(segments: list[Any], device_traces: list[Any]) -> StackDepth:
                 yield entry.get("frames")
 
     seen: set[int] = set()
+    seen_frames: set[int] = set()
     for frames in frame_lists():
         if not frames or type(frames) is not list:
             continue
@@ -457,7 +499,11 @@ def _stack_depth(segments: list[Any], device_traces: list[Any]) -> StackDepth:
             continue
         seen.add(id(frames))
         scanned += 1
-        for frame in frames:
+        # Frame dicts are shared too: only the ones not met before are looked at (found at C
+        # speed; a deep stack of known frames costs no Python step per frame).
+        by_id = dict(zip(map(id, frames), frames, strict=True))
+        for key in by_id.keys() - seen_frames:
+            frame = by_id[key]
             if type(frame) is not dict:
                 continue
             filename = frame.get("filename")
@@ -468,6 +514,7 @@ def _stack_depth(segments: list[Any], device_traces: list[Any]) -> StackDepth:
                 seen_python = True
             elif line == 0:
                 return StackDepth.PYTHON_AND_NATIVE
+        seen_frames.update(by_id)
         if scanned >= _STACK_SCAN_LIMIT:
             break
     return StackDepth.PYTHON if seen_python else StackDepth.NONE
