@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -41,17 +42,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import reader_shapes  # noqa: E402
 from bench.log_bench import _ere  # noqa: E402
 from oomlens.ingest.log import ANCHORS  # noqa: E402
 
 MiB = 1024**2
+DENSITIES = ("dense", "sparse")
 GENERATE = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from typing import Any
-from bench.multirank_log import generate
-counts = generate(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], ranks=int(sys.argv[4]))
+from bench import multirank_log, reader_shapes
+path, size, name, density, ranks, seed = sys.argv[1:7]
+if name == "issue15":
+    counts = multirank_log.generate(Path(path), int(size), density, ranks=int(ranks))
+else:
+    shapes = (
+        list(reader_shapes.SHAPES.values()) if name == "mixed"
+        else [reader_shapes.random_shape(int(seed))] if name == "random"
+        else [reader_shapes.SHAPES[name]]
+    )
+    counts = reader_shapes.generate(Path(path), int(size), shapes, density, int(ranks))
 print(" ".join(f"{{k}}={{v}}" for k, v in counts.items()))
 """
 READER = """
@@ -120,34 +131,35 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
     summary: list[str] = []
     pattern = "|".join(_ere(a) for a in ANCHORS)
     grep = shutil.which("grep") or "grep"
-    for shape, target in (("dense", 3.0), ("sparse", 2.0)):
-        if shape not in args.shapes:
-            continue
-        path = workdir / f"{shape}.log"
-        start = time.perf_counter()
-        # generated in a child: a child's peak RSS counts its parent's memory at fork time
-        made = subprocess.run(
-            [sys.executable, "-c", GENERATE, str(path), str(int(args.size_gb * 1024**3)), shape]
-            + [str(args.ranks)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        counts = {k: int(v) for k, v in (x.split("=") for x in made.stdout.split())}
-        print(
-            f"\n{shape}: {counts['bytes'] / MiB:.0f} MiB, {counts['lines']:,} lines, "
-            f"{args.ranks} ranks (generated in {time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-        commands = {"grep -c -E": [grep, "-c", "-E", pattern, str(path)]}
-        for jobs in args.jobs:
-            commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
-            commands[f"oomlens --jobs {jobs}"].append(str(jobs))
-        for title, cpus in _cpu_sets(args.cores):
-            summary.append(_table(args, shape, target, counts, commands, title, cpus))
-        if not args.keep:
-            path.unlink()
+    for name in args.shapes:
+        for density in args.density:
+            target = 3.0 if density == "dense" else 2.0
+            shape = f"{name} {density}"
+            path = workdir / f"{name}-{density}.log"
+            start = time.perf_counter()
+            # generated in a child: a child's peak RSS counts its parent's memory at fork time
+            made = subprocess.run(
+                [sys.executable, "-c", GENERATE, str(path), str(int(args.size_gb * 1024**3))]
+                + [name, density, str(args.ranks), str(args.seed)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            counts = {k: int(v) for k, v in (x.split("=") for x in made.stdout.split())}
+            print(
+                f"\n{shape}: {counts['bytes'] / MiB:.0f} MiB, {counts['lines']:,} lines, "
+                f"{args.ranks} ranks (generated in {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+            subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+            commands = {"grep -c -E": [grep, "-c", "-E", pattern, str(path)]}
+            for jobs in args.jobs:
+                commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
+                commands[f"oomlens --jobs {jobs}"].append(str(jobs))
+            for title, cpus in _cpu_sets(args.cores):
+                summary.append(_table(args, shape, target, counts, commands, title, cpus))
+            if not args.keep:
+                path.unlink()
     return summary
 
 
@@ -206,10 +218,17 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
     parser.add_argument("--snapshot-mb", type=float, nargs="+", default=[100.0, 1000.0])
-    shapes = ["dense", "sparse"]
+    shapes = ["issue15", *reader_shapes.SHAPES, "mixed", "random"]
     parser.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
+    parser.add_argument("--density", nargs="+", choices=DENSITIES, default=list(DENSITIES))
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the random shape's seed (default: drawn, printed)"
+    )
     parser.add_argument("--cores", type=int, nargs="+", default=None, help="held to that many")
     args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    print(f"random shape: seed {args.seed}: {reader_shapes.random_shape(args.seed)}")
     # as pip leaves an installed package: its modules' bytecode written
     compileall.compile_dir(ROOT / "oomlens", quiet=2)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
