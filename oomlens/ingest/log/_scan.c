@@ -139,7 +139,6 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         x->hs[k] = s;
         x->key[k] = kk;
         x->plen[k] = pl;
-        int logger = at(h, pl) == '[';
         int space = at(h, pl > 0 ? pl - 1 : 0) == ' ';
         x->pid[k] = (kk + 2) * 64 + pl * 2 + (space && pl > 0);
         x->kind[k] = NONE;
@@ -164,7 +163,7 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         if (shape == NONE) continue;
         Fields f = {NO_TS, 0, -1, -1, 0, NAN, 1, -1, -1, NAN};
         Cur c = {d + s + pl, d + entry_end(x, line)};
-        if (shape == PROGRESS ? !progress_line(&c, &f) : !match_shape(shape, logger, &c, &f))
+        if (shape == PROGRESS ? !progress_line(&c, &f) : !match_shape(shape, &c, &f))
             continue;
         x->fe[k] = f.e;
         x->fh[k] = f.h;

@@ -480,36 +480,120 @@ static Py_ssize_t logger_header(const uint8_t *t, Py_ssize_t n, Py_ssize_t p) {
     return q + (q < n && t[q] == ' ');
 }
 
-/* A progress line (bits.STEP only) at c, after its prefix: P_READ with its fields (ts, the
- * record's or the text's rank in c, the form in d), else P_UNSURE. */
-static int progress_line(Cur *c, Fields *f) {
-    const uint8_t *t = c->p;
-    Py_ssize_t n = c->e - c->p;
-    if (n > 0 && t[n - 1] == '\n') n--;
-    Py_ssize_t m = 0;
-    int64_t record_rank = -1;
+/* The message of the line at c (after its prefix, its newline off) as LogReader._handle_rest
+ * finds it: after a DeepSpeed logger record's header and "[Rank N] " tag (the record's time in
+ * f->ts, its rank in *rank, -1 none), else the whole text.  -1: the per-line path must say (a
+ * time of another form leads the line, or a record's time is no date). */
+static Py_ssize_t message_of(const uint8_t *t, Py_ssize_t n, Fields *f, int64_t *rank) {
+    *rank = -1;
     if (n > 0 && t[0] == '[') {
         Cur stamp = {t, t + n};
         if (timestamp(&stamp, &f->ts, &f->valid)) {
-            Py_ssize_t end = logger_header(t, n, stamp.p - t);
-            if (!f->valid || end < 0) return P_UNSURE;
-            m = end;
+            Py_ssize_t m = logger_header(t, n, stamp.p - t);
+            if (!f->valid || m < 0) return -1;
             if (starts(t, n, m, "[Rank ", 0)) { /* _RANK_TAG: `\[Rank (-?\d{1,6})\] ` */
                 Py_ssize_t q = m + 6;
                 int negative = q < n && t[q] == '-';
                 int64_t value;
                 int k = run_digits(t, n, q + negative, 6, &value);
                 if (k > 0 && starts(t, n, q + negative + k, "] ", 0)) {
-                    record_rank = negative && value ? -1 : value;
+                    *rank = negative && value ? -1 : value;
                     m = q + negative + k + 2;
                 }
             }
-        } else if (maybe_time(t, n)) {
-            return P_UNSURE;
+            return m;
         }
-    } else if (maybe_time(t, n)) {
-        return P_UNSURE;
     }
+    return maybe_time(t, n) ? -1 : 0;
+}
+
+/* `\s{1,most}` */
+static inline int gap(Cur *c, int most) {
+    int k = 0;
+    while (c->p < c->e && is_space(*c->p)) c->p++, k++;
+    return k >= 1 && k <= most;
+}
+
+/* deepspeed._MEMORY at c: `MA (N) GB\s{1,40}Max_MA (N) GB\s{1,40}CA (N) GB\s{1,40}Max_CA (N) GB` */
+static int memory_at(Cur *c, Fields *f) {
+    double a, b, cc, d;
+    if (!(lit_n(c, "MA ", 3) && decimal(c, 9, 6, &a) && lit_n(c, " GB", 3) && gap(c, 40) &&
+          lit_n(c, "Max_MA ", 7) && decimal(c, 9, 6, &b) && lit_n(c, " GB", 3) && gap(c, 40) &&
+          lit_n(c, "CA ", 3) && decimal(c, 9, 6, &cc) && lit_n(c, " GB", 3) && gap(c, 40) &&
+          lit_n(c, "Max_CA ", 7) && decimal(c, 9, 6, &d) && lit_n(c, " GB", 3)))
+        return 0;
+    f->a = gib(a);
+    f->b = gib(b);
+    f->c = gib(cc);
+    f->d = gib(d);
+    return 1;
+}
+
+/* deepspeed._CPU at c: `CPU Virtual Memory:\s{1,10}used = (N) GB, percent = (\d{1,3}(\.\d{1,6})?)%` */
+static int cpu_at(Cur *c, Fields *f) {
+    double used, percent;
+    if (!(lit_n(c, "CPU Virtual Memory:", 19) && gap(c, 10) && lit_n(c, "used = ", 7) &&
+          decimal(c, 9, 6, &used) && lit_n(c, " GB, percent = ", 15) &&
+          decimal(c, 3, 6, &percent) && lit_n(c, "%", 1)))
+        return 0;
+    f->a = gib(used);
+    f->f = percent;
+    return 1;
+}
+
+/* The first match in t[0:n] of a pattern that opens with lit, tried at each occurrence */
+static int search_at(const uint8_t *t, Py_ssize_t n, const char *lit, int (*at)(Cur *, Fields *),
+                     Fields *f) {
+    for (Py_ssize_t k = find(t, n, 0, lit); k >= 0; k = find(t, n, k + 1, lit)) {
+        Cur c = {t + k, t + n};
+        if (at(&c, f)) return 1;
+    }
+    return 0;
+}
+
+/* deepspeed._CACHE_FLUSH: `(\d{1,12}) pytorch allocator cache flushes since last step` */
+static int flush_search(const uint8_t *t, Py_ssize_t n, Fields *f) {
+    static const char LIT[] = " pytorch allocator cache flushes since last step";
+    for (Py_ssize_t k = find(t, n, 0, LIT); k >= 0; k = find(t, n, k + 1, LIT)) {
+        Py_ssize_t s = k;
+        while (s > 0 && DIGIT[t[s - 1]] && k - s < 12) s--;
+        if (s == k) continue;
+        int64_t value;
+        run_digits(t, n, s, 12, &value);
+        f->a = value;
+        return 1;
+    }
+    return 0;
+}
+
+/* A line of bulk kind `kind` at c (after its prefix) read as its matcher reads its message:
+ * true with its fields in f, false for the per-line path (a record's own rank: the reader's
+ * series are kept per prefix rank here). */
+static int match_shape(int kind, Cur *c, Fields *f) {
+    const uint8_t *t = c->p;
+    Py_ssize_t n = c->e - c->p, m;
+    if (n > 0 && t[n - 1] == '\n') n--;
+    int64_t rank;
+    if ((m = message_of(t, n, f, &rank)) < 0 || rank >= 0) return 0;
+    switch (kind) {
+        case MEMORY:
+            return search_at(t + m, n - m, "MA ", memory_at, f);
+        case CPU:
+            return search_at(t + m, n - m, "CPU Virtual Memory:", cpu_at, f);
+        case FLUSH_LINE:
+            return flush_search(t + m, n - m, f);
+    }
+    return 0;
+}
+
+/* A progress line (bits.STEP only) at c, after its prefix: P_READ with its fields (ts, the
+ * record's or the text's rank in c, the form in d), else P_UNSURE. */
+static int progress_line(Cur *c, Fields *f) {
+    const uint8_t *t = c->p;
+    Py_ssize_t n = c->e - c->p, m;
+    if (n > 0 && t[n - 1] == '\n') n--;
+    int64_t record_rank;
+    if ((m = message_of(t, n, f, &record_rank)) < 0) return P_UNSURE;
     const uint8_t *msg = t + m;
     Py_ssize_t len = n - m;
     static const char *COMPLETION[] = {"inished", "exits successfully", "train_runtime", "stopped",

@@ -5,7 +5,7 @@
 
 /* ---- byte classes (bulk.py's tables) */
 
-static uint8_t DIGIT[256], HOSTC[256], LETTER[256], NOT_AFTER_BRACKET[256], ENDS_AT_ONCE[256];
+static uint8_t DIGIT[256], HOSTC[256], LETTER[256], ENDS_AT_ONCE[256];
 static uint8_t DIGIT_OR_SPACE[256], NAME[256], LR_CLASS[256], MOM_CLASS[256];
 
 static void set_chars(uint8_t *table, const char *chars) {
@@ -24,7 +24,6 @@ static void init_tables(void) {
     set_chars(LR_CLASS, "-0123456789.eE+, ");
     set_chars(MOM_CLASS, "-0123456789.eE+, ()");
     for (int b = 0; b < 256; b++) {
-        NOT_AFTER_BRACKET[b] = !(LETTER[b] || DIGIT[b] || b == '_');
         ENDS_AT_ONCE[b] = !(b == '[' || b == '(' || b == ' ' || DIGIT[b] || LETTER[b] || b == '\r' ||
                             b == 0x1b || b == 0);
     }
@@ -284,73 +283,5 @@ typedef struct {
     int64_t e, h;
     double g;
 } Fields;
-
-/* `[INFO] [utils.py:\d{1,7}:see_memory_usage] ` after the timestamp */
-static int memory_logger(Cur *c) {
-    int64_t ignored;
-    return lit_n(c, "[INFO] [utils.py:", sizeof "[INFO] [utils.py:" - 1) && digits(c, 7, &ignored) && lit_n(c, ":see_memory_usage] ", sizeof ":see_memory_usage] " - 1);
-}
-
-/* ` {1,most}` */
-static inline int gap(Cur *c, int most) {
-    int n = spaces(c);
-    return n >= 1 && n <= most;
-}
-
-static int memory_body(Cur *c, Fields *f) {
-    double a, b, cc, d;
-    if (!(lit_n(c, "MA ", sizeof "MA " - 1) && decimal(c, 9, 6, &a) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "Max_MA ", sizeof "Max_MA " - 1) && decimal(c, 9, 6, &b) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "CA ", sizeof "CA " - 1) && decimal(c, 9, 6, &cc) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "Max_CA ", sizeof "Max_CA " - 1) && decimal(c, 9, 6, &d) && lit_n(c, " GB", sizeof " GB" - 1)))
-        return 0;
-    spaces(c);
-    if (!at_end(c)) return 0;
-    f->a = gib(a);
-    f->b = gib(b);
-    f->c = gib(cc);
-    f->d = gib(d);
-    return 1;
-}
-
-static int cpu_body(Cur *c, Fields *f) {
-    double used, percent;
-    if (!(lit_n(c, "CPU Virtual Memory:", sizeof "CPU Virtual Memory:" - 1) && gap(c, 10) && lit_n(c, "used = ", sizeof "used = " - 1) &&
-          decimal(c, 9, 6, &used) && lit_n(c, " GB, percent = ", sizeof " GB, percent = " - 1) && decimal(c, 3, 6, &percent) &&
-          lit_n(c, "%", sizeof "%" - 1)))
-        return 0;
-    spaces(c);
-    if (!at_end(c)) return 0;
-    f->a = gib(used);
-    f->f = percent;
-    return 1;
-}
-
-static int flush_line(Cur *c, Fields *f) {
-    int64_t ignored;
-    if (!(timestamp(c, &f->ts, &f->valid) && lit_n(c, "[WARNING] [stage3.py:", sizeof "[WARNING] [stage3.py:" - 1) &&
-          digits(c, 7, &ignored) && lit_n(c, ":", sizeof ":" - 1)))
-        return 0;
-    int n = span(c, NAME);
-    return n >= 1 && n <= 40 && lit_n(c, "] ", sizeof "] " - 1) && digits(c, 12, &f->a) &&
-           lit_n(c, " pytorch allocator cache flushes since last step.", sizeof " pytorch allocator cache flushes since last step." - 1);
-}
-
-/* The shape of `kind` at `c` (after the line's prefix), printed or logged (bulk.shape): true
- * when the line matches, its fields in `f`. */
-static int match_shape(int kind, int logger, Cur *c, Fields *f) {
-    switch (kind) {
-        case MEMORY:
-            if (logger && !(timestamp(c, &f->ts, &f->valid) && memory_logger(c))) return 0;
-            return memory_body(c, f);
-        case CPU:
-            if (logger && !(timestamp(c, &f->ts, &f->valid) && memory_logger(c))) return 0;
-            return cpu_body(c, f);
-        case FLUSH_LINE:
-            return logger && flush_line(c, f);
-    }
-    return 0;
-}
-
 
 #endif
