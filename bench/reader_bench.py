@@ -1,11 +1,17 @@
-"""Issue 15's bench, in one run: the log reader on dense and sparse 64-rank logs against
-``grep -c -E`` with the reader's anchors, then snapshot loading against ``pickle.load``.
+"""Issues 15 and 32's bench, in one run: the log reader on dense and sparse 64-rank logs of
+every framework's line shapes against ``grep -c -E`` with the reader's anchors, then snapshot
+loading against ``pickle.load``.
 
-Logs (``bench/multirank_log.py``, from the corpus's real lines, ``[rankN]:`` on every line):
+Logs, from the corpus's real lines:
 
-* ``dense``: every rank, every step: a loss line, a ``see_memory_usage`` block and ZeRO-3's
-  cache-flush warning (about 144 bytes a line);
-* ``sparse``: every rank, every step: nine ordinary INFO lines and one memory line.
+* ``issue15`` (``bench/multirank_log.py``, ``[rankN]:`` on every line): *dense*, every rank,
+  every step: a loss line, a ``see_memory_usage`` block and ZeRO-3's cache-flush warning (about
+  144 bytes a line); *sparse*: nine ordinary INFO lines and one memory line;
+* each shape of ``bench/reader_shapes.py`` (a launcher's prefix and a framework's progress and
+  memory lines: DeepSpeed print and logger forms, torchrun with and without the space,
+  ``[defaultN]:``, srun, pdsh, Lightning, accelerate, HF Trainer dicts and tqdm bars, Megatron,
+  python logging), alone, all of them ``mixed`` (each rank its own), and ``random``: a shape
+  drawn from those lines with ``--seed`` (drawn and printed when not given), dense and sparse.
 
 Each row runs in a fresh process on the same page-cached file; wall time, CPU time (the
 process and the workers it waited for) and peak RSS come from ``wait4``.  ``oomlens`` rows
@@ -13,7 +19,9 @@ print a digest of the facts: the same digest for every ``--jobs`` (checked here)
 ``bench/snapshot_bench.py`` (100 MB and 1 GB, corpus shape, stacks='all'), its table as is.
 
     python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--rounds 3] [--skip-snapshots]
-                                 [--dir /tmp] [--shapes dense sparse] [--cores 2 4 8]
+                                 [--dir /tmp] [--shapes issue15 ds_print ... mixed random]
+                                 [--density dense sparse] [--seed N] [--cores 2 4 8]
+                                 [--ref-tree FOLDER]
 
 ``--cores``: each table again with every command held to that many of the machine's cores
 (``sched_setaffinity``; grep too), to tell what a target needs where it is not met on two.
@@ -156,6 +164,9 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
             for jobs in args.jobs:
                 commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
                 commands[f"oomlens --jobs {jobs}"].append(str(jobs))
+            if args.ref_tree:  # another revision's package, the same file: before and after
+                commands["before --jobs 1"] = ["env", f"PYTHONPATH={args.ref_tree}"]
+                commands["before --jobs 1"] += [sys.executable, "-c", READER, str(path), "1"]
             for title, cpus in _cpu_sets(args.cores):
                 summary.append(_table(args, shape, target, counts, commands, title, cpus))
             if not args.keep:
@@ -195,6 +206,8 @@ def _table(
             print(f"    {name}: {row['out']}")
             digests.add(str(row["out"]).rsplit("digest=", 1)[-1])
     ours = [row for name, row in rows.items() if name.startswith("oomlens")]
+    before = rows.get("before --jobs 1")
+    was = f", before {before['wall'] / base['wall']:.2f}x" if before else ""
     best = min(ours, key=lambda row: float(row["wall"]))
     verdict = "met" if best["wall"] <= target * base["wall"] else "not met"
     peak = max(float(row["rss"]) for row in ours)
@@ -202,7 +215,7 @@ def _table(
         f"{shape} log {counts['bytes'] / MiB:.0f} MiB{title}: best {best['wall']:.2f} s vs grep "
         f"{base['wall']:.2f} s = {best['wall'] / base['wall']:.2f}x (target <= {target:g}x: "
         f"{verdict}), peak RSS {peak:.0f} MiB; facts identical across --jobs: "
-        f"{len(digests) == 1}"
+        f"{len(digests) == 1}{was}"
     )
 
 
@@ -225,6 +238,12 @@ def main() -> None:
         "--seed", type=int, default=None, help="the random shape's seed (default: drawn, printed)"
     )
     parser.add_argument("--cores", type=int, nargs="+", default=None, help="held to that many")
+    parser.add_argument(
+        "--ref-tree",
+        default=None,
+        help="a folder holding another revision's oomlens package (git archive REV oomlens): a "
+        "row for it on the same files",
+    )
     args = parser.parse_args()
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)

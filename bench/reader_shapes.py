@@ -247,9 +247,7 @@ def random_shape(seed: int) -> Shape:
     return Shape(rng.choice(sorted(PREFIXES)), tuple(rng.sample(kinds, rng.randint(2, 4))))
 
 
-def lines_of(
-    shapes: list[Shape], density: str, ranks: int = 64, seed: int = 32
-) -> Iterator[str]:
+def lines_of(shapes: list[Shape], density: str, ranks: int = 64, seed: int = 32) -> Iterator[str]:
     """The lines (no newline) of a log of ``shapes`` (one per rank, round robin: the mixed log
     gives each rank its own), ``dense`` or ``sparse``, step after step."""
     bodies = _Bodies()

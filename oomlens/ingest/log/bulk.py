@@ -63,6 +63,7 @@ LABEL_WINDOW = 16384
 LABEL_LINES = 16
 """``LogReader.label_before``'s reach: 16 lines back, within 16 KiB."""
 
+
 @dataclass(slots=True)
 class BatchScan:
     """What ``scan_batch`` found in a batch; arrays in line order, indices batch-relative."""
@@ -222,7 +223,7 @@ def scan_batch(
     return scan
 
 
-_CARRIED = ("hit_bits", "kind", "key", "prefix_id", "prefix_len", "ts")
+_CARRIED: tuple[str, ...] = ("hit_bits", "kind", "key", "prefix_id", "prefix_len", "ts")
 _CARRIED += ("a", "b", "c", "d", "e", "f", "g", "h")
 """The ``BatchScan`` arrays that carry over as they are when scans are put end to end."""
 

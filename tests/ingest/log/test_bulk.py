@@ -637,9 +637,7 @@ def test_the_extensions_grouped_sums_refuse_what_they_cannot_sum() -> None:
 @given(
     hits=st.lists(
         st.tuples(
-            st.sampled_from(
-                [bulk.MEMORY, bulk.MEMORY, bulk.CPU, bulk.FLUSH_LINE, bulk.PROGRESS]
-            ),
+            st.sampled_from([bulk.MEMORY, bulk.MEMORY, bulk.CPU, bulk.FLUSH_LINE, bulk.PROGRESS]),
             st.booleans(),
             st.integers(0, 4),
         ),

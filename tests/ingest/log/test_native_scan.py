@@ -267,8 +267,8 @@ def test_every_frameworks_lines_read_to_the_same_facts_in_bulk(
     reader_shapes.generate(path, 120_000, shapes, density, ranks=8)
     fast, pure, applied = _facts_both(path, chunk=16384)
     assert fast == pure
-    if shape not in ("pdsh", "mixed") and not isinstance(shape, int):
-        assert applied > 0
+    if density == "dense" and shape not in ("pdsh", "mixed") and not isinstance(shape, int):
+        assert applied > 0  # (sparse: runs shorter than batches.MIN_RUN are read line by line)
 
 
 def _edge_lines() -> list[str]:
