@@ -253,56 +253,21 @@ def _close_order(
     kind: np.ndarray, consumed: np.ndarray, stream: np.ndarray, open_before: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A run's memory samples in the order they close, and what each stream leaves open:
-    ``_scan.close_order``'s contract (see ``_scan_apply.h``), by the extension where it is
-    built, else by numpy: per closed sample, its hit (``-1 - s``: stream ``s``'s sample from
-    before the run) and the hit of its CPU values (-1: none); per stream, the hit of the
-    sample left open (-1: none, -2: the one from before the run, when no line of the stream
-    was visited)."""
-    if native.NATIVE:
-        assert native._scan is not None
-        closing = native._scan.close_order(
-            np.ascontiguousarray(kind, dtype=np.int8),
-            np.ascontiguousarray(consumed, dtype=bool),
-            np.ascontiguousarray(stream, dtype=np.int64),
-            np.ascontiguousarray(open_before, dtype=np.int8),
-        )
-        # writable: the caller marks the rows from before the run
-        line, cpu, state = (np.frombuffer(raw, dtype=np.int64) for raw in closing)
-        return line, cpu, state
-    n = len(kind)
-    left: np.ndarray = np.where(open_before != 0, -2, -1).astype(np.int64)
-    handled = np.flatnonzero(~consumed)
-    # by stream, in line order within a stream (``handled`` ascends: a stable sort by stream)
-    order = np.argsort(small_ints(stream[handled]), kind="stable")
-    pos, key, kinds = handled[order], stream[handled][order], kind[handled][order]
-    m = len(pos)
-    if not m:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty, left
-    first_of_key = np.concatenate(([True], key[1:] != key[:-1]))
-    last_of_key = np.concatenate((key[1:] != key[:-1], [True]))
-    # a sample open before the run closes at its stream's first visited line
-    opening = np.flatnonzero(first_of_key & (open_before[key] != 0))
-    left[key[opening]] = -1
-    is_memory = kinds == bulk.MEMORY
-    read_ahead = is_memory & (pos + 1 < n) & consumed[np.minimum(pos + 1, n - 1)]
-    later = is_memory & ~read_ahead & ~last_of_key
-    still_open = is_memory & ~read_ahead & last_of_key
-    left[key[still_open]] = pos[still_open]
-    nxt = np.minimum(np.arange(m) + 1, m - 1)
-    following = pos[nxt]
-    # where each closes: twice its closing line, plus one when read with its CPU line
-    close_at = np.concatenate((2 * pos[opening], 2 * pos[read_ahead] + 1, 2 * following[later]))
-    line = np.concatenate((-1 - key[opening], pos[read_ahead], pos[later]))
-    cpu = np.concatenate(
-        (
-            np.where(kinds[opening] == bulk.CPU, pos[opening], -1),
-            pos[read_ahead] + 1,
-            np.where(kinds[nxt] == bulk.CPU, following, -1)[later],
-        )
+    ``_scan.close_order``'s contract (see ``_scan_apply.h``): per closed sample, its hit
+    (``-1 - s``: stream ``s``'s sample from before the run) and the hit of its CPU values (-1:
+    none); per stream, the hit of the sample left open (-1: none, -2: the one from before the
+    run, when no line of the stream was visited).  The bulk path runs only with the
+    extension (``bulk.AVAILABLE``)."""
+    assert native._scan is not None
+    closing = native._scan.close_order(
+        np.ascontiguousarray(kind, dtype=np.int8),
+        np.ascontiguousarray(consumed, dtype=bool),
+        np.ascontiguousarray(stream, dtype=np.int64),
+        np.ascontiguousarray(open_before, dtype=np.int8),
     )
-    by_closing = np.argsort(close_at, kind="stable")
-    return line[by_closing].astype(np.int64), cpu[by_closing].astype(np.int64), left
+    # writable: the caller marks the rows from before the run
+    line, cpu, state = (np.frombuffer(raw, dtype=np.int64) for raw in closing)
+    return line, cpu, state
 
 
 def _pending(run: Run, i: int) -> Pending:

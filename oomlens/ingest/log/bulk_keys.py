@@ -23,5 +23,3 @@ HEAD = 32
 """The bytes of a line's start the extension reads its prefix from."""
 NO_TS = int(np.iinfo(np.int64).min)
 """No timestamp (``BatchScan.ts``)."""
-DIGIT = np.zeros(256, dtype=bool)
-DIGIT[np.frombuffer(b"0123456789", dtype=np.uint8)] = True
