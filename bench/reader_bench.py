@@ -166,7 +166,8 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
                 commands[f"oomlens --jobs {jobs}"].append(str(jobs))
             if args.ref_tree:  # another revision's package, the same file: before and after
                 commands["before --jobs 1"] = ["env", f"PYTHONPATH={args.ref_tree}"]
-                commands["before --jobs 1"] += [sys.executable, "-c", READER, str(path), "1"]
+                # -P: not the current folder first on the path (this tree when run from it)
+                commands["before --jobs 1"] += [sys.executable, "-P", "-c", READER, str(path), "1"]
             for title, cpus in _cpu_sets(args.cores):
                 summary.append(_table(args, shape, target, counts, commands, title, cpus))
             if not args.keep:
