@@ -1,11 +1,17 @@
-"""Issue 15's bench, in one run: the log reader on dense and sparse 64-rank logs against
-``grep -c -E`` with the reader's anchors, then snapshot loading against ``pickle.load``.
+"""Issues 15 and 32's bench, in one run: the log reader on dense and sparse 64-rank logs of
+every framework's line shapes against ``grep -c -E`` with the reader's anchors, then snapshot
+loading against ``pickle.load``.
 
-Logs (``bench/multirank_log.py``, from the corpus's real lines, ``[rankN]:`` on every line):
+Logs, from the corpus's real lines:
 
-* ``dense``: every rank, every step: a loss line, a ``see_memory_usage`` block and ZeRO-3's
-  cache-flush warning (about 144 bytes a line);
-* ``sparse``: every rank, every step: nine ordinary INFO lines and one memory line.
+* ``issue15`` (``bench/multirank_log.py``, ``[rankN]:`` on every line): *dense*, every rank,
+  every step: a loss line, a ``see_memory_usage`` block and ZeRO-3's cache-flush warning (about
+  144 bytes a line); *sparse*: nine ordinary INFO lines and one memory line;
+* each shape of ``bench/reader_shapes.py`` (a launcher's prefix and a framework's progress and
+  memory lines: DeepSpeed print and logger forms, torchrun with and without the space,
+  ``[defaultN]:``, srun, pdsh, Lightning, accelerate, HF Trainer dicts and tqdm bars, Megatron,
+  python logging), alone, all of them ``mixed`` (each rank its own), and ``random``: a shape
+  drawn from those lines with ``--seed`` (drawn and printed when not given), dense and sparse.
 
 Each row runs in a fresh process on the same page-cached file; wall time, CPU time (the
 process and the workers it waited for) and peak RSS come from ``wait4``.  ``oomlens`` rows
@@ -13,7 +19,9 @@ print a digest of the facts: the same digest for every ``--jobs`` (checked here)
 ``bench/snapshot_bench.py`` (100 MB and 1 GB, corpus shape, stacks='all'), its table as is.
 
     python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--rounds 3] [--skip-snapshots]
-                                 [--dir /tmp] [--shapes dense sparse] [--cores 2 4 8]
+                                 [--dir /tmp] [--shapes issue15 ds_print ... mixed random]
+                                 [--density dense sparse] [--seed N] [--cores 2 4 8]
+                                 [--ref-tree FOLDER]
 
 ``--cores``: each table again with every command held to that many of the machine's cores
 (``sched_setaffinity``; grep too), to tell what a target needs where it is not met on two.
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -41,17 +50,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import reader_shapes  # noqa: E402
 from bench.log_bench import _ere  # noqa: E402
 from oomlens.ingest.log import ANCHORS  # noqa: E402
 
 MiB = 1024**2
+DENSITIES = ("dense", "sparse")
 GENERATE = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from typing import Any
-from bench.multirank_log import generate
-counts = generate(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], ranks=int(sys.argv[4]))
+from bench import multirank_log, reader_shapes
+path, size, name, density, ranks, seed = sys.argv[1:7]
+if name == "issue15":
+    counts = multirank_log.generate(Path(path), int(size), density, ranks=int(ranks))
+else:
+    shapes = (
+        list(reader_shapes.SHAPES.values()) if name == "mixed"
+        else [reader_shapes.random_shape(int(seed))] if name == "random"
+        else [reader_shapes.SHAPES[name]]
+    )
+    counts = reader_shapes.generate(Path(path), int(size), shapes, density, int(ranks))
 print(" ".join(f"{{k}}={{v}}" for k, v in counts.items()))
 """
 READER = """
@@ -120,34 +139,39 @@ def _logs(args: argparse.Namespace, workdir: Path) -> list[str]:
     summary: list[str] = []
     pattern = "|".join(_ere(a) for a in ANCHORS)
     grep = shutil.which("grep") or "grep"
-    for shape, target in (("dense", 3.0), ("sparse", 2.0)):
-        if shape not in args.shapes:
-            continue
-        path = workdir / f"{shape}.log"
-        start = time.perf_counter()
-        # generated in a child: a child's peak RSS counts its parent's memory at fork time
-        made = subprocess.run(
-            [sys.executable, "-c", GENERATE, str(path), str(int(args.size_gb * 1024**3)), shape]
-            + [str(args.ranks)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        counts = {k: int(v) for k, v in (x.split("=") for x in made.stdout.split())}
-        print(
-            f"\n{shape}: {counts['bytes'] / MiB:.0f} MiB, {counts['lines']:,} lines, "
-            f"{args.ranks} ranks (generated in {time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-        commands = {"grep -c -E": [grep, "-c", "-E", pattern, str(path)]}
-        for jobs in args.jobs:
-            commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
-            commands[f"oomlens --jobs {jobs}"].append(str(jobs))
-        for title, cpus in _cpu_sets(args.cores):
-            summary.append(_table(args, shape, target, counts, commands, title, cpus))
-        if not args.keep:
-            path.unlink()
+    for name in args.shapes:
+        for density in args.density:
+            target = 3.0 if density == "dense" else 2.0
+            shape = f"{name} {density}"
+            path = workdir / f"{name}-{density}.log"
+            start = time.perf_counter()
+            # generated in a child: a child's peak RSS counts its parent's memory at fork time
+            made = subprocess.run(
+                [sys.executable, "-c", GENERATE, str(path), str(int(args.size_gb * 1024**3))]
+                + [name, density, str(args.ranks), str(args.seed)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            counts = {k: int(v) for k, v in (x.split("=") for x in made.stdout.split())}
+            print(
+                f"\n{shape}: {counts['bytes'] / MiB:.0f} MiB, {counts['lines']:,} lines, "
+                f"{args.ranks} ranks (generated in {time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+            subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+            commands = {"grep -c -E": [grep, "-c", "-E", pattern, str(path)]}
+            for jobs in args.jobs:
+                commands[f"oomlens --jobs {jobs}"] = [sys.executable, "-c", READER, str(path)]
+                commands[f"oomlens --jobs {jobs}"].append(str(jobs))
+            if args.ref_tree:  # another revision's package, the same file: before and after
+                commands["before --jobs 1"] = ["env", f"PYTHONPATH={args.ref_tree}"]
+                # -P: not the current folder first on the path (this tree when run from it)
+                commands["before --jobs 1"] += [sys.executable, "-P", "-c", READER, str(path), "1"]
+            for title, cpus in _cpu_sets(args.cores):
+                summary.append(_table(args, shape, target, counts, commands, title, cpus))
+            if not args.keep:
+                path.unlink()
     return summary
 
 
@@ -183,6 +207,8 @@ def _table(
             print(f"    {name}: {row['out']}")
             digests.add(str(row["out"]).rsplit("digest=", 1)[-1])
     ours = [row for name, row in rows.items() if name.startswith("oomlens")]
+    before = rows.get("before --jobs 1")
+    was = f", before {before['wall'] / base['wall']:.2f}x" if before else ""
     best = min(ours, key=lambda row: float(row["wall"]))
     verdict = "met" if best["wall"] <= target * base["wall"] else "not met"
     peak = max(float(row["rss"]) for row in ours)
@@ -190,7 +216,7 @@ def _table(
         f"{shape} log {counts['bytes'] / MiB:.0f} MiB{title}: best {best['wall']:.2f} s vs grep "
         f"{base['wall']:.2f} s = {best['wall'] / base['wall']:.2f}x (target <= {target:g}x: "
         f"{verdict}), peak RSS {peak:.0f} MiB; facts identical across --jobs: "
-        f"{len(digests) == 1}"
+        f"{len(digests) == 1}{was}"
     )
 
 
@@ -206,10 +232,23 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
     parser.add_argument("--snapshot-mb", type=float, nargs="+", default=[100.0, 1000.0])
-    shapes = ["dense", "sparse"]
+    shapes = ["issue15", *reader_shapes.SHAPES, "mixed", "random"]
     parser.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
+    parser.add_argument("--density", nargs="+", choices=DENSITIES, default=list(DENSITIES))
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the random shape's seed (default: drawn, printed)"
+    )
     parser.add_argument("--cores", type=int, nargs="+", default=None, help="held to that many")
+    parser.add_argument(
+        "--ref-tree",
+        default=None,
+        help="a folder holding another revision's oomlens package (git archive REV oomlens): a "
+        "row for it on the same files",
+    )
     args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    print(f"random shape: seed {args.seed}: {reader_shapes.random_shape(args.seed)}")
     # as pip leaves an installed package: its modules' bytecode written
     compileall.compile_dir(ROOT / "oomlens", quiet=2)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)

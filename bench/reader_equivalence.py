@@ -11,9 +11,17 @@ as large logs are (the other revision's per-line fast pass against this one's bu
 worker processes).
 
     python bench/reader_equivalence.py [--ref main] [--jobs 2]
+    python bench/reader_equivalence.py --padded [--seed 32]
 
 Prints one line per differing case (the first differing paths) and a summary; exits 1 when a
 case differs.
+
+``--padded`` (issue 33's class of wrong answers): this tree alone, every field paste analyzed
+as it is (read line by line) and padded past 1 MiB with a healthy corpus run's lines before it
+(``tests.fuzz.shapes.pad``: read in bulk), the verdicts compared: a failure read as
+``no_failure`` or refused, or an OOM read as another verdict at high confidence, is wrong
+(``tests.fuzz.oracles.direction``); other changes are listed (the padding is a run's evidence
+too: its caught OOMs, its steps).
 """
 
 from __future__ import annotations
@@ -104,11 +112,85 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {str(a)[:80]!r} != {str(b)[:80]!r}"]
 
 
+PADDED = """
+import json, random, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from oomlens.errors import NoUsableInputError
+from oomlens.render.json import report_to_dict
+from oomlens.session import AnalysisOptions, analyze
+from tests.fuzz import seeds, shapes
+
+root, seed, work = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+rng = random.Random(seed)
+healthy = [r / "train.log" for r in seeds.healthy_runs()]
+out = {}
+
+def verdict(path):
+    try:
+        doc = report_to_dict(analyze([path], options=AnalysisOptions(prefer_deepspeed=False)))
+    except NoUsableInputError:
+        return None
+    top = (doc.get("diagnoses") or [{}])[0]
+    return [str(doc["verdict"]), float(top.get("confidence", 0.0))]
+
+for case in sorted(p for p in (root / "fixtures" / "field_logs").iterdir() if p.is_dir()):
+    if not (case / "case.json").is_file():
+        continue
+    files = json.loads((case / "case.json").read_text()).get("files") or {}
+    paste = case / files.get("paste", "paste.txt")
+    if not paste.is_file():
+        continue
+    padded = work / (case.name + ".txt")
+    padded.write_bytes(shapes.pad(paste.read_bytes(), rng, rng.choice(healthy).read_bytes()))
+    out[case.name] = [verdict(paste), verdict(padded)]
+print(json.dumps(out))
+"""
+FAILURES = frozenset({"gpu_oom", "host_oom", "config_error", "other_failure"})
+
+
+def _wrong(alone: list[Any] | None, padded: list[Any] | None) -> bool:
+    """``tests.fuzz.oracles.direction``'s rule for a meaning-preserving change."""
+    if alone is None or alone[0] not in FAILURES:
+        return False
+    if padded is None or padded[0] == "no_failure":
+        return True
+    oom = alone[0] in ("gpu_oom", "host_oom")
+    return oom and padded[0] not in (alone[0], "unknown") and padded[1] >= 0.7
+
+
+def padded(seed: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="oomlens-padded-") as work:
+        done = subprocess.run(
+            [sys.executable, "-c", PADDED, str(ROOT), str(seed), work],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    verdicts: dict[str, list[Any]] = json.loads(done.stdout)
+    wrong = changed = 0
+    for name, (alone, after) in sorted(verdicts.items()):
+        if alone != after:
+            changed += 1
+            bad = _wrong(alone, after)
+            wrong += bad
+            print(f"{'WRONG ' if bad else ''}{name}: alone {alone}, padded {after}")
+    print(
+        f"{len(verdicts)} field pastes, padded past 1 MiB (seed {seed}): {changed} verdicts "
+        f"changed, {wrong} in the wrong direction"
+    )
+    return 1 if wrong else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", default="main", help="the revision to compare with")
     parser.add_argument("--jobs", type=int, default=2, help="this tree's --jobs for the logs")
+    parser.add_argument("--padded", action="store_true", help="pastes alone against padded")
+    parser.add_argument("--seed", type=int, default=32, help="--padded: the padding's seed")
     args = parser.parse_args()
+    if args.padded:
+        return padded(args.seed)
     with tempfile.TemporaryDirectory(prefix="oomlens-ref-") as theirs:
         archive = subprocess.run(
             ["git", "-C", str(ROOT), "archive", args.ref, "oomlens"],

@@ -37,11 +37,11 @@
 #define MEMORY 1
 #define CPU 2
 #define FLUSH_LINE 3
-#define STEP_GENERIC 4
-#define STEP_DS 5
+#define PROGRESS 4
 #define NO_KEY (-1)
 #define UNSURE (-2)
 #define DEFAULT_ROLE (1LL << 24)
+#define TASK_ROLE (2LL << 24)
 #define LABEL_WINDOW 16384
 #define LABEL_LINES 16
 #define MAX_LINE_BYTES (64 * 1024)
@@ -78,15 +78,17 @@ static int vec_push(Vec *a, int64_t x) {
 
 #include "_scan_anchors.h"
 #include "_scan_shapes.h"
+#include "_scan_progress.h"
 
 /* ---- the passes over a window's hits */
 
 #define WINDOW_BYTES (256 * 1024)
 
 enum { O_COUNTS, O_LINE, O_BITS, O_START, O_KIND, O_KEY, O_PID, O_PLEN, O_TS, O_A, O_B, O_C,
-       O_D, O_F, O_LSTATUS, O_LBEGIN, O_LEND, O_CONSUMED, O_BARS };
+       O_D, O_F, O_LSTATUS, O_LBEGIN, O_LEND, O_CONSUMED, O_BARS, O_E, O_G, O_H, OUTPUTS };
 /* bytes per hit of each output (0: the per-block ones) */
-static const Py_ssize_t HIT_WIDTH[19] = {0, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 8, 8, 1, 0};
+static const Py_ssize_t HIT_WIDTH[OUTPUTS] = {0, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8, 8,
+                                              8, 8, 1, 8, 8, 1, 0, 8, 8, 8};
 
 /* What the passes read (the batch, its lines) and write (the hits' arrays). */
 typedef struct {
@@ -98,8 +100,8 @@ typedef struct {
     int64_t *walk_key; /* per line: its key for the walk, once read (UNSURE - 1: not yet) */
     const int64_t *block_first, *bstart;
     Py_ssize_t nblocks, prev_tail_len;
-    int64_t *hl, *hb, *hs, *key, *pid, *plen, *ts, *fa, *fb, *fc, *fd, *lbegin, *lend;
-    double *ff;
+    int64_t *hl, *hb, *hs, *key, *pid, *plen, *ts, *fa, *fb, *fc, *fd, *lbegin, *lend, *fe, *fh;
+    double *ff, *fg;
     int8_t *kind, *lstatus;
     uint8_t *consumed;
 } Ctx;
@@ -133,11 +135,10 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         uint8_t h[HEAD];
         head_of(d, x->n, s, h);
         int64_t kk, pl;
-        line_key(h, &kk, &pl);
+        line_key(d, x->n, s, h, &kk, &pl);
         x->hs[k] = s;
         x->key[k] = kk;
         x->plen[k] = pl;
-        int logger = at(h, pl) == '[';
         int space = at(h, pl > 0 ? pl - 1 : 0) == ' ';
         x->pid[k] = (kk + 2) * 64 + pl * 2 + (space && pl > 0);
         x->kind[k] = NONE;
@@ -147,6 +148,8 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         x->fc[k] = -1;
         x->fd[k] = 0;
         x->ff[k] = NAN;
+        x->fe[k] = x->fh[k] = -1;
+        x->fg[k] = NAN;
         x->lstatus[k] = L_NONE;
         x->lbegin[k] = x->lend[k] = 0;
         x->consumed[k] = 0;
@@ -155,12 +158,16 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         int shape = bits == B_DS_MEMORY ? MEMORY
                     : bits == B_DS_CPU  ? CPU
                     : bits == B_FLUSH   ? FLUSH_LINE
-                    : bits == B_STEP    ? (logger ? STEP_DS : STEP_GENERIC)
+                    : bits == B_STEP    ? PROGRESS
                                         : NONE;
         if (shape == NONE) continue;
-        Fields f = {NO_TS, 0, -1, -1, 0, NAN, 1};
+        Fields f = {NO_TS, 0, -1, -1, 0, NAN, 1, -1, -1, NAN};
         Cur c = {d + s + pl, d + entry_end(x, line)};
-        if (!match_shape(shape, logger, &c, &f)) continue;
+        if (shape == PROGRESS ? !progress_line(&c, &f) : !match_shape(shape, &c, &f))
+            continue;
+        x->fe[k] = f.e;
+        x->fh[k] = f.h;
+        x->fg[k] = f.g;
         x->ts[k] = f.ts;
         x->fa[k] = f.a;
         x->fb[k] = f.b;
@@ -239,7 +246,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
             if (tk == UNSURE - 1) { /* consecutive memory lines walk over the same lines */
                 uint8_t h[HEAD];
                 head_of(d, n, starts[target], h);
-                line_key(h, &tk, &tp);
+                line_key(d, n, starts[target], h, &tk, &tp);
                 if (x->dirty[target] || line_end(x, target) - starts[target] > MAX_LINE_BYTES)
                     tk = UNSURE;
                 x->walk_key[2 * target] = tk;
@@ -287,6 +294,9 @@ static void point_at(Ctx *x, const Out *o) {
     x->kind = (int8_t *)o[O_KIND].at;
     x->lstatus = (int8_t *)o[O_LSTATUS].at;
     x->consumed = (uint8_t *)o[O_CONSUMED].at;
+    x->fe = (int64_t *)o[O_E].at;
+    x->fh = (int64_t *)o[O_H].at;
+    x->fg = (double *)o[O_G].at;
 }
 
 static int out_new(Out *o, Py_ssize_t bytes) {
@@ -315,7 +325,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     uint8_t *dirty = NULL;
     int64_t *walk_key = NULL;
     int64_t *block_first = NULL;
-    Out o[19] = {{0}};
+    Out o[OUTPUTS] = {{0}};
     Memo memo = {0}; /* the tails seen before, over all windows (_scan_anchors.h) */
     if (m == NULL) goto done;
     int use_pivots = pivots && HAVE_PIVOT_SEARCH && m->pivots_usable && pivot_search_works();
@@ -436,11 +446,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     /* the outputs: room for the hits expected (by default one line in two), grown as more
      * come, cut to the hits found at the end (room for a hit on every line cost a sparse
      * log's batches in flight 27 MiB of peak RSS; growing from little, copies) */
-    Py_ssize_t room = expected >= 0 ? expected + 1024 : 1024 + lines / 2, sizes[19];
+    Py_ssize_t room = expected >= 0 ? expected + 1024 : 1024 + lines / 2, sizes[OUTPUTS];
     if (room > lines) room = lines;
-    for (int j = 0; j < 19; j++) sizes[j] = j == O_COUNTS ? nblocks * 8 : j == O_BARS ? nblocks
+    for (int j = 0; j < OUTPUTS; j++) sizes[j] = j == O_COUNTS ? nblocks * 8 : j == O_BARS ? nblocks
                                                                          : room * HIT_WIDTH[j];
-    for (int j = 0; j < 19; j++)
+    for (int j = 0; j < OUTPUTS; j++)
         if (out_new(&o[j], sizes[j]) < 0) goto done;
     Ctx x = {.d = d,
              .n = n,
@@ -484,9 +494,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             Py_ssize_t more = 2 * room > hits + hit_off.n ? 2 * room : hits + hit_off.n;
             room = more < lines ? more : lines;
             Py_BLOCK_THREADS;
-            for (int j = 0; j < 19 && !failed; j++)
+            for (int j = 0; j < OUTPUTS && !failed; j++)
                 if (HIT_WIDTH[j] && PyByteArray_Resize(o[j].obj, room * HIT_WIDTH[j]) < 0) failed = 1;
-            for (int j = 0; j < 19 && !failed; j++) o[j].at = PyByteArray_AS_STRING(o[j].obj);
+            for (int j = 0; j < OUTPUTS && !failed; j++) o[j].at = PyByteArray_AS_STRING(o[j].obj);
             Py_UNBLOCK_THREADS;
             if (failed) break;
             point_at(&x, o);
@@ -517,7 +527,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    for (int j = 0; j < 19; j++) /* the hits' arrays: they had room for a hit on every line */
+    for (int j = 0; j < OUTPUTS; j++) /* the hits' arrays: they had room for a hit on every line */
         if (HIT_WIDTH[j]) sizes[j] = hits * HIT_WIDTH[j];
     /* 6. per block, whether a tqdm bar's anchor lies wholly in it (bulk._progress_bars) */
     for (Py_ssize_t b = 0; b < nblocks; b++) bars[b] = 0;
@@ -541,9 +551,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 bars[b] = 1;
         }
     }
-    result = PyTuple_New(19);
+    result = PyTuple_New(OUTPUTS);
     if (result == NULL) goto done;
-    for (int j = 0; j < 19; j++) {
+    for (int j = 0; j < OUTPUTS; j++) {
         if (PyByteArray_Resize(o[j].obj, sizes[j]) < 0) {
             Py_CLEAR(result);
             goto done;
@@ -552,7 +562,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         o[j].obj = NULL;
     }
 done:
-    for (int j = 0; j < 19; j++) Py_XDECREF(o[j].obj);
+    for (int j = 0; j < OUTPUTS; j++) Py_XDECREF(o[j].obj);
     memo_free(&memo);
     free(starts.v);
     free(dirty_v.v);
@@ -854,8 +864,8 @@ PyMODINIT_FUNC PyInit__scan(void) {
         long long value;
     } shared[] = {
         {"MEMORY", MEMORY},         {"CPU", CPU},
-        {"FLUSH_LINE", FLUSH_LINE}, {"STEP_GENERIC", STEP_GENERIC},
-        {"STEP_DS", STEP_DS},       {"NO_KEY", NO_KEY},
+        {"FLUSH_LINE", FLUSH_LINE}, {"PROGRESS", PROGRESS},
+        {"TASK_ROLE", TASK_ROLE},   {"NO_KEY", NO_KEY},
         {"UNSURE", UNSURE},         {"DEFAULT_ROLE", DEFAULT_ROLE},
         {"LABEL_WINDOW", LABEL_WINDOW}, {"LABEL_LINES", LABEL_LINES},
         {"MAX_LINE_BYTES", MAX_LINE_BYTES}, {"DS_MEMORY", B_DS_MEMORY},

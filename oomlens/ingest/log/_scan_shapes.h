@@ -5,7 +5,7 @@
 
 /* ---- byte classes (bulk.py's tables) */
 
-static uint8_t DIGIT[256], HOSTC[256], LETTER[256], NOT_AFTER_BRACKET[256], ENDS_AT_ONCE[256];
+static uint8_t DIGIT[256], HOSTC[256], LETTER[256], ENDS_AT_ONCE[256];
 static uint8_t DIGIT_OR_SPACE[256], NAME[256], LR_CLASS[256], MOM_CLASS[256];
 
 static void set_chars(uint8_t *table, const char *chars) {
@@ -24,7 +24,6 @@ static void init_tables(void) {
     set_chars(LR_CLASS, "-0123456789.eE+, ");
     set_chars(MOM_CLASS, "-0123456789.eE+, ()");
     for (int b = 0; b < 256; b++) {
-        NOT_AFTER_BRACKET[b] = !(LETTER[b] || DIGIT[b] || b == '_');
         ENDS_AT_ONCE[b] = !(b == '[' || b == '(' || b == ' ' || DIGIT[b] || LETTER[b] || b == '\r' ||
                             b == 0x1b || b == 0);
     }
@@ -56,8 +55,22 @@ static inline int run_of(const uint8_t *table, const uint8_t *h, int first, int 
 static int no_prefix(const uint8_t *h) {
     int first = h[0];
     if (first == '[') {
-        int dated = run_of(DIGIT, h, 1, 4) == 4 && h[5] == '-';
-        return dated || NOT_AFTER_BRACKET[h[1]];
+        /* prefixes._ROLE `\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]:` and prefixes._MPI
+         * `\[\d{1,6},\d{1,6}\]<`: the only prefixes that open with a bracket */
+        static const uint8_t ROLE_NAME[256] = {['-'] = 1};
+        int letters = LETTER[h[1]] || h[1] == '_' ? 1 : 0;
+        while (letters > 0 && letters < 31 &&
+               (LETTER[at(h, 1 + letters)] || at(h, 1 + letters) == '_' ||
+                ROLE_NAME[at(h, 1 + letters)]))
+            letters++;
+        int digits = run_of(DIGIT, h, 1 + letters, 7);
+        if (1 + letters + digits + 2 >= HEAD) return 0; /* past the head: not sure */
+        if (digits >= 1 && digits <= 6) {
+            int after = 1 + letters + digits;
+            if (letters && at(h, after) == ']' && at(h, after + 1) == ':') return 0;
+            if (!letters && at(h, after) == ',') return 0;
+        }
+        return 1;
     }
     if (DIGIT_OR_SPACE[first]) {
         static const uint8_t SPACE[256] = {[' '] = 1};
@@ -76,7 +89,12 @@ static int no_prefix(const uint8_t *h) {
     return ENDS_AT_ONCE[first];
 }
 
-static void line_key(const uint8_t *h, int64_t *key, int64_t *prefix_len) {
+/* The stream key and prefix length of the line at s (head h: its first HEAD bytes): `[rankN]:`
+ * and `[defaultN]:` (bulk_keys.line_keys), srun's `  N: ` (TASK_ROLE + N) when the rest holds
+ * no further prefix, NO_KEY for a line with none, UNSURE where prefixes.strip_prefixes must
+ * say. */
+static void line_key(const uint8_t *d, Py_ssize_t n, Py_ssize_t s, const uint8_t *h, int64_t *key,
+                     int64_t *prefix_len) {
     *key = UNSURE;
     *prefix_len = 0;
     int prefixed = 0;
@@ -105,6 +123,22 @@ static void line_key(const uint8_t *h, int64_t *key, int64_t *prefix_len) {
                 *prefix_len = end;
                 prefixed = 1;
             }
+        }
+    }
+    if (!prefixed && DIGIT_OR_SPACE[h[0]]) { /* prefixes._SRUN ` {0,4}(\d{1,5}): ` */
+        static const uint8_t SPACE[256] = {[' '] = 1};
+        int spaces = run_of(SPACE, h, 0, 5);
+        int digits = spaces < 5 ? run_of(DIGIT, h, spaces, 6) : 0;
+        int colon = spaces + digits;
+        if (spaces <= 4 && digits >= 1 && digits <= 5 && at(h, colon) == ':' &&
+            at(h, colon + 1) == ' ') {
+            int64_t value = 0;
+            for (int j = spaces; j < colon; j++) value = value * 10 + (h[j] - '0');
+            uint8_t rest[HEAD];
+            head_of(d, n, s + colon + 2, rest);
+            if (no_prefix(rest)) *key = TASK_ROLE + value;
+            *prefix_len = colon + 2;
+            prefixed = 1;
         }
     }
     if (!prefixed && no_prefix(h)) *key = NO_KEY;
@@ -246,119 +280,8 @@ typedef struct {
     int64_t ts, a, b, c, d;
     double f;
     int valid;
+    int64_t e, h;
+    double g;
 } Fields;
-
-/* `[INFO] [utils.py:\d{1,7}:see_memory_usage] ` after the timestamp */
-static int memory_logger(Cur *c) {
-    int64_t ignored;
-    return lit_n(c, "[INFO] [utils.py:", sizeof "[INFO] [utils.py:" - 1) && digits(c, 7, &ignored) && lit_n(c, ":see_memory_usage] ", sizeof ":see_memory_usage] " - 1);
-}
-
-/* ` {1,most}` */
-static inline int gap(Cur *c, int most) {
-    int n = spaces(c);
-    return n >= 1 && n <= most;
-}
-
-static int memory_body(Cur *c, Fields *f) {
-    double a, b, cc, d;
-    if (!(lit_n(c, "MA ", sizeof "MA " - 1) && decimal(c, 9, 6, &a) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "Max_MA ", sizeof "Max_MA " - 1) && decimal(c, 9, 6, &b) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "CA ", sizeof "CA " - 1) && decimal(c, 9, 6, &cc) && lit_n(c, " GB", sizeof " GB" - 1) && gap(c, 40) &&
-          lit_n(c, "Max_CA ", sizeof "Max_CA " - 1) && decimal(c, 9, 6, &d) && lit_n(c, " GB", sizeof " GB" - 1)))
-        return 0;
-    spaces(c);
-    if (!at_end(c)) return 0;
-    f->a = gib(a);
-    f->b = gib(b);
-    f->c = gib(cc);
-    f->d = gib(d);
-    return 1;
-}
-
-static int cpu_body(Cur *c, Fields *f) {
-    double used, percent;
-    if (!(lit_n(c, "CPU Virtual Memory:", sizeof "CPU Virtual Memory:" - 1) && gap(c, 10) && lit_n(c, "used = ", sizeof "used = " - 1) &&
-          decimal(c, 9, 6, &used) && lit_n(c, " GB, percent = ", sizeof " GB, percent = " - 1) && decimal(c, 3, 6, &percent) &&
-          lit_n(c, "%", sizeof "%" - 1)))
-        return 0;
-    spaces(c);
-    if (!at_end(c)) return 0;
-    f->a = gib(used);
-    f->f = percent;
-    return 1;
-}
-
-static int flush_line(Cur *c, Fields *f) {
-    int64_t ignored;
-    if (!(timestamp(c, &f->ts, &f->valid) && lit_n(c, "[WARNING] [stage3.py:", sizeof "[WARNING] [stage3.py:" - 1) &&
-          digits(c, 7, &ignored) && lit_n(c, ":", sizeof ":" - 1)))
-        return 0;
-    int n = span(c, NAME);
-    return n >= 1 && n <= 40 && lit_n(c, "] ", sizeof "] " - 1) && digits(c, 12, &f->a) &&
-           lit_n(c, " pytorch allocator cache flushes since last step.", sizeof " pytorch allocator cache flushes since last step." - 1);
-}
-
-static int step_generic(Cur *c, Fields *f) {
-    if (c->e - c->p >= 5 && memcmp(c->p, "rank ", 5) == 0) {
-        c->p += 5;
-        if (!(digits(c, 6, &f->c) && lit_n(c, " ", sizeof " " - 1))) return 0;
-    }
-    if (!(lit_n(c, "step ", sizeof "step " - 1) && digits(c, 12, &f->a))) return 0;
-    if (c->p < c->e && *c->p == '/') {
-        c->p++;
-        if (!digits(c, 12, &f->b)) return 0;
-    }
-    if (!(lit_n(c, " loss ", sizeof " loss " - 1) && decimal(c, 20, 20, &f->f))) return 0;
-    if (at_end(c)) return 1;
-    double ignored;
-    if (lit_n(c, " max reserved ", sizeof " max reserved " - 1)) {
-        if (!(decimal(c, 9, 6, &ignored) && lit_n(c, " GiB", sizeof " GiB" - 1))) return 0;
-        if (c->p < c->e && *c->p == ' ') {
-            c->p++;
-            if (!(lit_n(c, "(", sizeof "(" - 1) && decimal(c, 9, 6, &ignored) && lit_n(c, "s)", sizeof "s)" - 1))) return 0;
-        }
-        return at_end(c);
-    }
-    return lit_n(c, " (", sizeof " (" - 1) && decimal(c, 9, 6, &ignored) && lit_n(c, "s)", sizeof "s)" - 1) && at_end(c);
-}
-
-static int step_ds(Cur *c, Fields *f) {
-    int64_t ignored;
-    if (!(timestamp(c, &f->ts, &f->valid) && lit_n(c, "[INFO] [logging.py:", sizeof "[INFO] [logging.py:" - 1) &&
-          digits(c, 7, &ignored) && lit_n(c, ":log_dist] [Rank ", sizeof ":log_dist] [Rank " - 1)))
-        return 0;
-    int negative = c->p < c->e && *c->p == '-';
-    c->p += negative;
-    if (!(digits(c, 6, &f->c) && lit_n(c, "] step=", sizeof "] step=" - 1) && digits(c, 12, &f->a) &&
-          lit_n(c, ", skipped=", sizeof ", skipped=" - 1) && digits(c, 12, &f->b) && lit_n(c, ", lr=[", sizeof ", lr=[" - 1)))
-        return 0;
-    if (negative) f->c = -f->c;
-    span(c, LR_CLASS);
-    if (!lit_n(c, "], mom=[", sizeof "], mom=[" - 1)) return 0;
-    span(c, MOM_CLASS);
-    return lit_n(c, "]", sizeof "]" - 1) && at_end(c);
-}
-
-/* The shape of `kind` at `c` (after the line's prefix), printed or logged (bulk.shape): true
- * when the line matches, its fields in `f`. */
-static int match_shape(int kind, int logger, Cur *c, Fields *f) {
-    switch (kind) {
-        case MEMORY:
-            if (logger && !(timestamp(c, &f->ts, &f->valid) && memory_logger(c))) return 0;
-            return memory_body(c, f);
-        case CPU:
-            if (logger && !(timestamp(c, &f->ts, &f->valid) && memory_logger(c))) return 0;
-            return cpu_body(c, f);
-        case FLUSH_LINE:
-            return logger && flush_line(c, f);
-        case STEP_GENERIC:
-            return !logger && step_generic(c, f);
-        case STEP_DS:
-            return logger && step_ds(c, f);
-    }
-    return 0;
-}
-
 
 #endif

@@ -225,20 +225,57 @@ class _Merged:
 
 
 def _batches(reader: LogReader) -> Iterator[_Batch]:
+    """The input's batches for the bulk path, but for its last ``LINE_BY_LINE_BYTES`` (whole
+    lines), left in ``reader.final_text`` for ``_read_final``: the blocks are held back until
+    that much follows them, so the input's size need not be known (a compressed one)."""
+    from oomlens.ingest.log.reader import LINE_BY_LINE_BYTES
+
     blocks: list[Parts] = []
     size = 0
     previous_tail = b""
     limit = BATCH_BLOCKS * reader.source.chunk_bytes
+    held: deque[Parts] = deque()
+    held_size = 0
     for _, parts in reader.source.block_parts(number_lines=False):
-        blocks.append(parts)
-        size += sum(len(part) for part in parts)
-        if size >= limit:
-            batch = _Batch(blocks, previous_tail)
-            previous_tail = _last_bytes(blocks[-1], TAIL_BYTES)
-            blocks, size = [], 0  # before the yield: the batch holds the bytes now
-            yield batch
+        held.append(parts)
+        held_size += _size(parts)
+        while held and held_size - _size(held[0]) >= LINE_BY_LINE_BYTES:
+            first = held.popleft()
+            held_size -= _size(first)
+            blocks.append(first)
+            size += _size(first)
+            if size >= limit:
+                batch = _Batch(blocks, previous_tail)
+                previous_tail = _last_bytes(blocks[-1], TAIL_BYTES)
+                blocks, size = [], 0  # before the yield: the batch holds the bytes now
+                yield batch
+    if held:
+        rest = b"".join(bytes(part) for parts in held for part in parts)
+        cut = rest.find(b"\n", max(0, len(rest) - LINE_BY_LINE_BYTES - 1)) + 1
+        if cut > 0:
+            blocks.append((rest[:cut],))
+        reader.final_text = rest[cut:]
     if blocks:
         yield _Batch(blocks, previous_tail)
+
+
+def _size(parts: Parts) -> int:
+    return sum(len(part) for part in parts)
+
+
+def _read_final(reader: LogReader, number: int) -> int:
+    """The input's last ``LINE_BY_LINE_BYTES`` read as an input that small is (every line,
+    the wider anchor table, a paste's decorations): what a paste alone shows, it shows after
+    any length of other lines (an exception without its traceback's header, an OOM message
+    wrapped mid-word); the reader's state carries on from the bulk pass."""
+    text, reader.final_text = reader.final_text, b""
+    if not text:
+        return number
+    reader.every_line = True
+    data = bulk.plain_spaces(text)
+    batch = _Batch([(data,)], reader.prev_tail)
+    scan = bulk.scan_batch(data, batch.starts, reader.prev_tail, paste=True)
+    return _process(reader, batch, scan, number)
 
 
 def _last_bytes(parts: Parts, count: int) -> bytes:
@@ -287,6 +324,10 @@ def read(reader: LogReader, jobs: int = 1) -> int:
 
 
 def _read(reader: LogReader, jobs: int) -> int:
+    return _read_final(reader, _read_bulk(reader, jobs))
+
+
+def _read_bulk(reader: LogReader, jobs: int) -> int:
     number = 1
     if jobs <= 1:
         groups = _Groups(reader, number)

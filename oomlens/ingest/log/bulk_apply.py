@@ -30,7 +30,7 @@ import numpy as np
 
 from oomlens.facts import SourceRef
 from oomlens.facts.log import CacheFlushWarning, MemorySample, StepSample
-from oomlens.ingest.log import bulk, bulk_arrow, bulk_keys, bulk_labels, native
+from oomlens.ingest.log import bulk, bulk_keys, bulk_labels, native
 from oomlens.ingest.log.deepspeed import MemoryReading
 from oomlens.ingest.log.series import (
     Lazy,
@@ -60,6 +60,8 @@ def stream_key(key: int) -> tuple[object, ...]:
     """The ``LinePrefix.key`` of a scan key."""
     if key == bulk_keys.NO_KEY:
         return ()
+    if key >= bulk_keys.TASK_ROLE:
+        return (("task", key - bulk_keys.TASK_ROLE),)
     if key >= bulk_keys.DEFAULT_ROLE:
         return (("default", key - bulk_keys.DEFAULT_ROLE),)
     return (("rank", key),)
@@ -121,6 +123,8 @@ class Run:
         for key in self.stream_keys:
             if key == bulk_keys.NO_KEY:
                 ranks.append(reader.layout_rank)
+            elif key >= bulk_keys.TASK_ROLE:
+                ranks.append(key - bulk_keys.TASK_ROLE)
             elif key >= bulk_keys.DEFAULT_ROLE:
                 local = key - bulk_keys.DEFAULT_ROLE
                 ranks.append(reader.local_to_global.get((None, "default", local), local))
@@ -129,13 +133,14 @@ class Run:
         self.stream_ranks = [-1 if r is None else r for r in ranks]
         """Each stream's rank (-1: none), in ``stream_keys``'s order."""
         self.prefix_rank = np.asarray(self.stream_ranks, dtype=np.int64)[self.stream]
-        # DeepSpeed's step line: the record's "[Rank N]" when the prefix gives no rank
-        record = (self.kind == bulk.STEP_DS) & (self.prefix_rank < 0)
-        self.rank = np.where(record, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
-        self.time_source = _Latest(self.handled & (self.ts != bulk_arrow.NO_TS), include_self=True)
-        self.step_lines = self.handled & (
-            (self.kind == bulk.STEP_GENERIC) | (self.kind == bulk.STEP_DS)
-        )
+        # a progress line: the record's "[Rank N]" or the text's rank when the prefix gives none
+        own = (self.kind == bulk.PROGRESS) & (self.prefix_rank < 0)
+        self.rank = np.where(own, np.maximum(scan.c[lo:hi], -1), self.prefix_rank)
+        self.time_source = _Latest(self.handled & (self.ts != bulk_keys.NO_TS), include_self=True)
+        progress = self.handled & (self.kind == bulk.PROGRESS)
+        self.samples = progress & ((scan.d[lo:hi] & bulk.FORM_MASK) != 0)
+        """The progress lines that report progress (a ``StepSample`` each)."""
+        self.step_lines = progress & ((scan.d[lo:hi] & bulk.HAS_STEP) != 0)
         self.step_source = _Latest(self.step_lines, include_self=False)
         self._times: dict[int, datetime] = {}
 
@@ -187,7 +192,7 @@ def apply_run(
     _memory(run)
     _flushes(run)
     _steps(run)
-    stamped = np.flatnonzero(run.handled & (run.ts != bulk_arrow.NO_TS))
+    stamped = np.flatnonzero(run.handled & (run.ts != bulk_keys.NO_TS))
     if len(stamped):
         last = run.when(int(stamped[-1]))
         assert last is not None
@@ -248,56 +253,21 @@ def _close_order(
     kind: np.ndarray, consumed: np.ndarray, stream: np.ndarray, open_before: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A run's memory samples in the order they close, and what each stream leaves open:
-    ``_scan.close_order``'s contract (see ``_scan_apply.h``), by the extension where it is
-    built, else by numpy: per closed sample, its hit (``-1 - s``: stream ``s``'s sample from
-    before the run) and the hit of its CPU values (-1: none); per stream, the hit of the
-    sample left open (-1: none, -2: the one from before the run, when no line of the stream
-    was visited)."""
-    if native.NATIVE:
-        assert native._scan is not None
-        closing = native._scan.close_order(
-            np.ascontiguousarray(kind, dtype=np.int8),
-            np.ascontiguousarray(consumed, dtype=bool),
-            np.ascontiguousarray(stream, dtype=np.int64),
-            np.ascontiguousarray(open_before, dtype=np.int8),
-        )
-        # writable: the caller marks the rows from before the run
-        line, cpu, state = (np.frombuffer(raw, dtype=np.int64) for raw in closing)
-        return line, cpu, state
-    n = len(kind)
-    left: np.ndarray = np.where(open_before != 0, -2, -1).astype(np.int64)
-    handled = np.flatnonzero(~consumed)
-    # by stream, in line order within a stream (``handled`` ascends: a stable sort by stream)
-    order = np.argsort(small_ints(stream[handled]), kind="stable")
-    pos, key, kinds = handled[order], stream[handled][order], kind[handled][order]
-    m = len(pos)
-    if not m:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty, left
-    first_of_key = np.concatenate(([True], key[1:] != key[:-1]))
-    last_of_key = np.concatenate((key[1:] != key[:-1], [True]))
-    # a sample open before the run closes at its stream's first visited line
-    opening = np.flatnonzero(first_of_key & (open_before[key] != 0))
-    left[key[opening]] = -1
-    is_memory = kinds == bulk.MEMORY
-    read_ahead = is_memory & (pos + 1 < n) & consumed[np.minimum(pos + 1, n - 1)]
-    later = is_memory & ~read_ahead & ~last_of_key
-    still_open = is_memory & ~read_ahead & last_of_key
-    left[key[still_open]] = pos[still_open]
-    nxt = np.minimum(np.arange(m) + 1, m - 1)
-    following = pos[nxt]
-    # where each closes: twice its closing line, plus one when read with its CPU line
-    close_at = np.concatenate((2 * pos[opening], 2 * pos[read_ahead] + 1, 2 * following[later]))
-    line = np.concatenate((-1 - key[opening], pos[read_ahead], pos[later]))
-    cpu = np.concatenate(
-        (
-            np.where(kinds[opening] == bulk.CPU, pos[opening], -1),
-            pos[read_ahead] + 1,
-            np.where(kinds[nxt] == bulk.CPU, following, -1)[later],
-        )
+    ``_scan.close_order``'s contract (see ``_scan_apply.h``): per closed sample, its hit
+    (``-1 - s``: stream ``s``'s sample from before the run) and the hit of its CPU values (-1:
+    none); per stream, the hit of the sample left open (-1: none, -2: the one from before the
+    run, when no line of the stream was visited).  The bulk path runs only with the
+    extension (``bulk.AVAILABLE``)."""
+    assert native._scan is not None
+    closing = native._scan.close_order(
+        np.ascontiguousarray(kind, dtype=np.int8),
+        np.ascontiguousarray(consumed, dtype=bool),
+        np.ascontiguousarray(stream, dtype=np.int64),
+        np.ascontiguousarray(open_before, dtype=np.int8),
     )
-    by_closing = np.argsort(close_at, kind="stable")
-    return line[by_closing].astype(np.int64), cpu[by_closing].astype(np.int64), left
+    # writable: the caller marks the rows from before the run
+    line, cpu, state = (np.frombuffer(raw, dtype=np.int64) for raw in closing)
+    return line, cpu, state
 
 
 def _pending(run: Run, i: int) -> Pending:
@@ -430,7 +400,7 @@ class _SampleRows:
         step_source = run.step_source[i]
         steps = np.where(step_source >= 0, scan.a[lo + np.maximum(step_source, 0)], -1)
         time_source = run.time_source[i]
-        micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk_arrow.NO_TS)
+        micros = np.where(time_source >= 0, run.ts[np.maximum(time_source, 0)], bulk_keys.NO_TS)
         reader, texts = run.reader, self.texts
         columns = [
             run.numbers[i].tolist(),
@@ -566,7 +536,7 @@ class _Builder:
             used if has_cpu else None,
             pct if has_cpu else None,
             self.last_step if step < 0 else step,
-            self.last_time if micros == bulk_arrow.NO_TS else when_of(micros),
+            self.last_time if micros == bulk_keys.NO_TS else when_of(micros),
         )
 
 
@@ -655,65 +625,65 @@ def _flushes(run: Run) -> None:
 
 
 def _steps(run: Run) -> None:
+    """``LogReader.add_step`` for each progress line of the run, in order."""
     reader, scan, lo = run.reader, run.scan, run.lo
-    at = np.flatnonzero(run.step_lines)
+    at = np.flatnonzero(run.samples)
     if not len(at):
         return
     j = lo + at
-    generic = run.kind[at] == bulk.STEP_GENERIC
-    # a generic line's own "rank R" when the prefix gives none
-    text_rank = np.where(generic & (run.rank[at] < 0), scan.c[j], run.rank[at])
-    step = scan.a[j]
+    flags, step, rank = scan.d[j], scan.a[j], run.rank[at]
 
     def sample(p: int) -> StepSample:
-        i = int(at[p])
-        rank = int(text_rank[p])
-        ref = run.ref(i, rank)
-        if generic[p]:
-            total = int(scan.b[j[p]])
-            return StepSample(
-                ref,
-                "generic",
-                int(step[p]),
-                total if total >= 0 else None,
-                float(scan.f[j[p]]),
-                None,
-                None,
-                None,
-                None,
-                run.when(i),
-            )
+        i, k, flag = int(at[p]), int(j[p]), int(flags[p])
+        form = bulk.FORMS[flag & bulk.FORM_MASK]
+        skipped = form == "deepspeed"
+        total = -1 if skipped else int(scan.b[k])
+        memory, peak = int(scan.e[k]), int(scan.h[k])
         return StepSample(
-            ref,
-            "deepspeed",
-            int(step[p]),
-            None,
-            None,
-            None,
-            None,
-            None,
-            int(scan.b[j[p]]),
+            run.ref(i, int(rank[p])),
+            form,
+            int(step[p]) if flag & bulk.HAS_STEP else None,
+            total if total >= 0 else None,
+            float(scan.f[k]) if flag & bulk.HAS_LOSS else None,
+            float(scan.g[k]) if flag & bulk.HAS_EPOCH else None,
+            memory if memory >= 0 else None,
+            peak if peak >= 0 else None,
+            int(scan.b[k]) if skipped else None,
             run.when(i),
         )
 
     reader.step_samples.extend(len(at), lambda positions: [sample(p) for p in positions])
-    reader.last_step = int(step[-1])
-    top = int(step.max())
-    reader.max_step = top if reader.max_step is None else max(reader.max_step, top)
-    losses = scan.f[j[generic]]
+    stepped = (flags & bulk.HAS_STEP) != 0
+    if stepped.any():
+        reader.last_step = int(step[stepped][-1])
+        top = int(step[stepped].max())
+        reader.max_step = top if reader.max_step is None else max(reader.max_step, top)
+    losses = scan.f[j[(flags & bulk.HAS_LOSS) != 0]]
     reader.loss.extend(losses[~np.isnan(losses)])
     reader.last_step_sample = sample(len(at) - 1)
-    # the last line of each rank: the first of the reversed order
-    reverse = text_rank[::-1]
-    first_reversed = first_seen(reverse)[0]
-    last_of = dict(
-        zip(reverse[first_reversed].tolist(), (len(at) - 1 - first_reversed).tolist(), strict=True)
-    )
-    for rank in _first_occurrences(text_rank):
-        key = None if rank < 0 else rank
-        if key in reader.last_by_rank or len(reader.last_by_rank) < MAX_STREAMS:
-            last = reader.last_by_rank[key] = sample(last_of[rank])
-            reader.progress_line[key] = last.source.line or 0
+    # the last line of each rank (the first of the reversed order), and of each rank's lines
+    # other than progress bars (``progress_line``)
+    bars = (flags & bulk.FORM_MASK) == bulk.FORMS.index("tqdm")
+    for every, kept in ((True, np.ones(len(at), dtype=bool)), (False, ~bars)):
+        positions = np.flatnonzero(kept)
+        if not len(positions):
+            continue
+        reverse = rank[positions][::-1]
+        first_reversed = first_seen(reverse)[0]
+        last_of = dict(
+            zip(
+                reverse[first_reversed].tolist(),
+                positions[len(positions) - 1 - first_reversed].tolist(),
+                strict=True,
+            )
+        )
+        for r in _first_occurrences(rank[positions]):
+            key = None if r < 0 else r
+            if key in reader.last_by_rank or len(reader.last_by_rank) < MAX_STREAMS:
+                if every:
+                    reader.last_by_rank[key] = sample(last_of[r])
+                else:
+                    reader.progress_line[key] = int(run.numbers[at[last_of[r]]])
 
 
 __all__ = ["apply_run", "grouped_sums", "stream_key", "when_of"]

@@ -1,11 +1,12 @@
 """The log reader's bulk scan by the C extension (``_scan.c``): ``bulk.scan_batch``'s arrays
-from passes over the batch's bytes, without Aho-Corasick's match tuples, RE2 or numpy passes
-over line heads.
+from passes over the batch's bytes: the anchors, each anchored line's stream key, and what the
+per-line matchers would read in the lines it is sure of (progress, memory, CPU, cache-flush
+lines, whatever else they hold), with no object per line.
 
 The extension is built with the package where a C compiler is found (``hatch_build.py``);
-without it, or with ``OOMLENS_PURE_SCAN`` set, the pure path of ``bulk`` scans, and gives the
-same arrays (``tests/ingest/log/test_native_scan.py``).  Measured on two cores, CPU seconds
-per 4 MiB batch of a dense 64-rank log: pure 0.10 s, extension 0.026 s.
+without it, or with ``OOMLENS_PURE_SCAN`` set, ``bulk`` finds the same anchors and every line
+holding one takes the per-line path; the facts are the same either way
+(``tests/ingest/log/test_native_scan.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ except ImportError:  # pragma: no cover
 BUILT = _scan is not None
 """The extension was built and imports."""
 NATIVE = BUILT and not os.environ.get("OOMLENS_PURE_SCAN")
-"""The scan runs in C unless ``OOMLENS_PURE_SCAN`` is set (a fallback and a cross-check)."""
+"""The scan runs in C unless ``OOMLENS_PURE_SCAN`` is set (every anchored line read line by
+line: a fallback and a cross-check)."""
 
 PIVOTS = True
 """Anchors found by their pivots (16 offsets at a time, SSSE3) where the processor can; False:
@@ -108,6 +110,9 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         end,
         consumed,
         bars,
+        e,
+        g,
+        h,
     ) = _scan.scan(
         data,
         starts,
@@ -138,6 +143,9 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         c=i8(c),
         d=i8(d),
         f=np.frombuffer(f, dtype=np.float64),
+        e=i8(e),
+        g=np.frombuffer(g, dtype=np.float64),
+        h=i8(h),
         label=np.full(len(line) // 8, bulk_labels.LABEL_NONE, dtype=np.int32),
         consumed=np.frombuffer(consumed, dtype=bool),
         progress_bars=np.frombuffer(bars, dtype=bool).tolist(),
@@ -168,10 +176,9 @@ def _expected(data: bytes) -> int:
 
 
 def _label_ids(texts: Labels, data: bytes, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """``texts.ids_of`` of the texts ``data[begin:end]``: the extension groups them by the
-    labels' cache key (a hash table, in one pass without the GIL, where ``ids_of``'s numpy
-    grouping cost a sixth of a dense log's scan), ``id_of`` reads each key's first text, in
-    the order the keys first occur."""
+    """``texts.id_of`` of each text ``data[begin:end]``, as calling it row by row would give:
+    the extension groups them by the labels' cache key (a hash table, in one pass without the
+    GIL), ``id_of`` reads each key's first text, in the order the keys first occur."""
     assert _scan is not None
     firsts, inverse = _scan.label_keys(data, begins, ends)
     first = np.frombuffer(firsts, dtype=np.int64)

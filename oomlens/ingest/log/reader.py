@@ -153,6 +153,8 @@ class LogReader(FactRecorder):
             self.year = None
             self.every_line = False
         self.line_by_line = self.every_line
+        self.final_text = b""
+        """The input's last ``LINE_BY_LINE_BYTES``, read line by line after the bulk pass."""
         self.last_time: datetime | None = None
         self._time_scan: tuple[bytes, int, int, int, datetime | None] | None = None
         """``time_before``'s last scan: block, lines, start, where it found a time, the time."""

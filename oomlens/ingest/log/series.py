@@ -233,8 +233,6 @@ class Thinned(Generic[T]):
 _SCALE = 1130
 """Sums are kept as integers in units of 2**-_SCALE: every finite float64 is a whole number of
 them (the smallest subnormal is 2**-1074; the margin keeps the shifts below non-negative)."""
-_LIMB = 18
-_LIMB_MASK = (1 << _LIMB) - 1
 _CHUNK = 1 << 20
 """Items summed in one go: 18-bit limbs times 20-bit index pieces, 2**20 of them, stay below
 2**63."""
@@ -260,17 +258,11 @@ def first_seen(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For integer ``values``: where each distinct value first occurs, in the order they first
     occur, and each value's group (the index of its value's first occurrence among those).
     By the extension in one hashed pass where it is built (the bulk apply groups each run's
-    lines by stream, rank and label: numpy's ``unique`` sorts each time), else by numpy."""
-    values = np.ascontiguousarray(values, dtype=np.int64)
-    if native.NATIVE:
-        assert native._scan is not None
-        firsts, groups = native._scan.first_seen(values)
-        return np.frombuffer(firsts, dtype=np.int64), np.frombuffer(groups, dtype=np.int64)
-    _, first, inverse = np.unique(small_ints(values), return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return first[order].astype(np.int64), rank[inverse.ravel()]
+    lines by stream, rank and label: numpy's ``unique`` sorts each time).  The bulk path, its
+    only user, runs only with the extension (``bulk.AVAILABLE``)."""
+    assert native._scan is not None
+    firsts, groups = native._scan.first_seen(np.ascontiguousarray(values, dtype=np.int64))
+    return np.frombuffer(firsts, dtype=np.int64), np.frombuffer(groups, dtype=np.int64)
 
 
 def grouped_sums(
@@ -280,75 +272,23 @@ def grouped_sums(
     exactly, for finite float64 ``values``; ``index`` (int64, from 0 up to below 2**40) is
     each value's position in its series.
 
-    How: each value is ``M * 2**(e - 53)`` with an integer ``M`` of 53 bits (``frexp``).  The
-    extension sums ``M`` and ``index * M`` per group and ``e`` in 128-bit integers.  Without
-    it, values are sorted by (group, e), ``M`` is cut into three 18-bit limbs, and
-    ``np.add.reduceat`` sums limbs and index-times-limbs (the index cut in two 20-bit pieces)
-    in int64 without overflow.  Python integers put the pieces together (one per group and
-    exponent, a handful)."""
+    How: each value is ``M * 2**(e - 53)`` with an integer ``M`` of 53 bits (``frexp``); the
+    extension sums ``M`` and ``index * M`` per group and ``e`` in 128-bit integers, one pass;
+    Python integers put the sums together (one per group and exponent, a handful).  The bulk
+    path, its only user, runs only with the extension (``bulk.AVAILABLE``)."""
     result: dict[int, tuple[int, int]] = {}
-    if len(values) == 0:
-        return result
-    if native.NATIVE:
-        # the extension sums each group's mantissas per exponent in 128 bits, one pass (the
-        # limbs below took 0.3 s of a dense 1 GiB log's 3.5 s apply, this 0.02 s)
-        assert native._scan is not None
-        for begin in range(0, len(values), _CHUNK):
-            end = begin + _CHUNK
-            for group, e, total, weighted in native._scan.grouped_sums(
-                np.ascontiguousarray(groups[begin:end], dtype=np.int64),
-                np.ascontiguousarray(values[begin:end], dtype=np.float64),
-                np.ascontiguousarray(index[begin:end], dtype=np.int64),
-            ):
-                shift = e - 53 + _SCALE
-                before = result.get(group, (0, 0))
-                result[group] = (before[0] + (total << shift), before[1] + (weighted << shift))
-        return result
+    assert native._scan is not None
     for begin in range(0, len(values), _CHUNK):
-        g = groups[begin : begin + _CHUNK]
-        v = values[begin : begin + _CHUNK]
-        k = index[begin : begin + _CHUNK]
-        if _integral(v):
-            # whole numbers (byte counts): each is itself times 2**0, one exponent for all,
-            # so one sum per group (the same integers the general way adds up)
-            m = v.astype(np.int64)
-            exponent = np.full(len(v), 53, dtype=np.int64)
-            # grouped_columns hands its groups sorted: no second sort then
-            order = (
-                np.arange(len(g))
-                if (g[1:] >= g[:-1]).all()
-                else np.argsort(small_ints(g), kind="stable")
-            )
-        else:
-            mantissa, exponent = np.frexp(v)
-            m = (mantissa * float(1 << 53)).astype(np.int64)
-            exponent = exponent.astype(np.int64)
-            order = np.lexsort((exponent, g))
-        g, m, k, exponent = g[order], m[order], k[order], exponent[order]
-        change = np.flatnonzero((g[1:] != g[:-1]) | (exponent[1:] != exponent[:-1])) + 1
-        starts = np.concatenate(([0], change))
-        limbs = (m & _LIMB_MASK, (m >> _LIMB) & _LIMB_MASK, m >> (2 * _LIMB))
-        low, high = k & ((1 << 20) - 1), k >> 20
-        s0 = [np.add.reduceat(limb, starts).tolist() for limb in limbs]
-        s1 = [np.add.reduceat(limb * low, starts).tolist() for limb in limbs]
-        s2 = [np.add.reduceat(limb * high, starts).tolist() for limb in limbs]
-        heads = zip(g[starts].tolist(), exponent[starts].tolist(), strict=True)
-        for j, (group, e) in enumerate(heads):
+        end = begin + _CHUNK
+        for group, e, total, weighted in native._scan.grouped_sums(
+            np.ascontiguousarray(groups[begin:end], dtype=np.int64),
+            np.ascontiguousarray(values[begin:end], dtype=np.float64),
+            np.ascontiguousarray(index[begin:end], dtype=np.int64),
+        ):
             shift = e - 53 + _SCALE
-            total = (s0[0][j] + (s0[1][j] << _LIMB) + (s0[2][j] << (2 * _LIMB))) << shift
-            weighted = (
-                (s1[0][j] + (s1[1][j] << _LIMB) + (s1[2][j] << (2 * _LIMB)))
-                + ((s2[0][j] + (s2[1][j] << _LIMB) + (s2[2][j] << (2 * _LIMB))) << 20)
-            ) << shift
             before = result.get(group, (0, 0))
-            result[group] = (before[0] + total, before[1] + weighted)
+            result[group] = (before[0] + (total << shift), before[1] + (weighted << shift))
     return result
-
-
-def _integral(values: np.ndarray) -> bool:
-    """All of ``values`` are whole numbers of magnitude below 2**53."""
-    magnitude = np.abs(values)
-    return bool((magnitude < 2.0**53).all() and (values == np.trunc(values)).all())
 
 
 GroupStats = tuple[int, float, float, float, float, int, int]

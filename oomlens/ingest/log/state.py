@@ -168,7 +168,9 @@ class MemoryKeeper:
 
 
 class BoundedList(Generic[T]):
-    """A list that keeps ``limit`` items and counts the rest under ``name``."""
+    """A list that keeps ``limit`` items, the first ones and the latest ones (half each),
+    and counts the rest under ``name``: a run's crash comes last, after however many of its
+    kind the run printed before (a healthy run's caught OOMs, retried)."""
 
     __slots__ = ("dropped", "items", "limit", "name")
 
@@ -181,5 +183,8 @@ class BoundedList(Generic[T]):
     def add(self, item: T) -> None:
         if len(self.items) < self.limit:
             self.items.append(item)
-        else:
-            self.dropped += 1
+            return
+        self.dropped += 1
+        if self.limit >= 2:  # the oldest of the latest half makes room
+            del self.items[self.limit - self.limit // 2]
+            self.items.append(item)

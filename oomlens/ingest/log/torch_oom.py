@@ -26,6 +26,7 @@ exception class before a message) are in ``oom_text``.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 
@@ -346,12 +347,13 @@ def message_starts(text: str) -> list[int]:
     cannot show, the squeezed text does (an anchor cut in two by a wrap)."""
     squeezed, kept = squeeze(text)
     found: list[int] = []
-    for match in islice(_message_matches(squeezed), 1000):
+    # the last thousand: a run's crash ends its text, whatever it printed before
+    for match in deque(_message_matches(squeezed), 1000):
         start = match.start()
         cls = _SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
         found.append(kept[cls.start() if cls is not None else start])
     if "Allocationondevice" in squeezed:
-        found += [kept[m.start()] for m in _SQ_ASYNC_START.finditer(squeezed)][:100]
+        found += [kept[m.start()] for m in deque(_SQ_ASYNC_START.finditer(squeezed), 100)]
     return sorted(found)
 
 

@@ -3,7 +3,6 @@ batches, the blocks and the number of scanning processes."""
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Sequence
 from functools import partial
@@ -11,8 +10,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,17 +19,15 @@ from oomlens.ingest.log import (
     batches,
     bulk,
     bulk_apply,
-    bulk_arrow,
     bulk_keys,
     bulk_labels,
+    native,
     read_log,
 )
+from oomlens.ingest.log import reader as reader_module
 from oomlens.ingest.log.prefixes import strip_prefixes
 from oomlens.ingest.log.series import RunningStats, Thinned
 from tests.ingest.log._mixed_logs import _sources, mixed_log
-
-# the pure path imports pyarrow on its first scan; the tests below call its parts directly
-bulk_arrow.load()
 
 
 def _per_line(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -90,9 +85,12 @@ def test_the_bulk_path_takes_the_dense_lines(
     facts = read_log(path)
     memory_lines = sum(series.total_samples for series in facts.memory)
     assert memory_lines == 16 * 200 or facts.steps.total == 16 * 200
-    # every line holding an anchor (all but the labels) is applied in runs, none read alone
-    anchored = sum(1 for line in path.read_bytes().split(b"\n") if any(a in line for a in ANCHORS))
-    assert anchored > 10000 and sum(runs) == anchored
+    # every line holding an anchor (all but the labels) is applied in runs, none read alone,
+    # but in the input's last LINE_BY_LINE_BYTES, read line by line (``batches._read_final``)
+    data = path.read_bytes()
+    cut = data.find(b"\n", len(data) - reader_module.LINE_BY_LINE_BYTES - 1) + 1
+    anchored = sum(1 for line in data[:cut].split(b"\n") if any(a in line for a in ANCHORS))
+    assert anchored > 5000 and sum(runs) == anchored
     assert _same(facts, _per_line(path, monkeypatch))
 
 
@@ -148,6 +146,13 @@ _PREFIXES = [
     "[worker2]:",
     "［rank1］：",
     "\u00a0",
+    "[rank: 1] ",
+    "[RANK 0] ",
+    "[Rank 2] ",
+    "    7: ",
+    "123456: ",
+    "[E1201 10:23:29.645000 1216 api.py:986] ",
+    "[trainer_-x3]:",
 ]
 
 
@@ -175,20 +180,21 @@ _PREFIXES = [
         ]
     ),
 )
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
 def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: str) -> None:
+    # the extension's stream key of a line (one holding an anchor, far past its head) is the
+    # per-line prefix parser's, or the scan says it is not sure
     text = prefix + second + rest
     raw = text.encode()
-    head = np.frombuffer((raw + b"\n" * 40)[:32], dtype=np.uint8)[None, :].copy()
-    keys, lengths = bulk_keys.line_keys(head)
-    if b"\r" in raw or b"\x1b" in raw:
+    if b"\r" in raw or b"\x1b" in raw or b"\n" in raw:
         return  # the scan never trusts those lines (dirty), cleaning rewrites them
-    key = int(keys[0])
+    scan = native.scan(raw + b" " * 40 + b"Max_MA \n", [0], b"")
+    key = int(scan.key[0])
     if key == bulk_keys.UNSURE:
         return
-    cleaned_rest, found = strip_prefixes(text, None)
+    cleaned_rest, found = strip_prefixes(text + " " * 40 + "Max_MA ", None)
     assert bulk_apply.stream_key(key) == found.key
-    if lengths[0]:
-        assert len(text) - len(cleaned_rest) == lengths[0]
+    assert len(text) + 47 - len(cleaned_rest) == int(scan.prefix_len[0])
 
 
 def test_a_tail_handed_as_a_sequence_is_read_only_where_kept() -> None:
@@ -223,27 +229,6 @@ def test_a_tail_handed_as_a_sequence_is_read_only_where_kept() -> None:
     # 60 runs' tails are 1,920 items: read were those kept past the tail (the middle's, some
     # dropped later as its stride grew), and the last tail, each once
     assert len(reads) == len(set(reads)) < 400
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.from_regex(r"\A[0-9]{1,9}(\.[0-9]{1,6})?\Z", fullmatch=True),
-            st.from_regex(r"\A[0-9]{1,20}\.[0-9]{1,20}\Z", fullmatch=True),
-        ),
-        min_size=1,
-        max_size=50,
-    )
-)
-def test_arrow_reads_decimals_as_float_does(texts: list[str]) -> None:
-    parsed = pc.cast(pa.array(texts, pa.string()), pa.float64()).to_pylist()
-    assert parsed == [float(t) for t in texts]
-
-
-def test_memory_values_round_as_the_parser_does() -> None:
-    values = np.array([0.72, 2.02, 15.08, 0.005, 123456789.123456, 1.5 / 1024**3])
-    assert bulk_arrow.gib(values).tolist() == [round(v * 1024**3) for v in values.tolist()]
 
 
 @settings(max_examples=200, deadline=None)
@@ -328,33 +313,6 @@ def test_sources_are_real_lines() -> None:
     assert src["dump"][-1].strip() == "}"
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    values=st.lists(
-        st.one_of(st.none(), st.just(""), st.from_regex(r"\A[0-9]{1,9}\Z", fullmatch=True)),
-        min_size=1,
-        max_size=40,
-    ),
-    data=st.data(),
-)
-def test_groups_read_from_arrow_buffers_as_arrow_reads_them(
-    values: list[str | None], data: st.DataObject
-) -> None:
-    # a slice (an offset into the buffers) with nulls, empty groups and digits
-    lo = data.draw(st.integers(0, len(values) - 1))
-    hi = data.draw(st.integers(lo + 1, len(values)))
-    column = pa.array(values, pa.binary()).slice(lo, hi - lo)
-    table = pa.StructArray.from_arrays([column], names=["a"])
-    chosen = values[lo:hi]
-    assert bulk_arrow.ints(table, "a").tolist() == [int(v) if v else -1 for v in chosen]
-    floats = bulk_arrow.floats(table, "a").tolist()
-    assert [None if f != f else f for f in floats] == [float(v) if v else None for v in chosen]
-    flags = pa.array([None if v is None else v == "" for v in values], pa.bool_()).slice(
-        lo, hi - lo
-    )
-    assert bulk_arrow.numpy_bools(flags).tolist() == [v == "" for v in chosen]
-
-
 def test_reading_a_dense_log_leaves_pandas_unimported(tmp_path: Path) -> None:
     # pyarrow imports pandas when handed Python scalars or asked for numpy conversions: about
     # 40 MiB of resident memory in every reading process, against issue 15's 200 MB bound
@@ -416,6 +374,7 @@ _LABEL_TEXTS = st.sampled_from(
 )
 
 
+@pytest.mark.skipif(not native.BUILT, reason="the C extension is not built")
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_LABEL_TEXTS, max_size=80))
 def test_label_ids_in_bulk_are_those_of_row_by_row_lookups(texts: list[bytes]) -> None:
@@ -427,18 +386,10 @@ def test_label_ids_in_bulk_are_those_of_row_by_row_lookups(texts: list[bytes]) -
         at += len(text) + 1
     one, in_bulk = bulk_labels.Labels(), bulk_labels.Labels()
     expected = [one.id_of(text) for text in texts]
-    arr = np.frombuffer(data, dtype=np.uint8)
-    got = in_bulk.ids_of(arr, np.asarray(begins, dtype=np.int64), np.asarray(ends, dtype=np.int64))
+    starts = np.asarray(begins, dtype=np.int64)
+    got = native._label_ids(in_bulk, data, starts, np.asarray(ends, dtype=np.int64))
     assert got.tolist() == expected
     assert in_bulk.texts == one.texts
-
-
-@given(st.binary(max_size=40), st.sampled_from([b"", b"[2026-11-30 06:00:01,127] ["]))
-def test_stamp_test_in_numpy_is_the_pattern(tail: bytes, stamp: bytes) -> None:
-    text = stamp + tail
-    arr = np.frombuffer(text + b"\n", dtype=np.uint8)
-    found = bulk_labels.are_stamped(arr, np.asarray([0]), np.asarray([len(text)]))
-    assert bool(found[0]) == bool(bulk_labels.STAMPED.match(text))
 
 
 @settings(max_examples=100, deadline=None)
@@ -527,22 +478,16 @@ def test_a_lazy_sample_keeps_only_its_own_row_alive(
     )
 )
 def test_grouped_sums_are_the_exact_sums(rows: list[tuple[int, float]]) -> None:
-    # whole numbers take a shortcut (one exponent for all): the sums must not change; the
-    # extension's 128-bit sums and numpy's limbs give the same
+    # whole numbers take a shortcut (one exponent for all): the sums must not change
     from fractions import Fraction
 
-    from oomlens.ingest.log import native
     from oomlens.ingest.log.series import _SCALE, grouped_sums
 
     groups = np.asarray([g for g, _ in rows], dtype=np.int64)
     values = np.asarray([v for _, v in rows], dtype=np.float64)
     index = np.arange(len(rows), dtype=np.int64) * 7919 % (1 << 40)
-    for chosen, pure in itertools.product(
-        (np.ones(len(rows), dtype=bool), values == np.trunc(values)), (False, True)
-    ):
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(native, "NATIVE", native.BUILT and not pure)
-            got = grouped_sums(groups[chosen], values[chosen], index[chosen])
+    for chosen in (np.ones(len(rows), dtype=bool), values == np.trunc(values)):
+        got = grouped_sums(groups[chosen], values[chosen], index[chosen])
         for group in set(groups[chosen].tolist()):
             mine = chosen & (groups == group)
             total = sum(Fraction(v) for v in values[mine].tolist()) * 2**_SCALE
@@ -571,20 +516,6 @@ def test_progress_bar_blocks_are_those_find_finds(pieces: list[bytes], cuts: lis
     assert bulk._progress_bars(np.frombuffer(data, dtype=np.uint8), bounds) == expected
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([b"[rank", b"[default", b"[", b"\n", b"rank", b"x", b"[r", b"]:"])))
-def test_glued_prefixes_are_those_past_a_line_start(pieces: list[bytes]) -> None:
-    import re
-
-    data = b"".join(pieces)
-    expected = [
-        m.start()
-        for m in re.finditer(rb"(?=\[(?:rank|default))", data)
-        if m.start() > 0 and data[m.start() - 1] != 10
-    ]
-    assert bulk._glued(np.frombuffer(data, dtype=np.uint8)).tolist() == expected
-
-
 @given(
     values=st.lists(
         st.one_of(
@@ -594,13 +525,9 @@ def test_glued_prefixes_are_those_past_a_line_start(pieces: list[bytes]) -> None
         ),
         max_size=300,
     ),
-    pure=st.booleans(),
 )
-def test_first_seen_groups_values_in_the_order_they_first_occur(
-    values: list[int], pure: bool
-) -> None:
-    # the extension's hashed pass and numpy's sorts: what a loop over the values finds
-    from oomlens.ingest.log import native
+def test_first_seen_groups_values_in_the_order_they_first_occur(values: list[int]) -> None:
+    # the extension's hashed pass: what a loop over the values finds
     from oomlens.ingest.log.series import first_seen, small_ints
 
     array = np.asarray(values, dtype=np.int64)
@@ -611,9 +538,7 @@ def test_first_seen_groups_values_in_the_order_they_first_occur(
     for i, v in enumerate(values):
         expected_firsts.setdefault(v, i)
     group_of = {v: g for g, v in enumerate(expected_firsts)}
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(native, "NATIVE", native.BUILT and not pure)
-        firsts, groups = first_seen(array)
+    firsts, groups = first_seen(array)
     assert firsts.dtype == groups.dtype == np.int64
     assert firsts.tolist() == list(expected_firsts.values())
     assert groups.tolist() == [group_of[v] for v in values]
@@ -628,12 +553,13 @@ def test_first_seen_grows_its_table_and_refuses_odd_bytes() -> None:
     assert native._scan is not None
     rng = np.random.default_rng(3)
     array = rng.integers(-(1 << 62), 1 << 62, 50_000)[rng.integers(0, 50_000, 200_000)]
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(native, "NATIVE", True)
-        fast = first_seen(array)
-        m.setattr(native, "NATIVE", False)
-        slow = first_seen(array)
-    assert [x.tolist() for x in fast] == [x.tolist() for x in slow]
+    firsts, groups = first_seen(array)
+    seen: dict[int, int] = {}
+    for i, v in enumerate(array.tolist()):
+        seen.setdefault(v, i)
+    group_of = {v: g for g, v in enumerate(seen)}
+    assert firsts.tolist() == list(seen.values())
+    assert groups.tolist() == [group_of[v] for v in array.tolist()]
     # values in a range under 2**16 take a table of the range (-1..65534), the rest a hash
     for top in (65534, 65535, 1 << 62):
         edge = np.asarray([top, 0, 7, top, 0, -1, 7], dtype=np.int64)
@@ -644,13 +570,11 @@ def test_first_seen_grows_its_table_and_refuses_odd_bytes() -> None:
         native._scan.first_seen(b"abc")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("pure", [False, True])
-def test_grouped_sums_of_many_groups_and_exponents(pure: bool) -> None:
+def test_grouped_sums_of_many_groups_and_exponents() -> None:
     # hundreds of (group, exponent) pairs, zeros and subnormals among them: the extension's
     # table grows many times over
     from fractions import Fraction
 
-    from oomlens.ingest.log import native
     from oomlens.ingest.log.series import _SCALE, grouped_sums
 
     rng = np.random.default_rng(3)
@@ -660,9 +584,7 @@ def test_grouped_sums_of_many_groups_and_exponents(pure: bool) -> None:
     values[::97] = 0.0
     values[::89] = 5e-324
     index = rng.integers(0, 1 << 40, n).astype(np.int64)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(native, "NATIVE", native.BUILT and not pure)
-        got = grouped_sums(groups, values, index)
+    got = grouped_sums(groups, values, index)
     assert set(got) == set(groups.tolist())
     for group in sorted(set(groups.tolist()))[:40]:
         mine = groups == group
@@ -692,9 +614,7 @@ def test_the_extensions_grouped_sums_refuse_what_they_cannot_sum() -> None:
 @given(
     hits=st.lists(
         st.tuples(
-            st.sampled_from(
-                [bulk.MEMORY, bulk.MEMORY, bulk.CPU, bulk.FLUSH_LINE, bulk.STEP_GENERIC]
-            ),
+            st.sampled_from([bulk.MEMORY, bulk.MEMORY, bulk.CPU, bulk.FLUSH_LINE, bulk.PROGRESS]),
             st.booleans(),
             st.integers(0, 4),
         ),
@@ -702,13 +622,13 @@ def test_the_extensions_grouped_sums_refuse_what_they_cannot_sum() -> None:
     ),
     open_before=st.lists(st.booleans(), min_size=5, max_size=5),
 )
-def test_samples_close_in_the_same_order_either_way(
+def test_samples_close_in_the_reading_order(
     hits: list[tuple[int, bool, int]], open_before: list[bool]
 ) -> None:
-    # the extension's one pass in line order and numpy's sorts: the same closed samples, in
-    # the same order, and the same samples left open
-    from oomlens.ingest.log import native
-
+    # the extension's one pass: the samples the per-line path closes, in its order (a
+    # stream's open sample closes at the stream's next visited line, with its CPU values when
+    # that is a CPU line; a memory line read with its CPU line closes at once), and the
+    # samples it leaves open
     if not native.BUILT:
         pytest.skip("the C extension is not built")
     kind = np.asarray([k for k, _, _ in hits], dtype=np.int8)
@@ -716,15 +636,23 @@ def test_samples_close_in_the_same_order_either_way(
     consumed = np.asarray([c and k == bulk.CPU for k, c, _ in hits], dtype=bool)
     stream = np.asarray([s for _, _, s in hits], dtype=np.int64)
     before = np.asarray(open_before, dtype=np.int8)
-    results = []
-    for pure in (False, True):
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(native, "NATIVE", not pure)
-            results.append(bulk_apply._close_order(kind, consumed, stream, before))
-    for fast, slow in zip(*results, strict=True):
-        assert fast.dtype == slow.dtype == np.int64
-        assert fast.tolist() == slow.tolist()
-    line, cpu, state = results[0]
+    line, cpu, state = bulk_apply._close_order(kind, consumed, stream, before)
+    assert line.dtype == cpu.dtype == state.dtype == np.int64
+    left = [-2 if b else -1 for b in open_before]
+    closed: list[tuple[int, int]] = []
+    for i, (k, _, s) in enumerate(hits):
+        if consumed[i]:
+            continue
+        if left[s] != -1:
+            closed.append((-1 - s if left[s] == -2 else left[s], i if k == bulk.CPU else -1))
+            left[s] = -1
+        if k == bulk.MEMORY:
+            if i + 1 < len(hits) and consumed[i + 1]:
+                closed.append((i, i + 1))
+            else:
+                left[s] = i
+    assert list(zip(line.tolist(), cpu.tolist(), strict=True)) == closed
+    assert state.tolist() == left
     # every memory line visited closes once or stays open; every sample from before closes
     # at its stream's first visited line or stays open
     visited = [i for i in range(len(hits)) if not consumed[i]]

@@ -1,12 +1,14 @@
-"""The C scan (``native``, ``_scan.c``) gives the pure path's arrays: the same batch scanned
-both ways, on the corpora's logs, on mixed multi-rank logs cut into blocks anywhere, and on
-lines mutated byte by byte around every shape the extension reads."""
+"""The C scan (``native``, ``_scan.c``) finds the anchors the pure path finds (the same batch
+scanned both ways: the corpora's logs, mixed multi-rank logs cut into blocks anywhere, lines
+mutated byte by byte around every shape the extension reads), and what it reads of the lines
+gives the facts the per-line path gives (the same logs read both ways)."""
 
 from __future__ import annotations
 
 import os
 import random
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomlens.ingest.log import ANCHORS, bulk, bulk_keys, bulk_labels, native, read_log
+from bench import reader_shapes
+from oomlens.ingest.log import (
+    ANCHORS,
+    batches,
+    bulk,
+    bulk_apply,
+    bulk_keys,
+    bulk_labels,
+    native,
+    read_log,
+)
+from oomlens.ingest.log import reader as reader_module
 from tests.ingest.log._mixed_logs import mixed_log
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,9 +55,13 @@ def _scan_both(
     return fast, pure
 
 
+_FOUND = ("line_counts", "hit_line", "hit_bits", "hit_start", "progress_bars")
+"""What both scans find (the pure scan finds the anchors and reads no line)."""
+
+
 def _differences(fast: bulk.BatchScan, pure: bulk.BatchScan) -> list[str]:
     names = []
-    for name in bulk.BatchScan.__slots__:
+    for name in _FOUND:
         x, y = getattr(fast, name), getattr(pure, name)
         if isinstance(x, np.ndarray):
             same = x.dtype == y.dtype and x.shape == y.shape
@@ -97,6 +114,19 @@ def test_corpus_logs_scan_alike(root: str, pivots: bool, monkeypatch: pytest.Mon
             fast, pure = _scan_both(data, starts, tail, monkeypatch, pivots, window)
             assert _differences(fast, pure) == [], path
             checked += 1
+    assert checked > 20
+
+
+@needs_extension
+@pytest.mark.parametrize("root", ["fixtures/crash_logs", "fixtures/field_logs", "tests/assets"])
+def test_corpus_logs_read_to_the_same_facts_in_bulk(root: str) -> None:
+    checked = 0
+    for path in sorted((ROOT / root).rglob("*")):
+        if path.suffix not in (".log", ".txt", ".out", ".err") or not path.is_file():
+            continue
+        fast, pure, _ = _facts_both(path, chunk=4096)
+        assert fast == pure, path
+        checked += 1
     assert checked > 20
 
 
@@ -180,18 +210,65 @@ def test_mutated_shapes_scan_alike(
     with pytest.MonkeyPatch.context() as m:
         fast, pure = _scan_both(bytes(data), [0], b"", m, pivots, window)
     assert _differences(fast, pure) == []
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mutated.log"
+        path.write_bytes(bytes(data))
+        read_fast, read_pure, _ = _facts_both(path, chunk=4096)
+    assert read_fast == read_pure
+
+
+def _facts_both(path: Path, chunk: int = 8192) -> tuple[str, str, int]:
+    """The facts of ``path`` read in bulk (the C scan) and line by line (the per-line path),
+    as reprs (exact for floats), and how many hits the bulk path applied in runs."""
+    applied: list[int] = []
+    original = bulk_apply.apply_run
+
+    def counting(reader, scan, lo, hi, first_line, deferred):  # type: ignore[no-untyped-def]
+        done = original(reader, scan, lo, hi, first_line, deferred)
+        applied.append(hi - lo if done else 0)
+        return done
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(reader_module, "LINE_BY_LINE_BYTES", 0)  # bulk whatever the size
+        m.setattr(batches.bulk_apply, "apply_run", counting)
+        m.setattr(native, "NATIVE", True)
+        fast = repr(read_log(path, chunk_bytes=chunk))
+        m.setattr(native, "NATIVE", False)
+        pure = repr(read_log(path, chunk_bytes=chunk))
+    return fast, pure, sum(applied)
 
 
 @needs_extension
-def test_a_log_reads_to_the_same_facts_either_way(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_log_reads_to_the_same_facts_either_way(tmp_path: Path) -> None:
     path = tmp_path / "mixed.log"
     path.write_text(mixed_log(11, ranks=16, steps=120))
-    fast = read_log(path, chunk_bytes=8192)
-    monkeypatch.setattr(native, "NATIVE", False)
-    pure = read_log(path, chunk_bytes=8192)
-    assert fast.memory and repr(fast) == repr(pure)
+    fast, pure, applied = _facts_both(path)
+    assert "MemorySeries(" in fast and applied > 400 and fast == pure
+
+
+@needs_extension
+@pytest.mark.parametrize("density", ["dense", "sparse"])
+@pytest.mark.parametrize("shape", [*reader_shapes.SHAPES, "mixed", 1, 2, 3, 4])
+def test_every_frameworks_lines_read_to_the_same_facts_in_bulk(
+    tmp_path: Path, shape: str | int, density: str
+) -> None:
+    # the bench's logs (bench/reader_shapes.py): each launcher's prefix and framework's progress
+    # and memory lines, alone, mixed, and drawn at random; read in bulk, nearly every anchored
+    # line is taken by the C scan (pdsh's host prefixes aside), and the facts are the per-line
+    # path's
+    shapes = (
+        [reader_shapes.random_shape(shape)]
+        if isinstance(shape, int)
+        else list(reader_shapes.SHAPES.values())
+        if shape == "mixed"
+        else [reader_shapes.SHAPES[shape]]
+    )
+    path = tmp_path / "shape.log"
+    reader_shapes.generate(path, 120_000, shapes, density, ranks=8)
+    fast, pure, applied = _facts_both(path, chunk=16384)
+    assert fast == pure
+    if density == "dense" and shape not in ("pdsh", "mixed") and not isinstance(shape, int):
+        assert applied > 0  # (sparse: runs shorter than batches.MIN_RUN are read line by line)
 
 
 def _edge_lines() -> list[str]:
@@ -226,13 +303,15 @@ def _edge_lines() -> list[str]:
 @pytest.mark.parametrize(
     "prefix", ["", "[rank5]:", "[rank5]: ", "[default123456]:", "[default1234567]:"]
 )
-def test_the_shapes_edges_scan_alike(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shapes_edges_scan_alike(prefix: str, tmp_path: Path) -> None:
     data = "".join(f"{prefix}{line}\n" for line in _edge_lines()).encode()
-    fast, pure = _scan_both(data, [0], b"", monkeypatch)
-    assert _differences(fast, pure) == []
-    if prefix != "[default1234567]:":  # seven digits: no prefix, and no bulk line
-        assert (pure.kind != bulk.NONE).sum() > 50  # the edges are there on both sides
-    assert (pure.kind == bulk.NONE).sum() > 100
+    fast_scan = native.scan(data, [0], b"")
+    path = tmp_path / "edges.log"
+    path.write_bytes(data)
+    fast, pure, _ = _facts_both(path)
+    assert fast == pure
+    assert (fast_scan.kind != bulk.NONE).sum() > 50  # the edges are read in bulk
+    assert (fast_scan.kind == bulk.NONE).sum() > 100  # ...and past them, line by line
 
 
 @needs_extension
@@ -333,8 +412,8 @@ def test_the_extension_shares_the_readers_constants() -> None:
         "MEMORY": bulk.MEMORY,
         "CPU": bulk.CPU,
         "FLUSH_LINE": bulk.FLUSH_LINE,
-        "STEP_GENERIC": bulk.STEP_GENERIC,
-        "STEP_DS": bulk.STEP_DS,
+        "PROGRESS": bulk.PROGRESS,
+        "TASK_ROLE": bulk_keys.TASK_ROLE,
         "NO_KEY": bulk_keys.NO_KEY,
         "UNSURE": bulk_keys.UNSURE,
         "DEFAULT_ROLE": bulk_keys.DEFAULT_ROLE,
