@@ -75,10 +75,10 @@ def test_every_known_miss_is_a_labelled_case_with_a_reason_and_a_verdict_on_the_
     split = json.loads((FIELD / "split.json").read_text())
     split2 = json.loads((FIELD / "split2.json").read_text())
     where = {
-        **{c: "test" for c in split["test"]},
-        **{c: "dev" for c in split["dev"]},
-        **{c: "test2" for c in split2["test"]},
-        **{c: "dev2" for c in split2["dev"]},
+        **dict.fromkeys(split["test"], "test"),
+        **dict.fromkeys(split["dev"], "dev"),
+        **dict.fromkeys(split2["test"], "test2"),
+        **dict.fromkeys(split2["dev"], "dev2"),
     }
     for case, entry in _known_misses().items():
         assert case in labelled, case

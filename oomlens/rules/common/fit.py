@@ -279,7 +279,7 @@ def states_fixes(account: MemoryAccount, context: RunContext) -> list[Fix]:
                     f"instead of 8, saving about {size(saving)} of the {size(states)} of model "
                     "states.",
                     command="--optim adamw_bnb_8bit  (HF; or bitsandbytes.optim.AdamW8bit)",
-                        cost="8-bit optimizer states: usually the same convergence",
+                    cost="8-bit optimizer states: usually the same convergence",
                 )
             )
     return fixes
