@@ -122,7 +122,8 @@ _SQ_FREE_NEW = lazy_regex(r"ofwhich" + _SZ + r"isfree")
 _SQ_OTHER_PROCESS = lazy_regex(r"Process(\d{1,10})has" + _SZ + r"memoryinuse")
 _SQ_THIS_PROCESS = lazy_regex(r"thisprocesshas" + _SZ + r"memoryinuse")
 _SQ_ALLOWED = lazy_regex(_SZ + r"allowed;")
-_SQ_ALLOCATED_NEW = lazy_regex(r"Oftheallocatedmemory" + _SZ + r"isallocatedbyPyTorch")
+_SQ_ALLOCATED_NEW = lazy_regex(r"(?:Oftheallocatedmemory)?" + _SZ + r"isallocatedbyPyTorch")
+"""Read by its own words: a paste may keep the clause and elide its lead-in."""
 _SQ_PRIVATE_POOLS = lazy_regex(r"with" + _SZ + r"allocatedinprivatepools")
 _SQ_RESERVED_UNALLOCATED = lazy_regex(r"and" + _SZ + r"isreservedbyPyTorchbutunallocated")
 _SQ_LEGACY_OPEN = lazy_regex(r"\((?P<devname>GPU|NPU|XPU|MLU|GCU|MUSA)(?P<dev>\d{1,4});")
@@ -191,6 +192,10 @@ def _size(number: str, unit: str) -> int:
     return parse_size(f"{number} {unit}")
 
 
+_EMPHASIS = regex.compile(r"(\*\*|__)([0-9][0-9.,]*\s?[KMGTPE]?i?B|[0-9][0-9.,]*)\1")
+"""Markdown bold around a size or a number (``**10.36 GiB**``)."""
+
+
 @functools.lru_cache(maxsize=64)
 def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMessage | None:
     """What the OOM message in ``text`` says, or None when ``text`` holds none.
@@ -202,6 +207,9 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
     """
     if not looks_like_oom(text):
         return None
+    if "**" in text or "__" in text:
+        # a ticket's Markdown: emphasis around a figure is the writer's, not torch's
+        text = _EMPHASIS.sub(r"\2", text)
     for parser in (
         _parse_malloc_async,
         _parse_mps,
