@@ -5,6 +5,7 @@ arguments are shown wherever the fix is."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -164,24 +165,41 @@ def test_a_run_without_an_oom_has_no_account(reports: dict[str, Report]) -> None
 def test_a_fix_shows_its_predicted_peak_and_arguments_in_every_format(
     reports: dict[str, Report],
 ) -> None:
+    """The arguments are shown once: as the command where the fix has one (it says the same
+    flags in the reader's words), as an arguments block where it has none; JSON has both."""
     report = reports["activation_memory"]
     fix = next(f for d in report.diagnoses for f in d.fixes if f.arguments)
-    assert fix.predicted_peak_bytes is not None
+    assert fix.predicted_peak_bytes is not None and fix.command is not None
     peak = format_size(fix.predicted_peak_bytes)
     line = words.arguments(fix.arguments)
     assert all(flag in line and value in line for flag, value in fix.arguments.items())
+    assert all(
+        flag in fix.command and value in fix.command for flag, value in fix.arguments.items()
+    )
     text = render(report, Format.TEXT, RenderOptions())
-    assert f"arguments: {line}" in text and f"predicted peak {peak}" in text
+    assert f"command: {fix.command}" in text and f"predicted peak {peak}" in text
+    assert f"arguments: {line}" not in text
     markdown = render(report, Format.MARKDOWN, RenderOptions())
-    assert f"**Predicted peak {peak}.**" in markdown and f"```sh\n{line}\n```" in markdown
+    assert f"**Predicted peak {peak}.**" in markdown and f"```sh\n{line}\n```" not in markdown
     html = render(report, Format.HTML, RenderOptions())
-    assert f"Predicted peak {peak}." in html and re.search(
+    assert f"Predicted peak {peak}." in html and not re.search(
         r'-args"><code>' + re.escape(line) + "</code>", html
     )
     data = json.loads(render(report, Format.JSON, RenderOptions()))
     shown = [f for d in data["diagnoses"] for f in d["fix"] if f["arguments"]]
     assert shown[0]["arguments"] == dict(fix.arguments)
     assert shown[0]["predicted_peak_bytes"] == fix.predicted_peak_bytes
+    # a fix with arguments and no command shows them as its arguments block
+    bare = dataclasses.replace(fix, command=None)
+    view_text = render(
+        dataclasses.replace(
+            report,
+            diagnoses=(dataclasses.replace(report.diagnoses[0], fixes=(bare,)),),
+        ),
+        Format.TEXT,
+        RenderOptions(),
+    )
+    assert f"arguments: {line}" in view_text
 
 
 # Folder names (no "/") from the classic vectors, one with a right-to-left override in front:

@@ -192,8 +192,9 @@ def _size(number: str, unit: str) -> int:
     return parse_size(f"{number} {unit}")
 
 
-_EMPHASIS = regex.compile(r"(\*\*|__)([0-9][0-9.,]*\s?[KMGTPE]?i?B|[0-9][0-9.,]*)\1")
-"""Markdown bold around a size or a number (``**10.36 GiB**``)."""
+_EMPHASIS = regex.compile(r"(?:\*\*|__)(?=\s*[0-9])|(?<=[0-9]|[0-9]\s?[KMGTPE]?i?B)\s*(?:\*\*|__)")
+"""Markdown bold opening before a figure or closing after one (``**10.36 GiB**``), wherever
+a wrap broke the line inside it."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -209,7 +210,7 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
         return None
     if "**" in text or "__" in text:
         # a ticket's Markdown: emphasis around a figure is the writer's, not torch's
-        text = _EMPHASIS.sub(r"\2", text)
+        text = _EMPHASIS.sub("", text)
     for parser in (
         _parse_malloc_async,
         _parse_mps,
