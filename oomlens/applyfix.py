@@ -14,7 +14,6 @@ is not added (the program may not accept it: the run would not start): the resul
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 from oomlens.diagnosis import Diagnosis, Fix
 from oomlens.errors import UsageError
+from oomlens.facts.memory_model import apply_merge_patch
 from oomlens.ingest.context_lines import ALIASES
 from oomlens.report import Report
 from oomlens.untrusted import one_line
@@ -57,16 +57,8 @@ def top_fix(report: Report) -> tuple[Diagnosis, Fix]:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7396: ``patch`` merged into a copy of ``target``."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+    """RFC 7396: ``patch`` merged into a copy of ``target`` (the memory model's own)."""
+    return apply_merge_patch(target, patch)
 
 
 def _name(flag: str) -> str:

@@ -30,7 +30,12 @@ from oomlens.facts.account import (
 )
 from oomlens.facts.context import ContextKey, RunContext
 from oomlens.facts.log import OomEvent, OomKind, Phase
-from oomlens.facts.memory_model import BudgetPhase, Device, MemoryModelFacts
+from oomlens.facts.memory_model import (
+    MODEL_STATE_COMPONENTS,
+    BudgetPhase,
+    Device,
+    MemoryModelFacts,
+)
 from oomlens.facts.oom_balance import balance
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
@@ -50,20 +55,8 @@ _PHASE_TERMS = {
     Phase.EVALUATION: Term.EVAL_OUTPUTS,
     Phase.GENERATION: Term.KV_CACHE,
 }
-_MODEL_STATE_CODES = frozenset(
-    {
-        "param_partition",
-        "param_full",
-        "grad_partition",
-        "grads",
-        "fp32_master",
-        "optimizer_states",
-        "step_fp32_grads",
-        "hpz_secondary",
-        "persistent_params",
-    }
-)
-"""The memory model's components that are model states (not buckets or gathers)."""
+_MODEL_STATE_CODES = MODEL_STATE_COMPONENTS | {"persistent_params"}
+"""Model states, and the small parameters ZeRO-3 keeps whole on every rank."""
 
 
 def derive_account(facts: RunFacts, context: RunContext) -> MemoryAccount | None:

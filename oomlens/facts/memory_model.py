@@ -25,6 +25,23 @@ from oomlens.facts.config import Precision
 DEFAULT_PROCESS_BASELINE_BYTES = 1_200_000_000
 
 
+MODEL_STATE_COMPONENTS = frozenset(
+    {
+        "param_partition",
+        "param_full",
+        "grad_partition",
+        "grads",
+        "fp32_master",
+        "optimizer_states",
+        "step_fp32_grads",
+        "init_fp32_grad_buffer",
+        "hpz_secondary",
+    }
+)
+"""The memory model's components that are model states (parameters, gradients, optimizer
+states and master weights), not buckets, gathers or buffers."""
+
+
 class Device(Enum):
     GPU = "gpu"
     HOST = "host"

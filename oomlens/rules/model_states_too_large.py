@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
 from oomlens.facts.log import Phase
+from oomlens.facts.memory_model import MODEL_STATE_COMPONENTS
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules.base import Rule, RuleSpec
@@ -31,7 +32,6 @@ from oomlens.rules.common.message import (
 )
 from oomlens.rules.common.model_states import (
     MODEL_STATE_CATEGORIES,
-    MODEL_STATE_COMPONENTS,
     SnapshotOom,
     category_share,
     effective_config,

@@ -114,22 +114,6 @@ def snapshot_oom_evidence(s: SnapshotOom, note: str = "") -> Evidence:
     )
 
 
-#: Memory-model components (``oomlens.analysis.zero_model``) that are model states.
-MODEL_STATE_COMPONENTS = frozenset(
-    {
-        "param_partition",
-        "param_full",
-        "grad_partition",
-        "grads",
-        "fp32_master",
-        "optimizer_states",
-        "step_fp32_grads",
-        "init_fp32_grad_buffer",
-        "hpz_secondary",
-    }
-)
-
-
 def model_overflow(facts: RunFacts) -> tuple[Evidence, CapacityVerdict] | None:
     """The memory model's GPU verdict when it says the config cannot fit the card."""
     model = facts.memory_model
