@@ -57,7 +57,6 @@ ALIASES: dict[str, ContextKey] = {
     "model_max_length": _K.SEQ_LEN,
     "cutoff_len": _K.SEQ_LEN,
     "block_size": _K.SEQ_LEN,
-    "max_position_embeddings": _K.SEQ_LEN,
     # evaluation and generation
     "per_device_eval_batch_size": _K.EVAL_BATCH,
     "eval_batch_size": _K.EVAL_BATCH,
