@@ -97,12 +97,13 @@ def plan(out: Path) -> None:
                 "-m",
                 "oomlens",
                 "fix",
-                str(CASES / name),
+                str((CASES / name).relative_to(ROOT)),
                 "--command",
                 case["command"],
                 "--write",
-                str(target),
+                str(target.relative_to(ROOT)),
             ],
+            cwd=ROOT,  # paths in the plan relative to the checkout, not this machine's
             capture_output=True,
             text=True,
             timeout=300,
@@ -112,7 +113,7 @@ def plan(out: Path) -> None:
         patched = target / "ds_config.json"
         if patched.exists():
             # the GPU run reads it from the work directory's fixes/ folder
-            command = command.replace(str(patched), f"fixes/{name}.json")
+            command = command.replace(str(patched.relative_to(ROOT)), f"fixes/{name}.json")
         applied = bool(record.get("config_patch") or record.get("environment")) or (
             bool(record.get("arguments")) and command != case["command"]
         )
