@@ -85,6 +85,11 @@ def _cgroup_max(case: dict[str, Any]) -> int | None:
     return int(match.group(1)) if match else None
 
 
+SCENARIO_CONFIG_FLAG = re.compile(r"\btrain_lightning\.py\b")
+"""Scenario scripts that build their DeepSpeed config from flags and take a file instead as
+``--deepspeed-config`` (``DeepSpeedStrategy(config=...)`` in ``train_lightning.py``)."""
+
+
 def plan(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -114,6 +119,9 @@ def plan(out: Path) -> None:
         if patched.exists():
             # the GPU run reads it from the work directory's fixes/ folder
             command = command.replace(str(patched.relative_to(ROOT)), f"fixes/{name}.json")
+            if f"fixes/{name}.json" not in command and SCENARIO_CONFIG_FLAG.search(command):
+                # the run had no config file: the scenario script takes one as this flag
+                command += f" --deepspeed-config fixes/{name}.json"
         applied = bool(record.get("config_patch") or record.get("environment")) or (
             bool(record.get("arguments")) and command != case["command"]
         )

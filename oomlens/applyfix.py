@@ -180,7 +180,15 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
     if fix.config_patch:
         config = report.facts.config
         if config is None:
-            notes.append("the fix patches a ds_config, but the inputs hold none: pass it")
+            # DeepSpeed fills what a config leaves out with its defaults, and Lightning's
+            # DeepSpeedStrategy(config=...) adds the batch, accumulation and precision itself
+            path = _write(out_dir, "ds_config.json", json.dumps(fix.config_patch, indent=2) + "\n")
+            written.append(path)
+            notes.append(
+                f"the inputs hold no ds_config: {path} holds only the fix's keys; merge them into "
+                "the run's config (Lightning: DeepSpeedStrategy(config=PATH) takes the file as "
+                "it is)"
+            )
         else:
             patched = merge_patch(config.reading.raw, fix.config_patch)
             path = _write(out_dir, "ds_config.json", json.dumps(patched, indent=2) + "\n")

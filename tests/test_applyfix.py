@@ -206,3 +206,15 @@ def test_an_unwritable_folder_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as info:
         apply_fix(_report("fragmentation"), str(blocker / "out"))
     assert str(blocker) in info.value.message
+
+
+def test_a_config_patch_without_a_config_is_written_as_the_fixs_keys(tmp_path: Path) -> None:
+    # Lightning built the DeepSpeed config itself: none is among the inputs; the file holds
+    # only the fix's keys (DeepSpeedStrategy(config=...) adds batch, accumulation, precision)
+    report = _report("lightning_deepspeed_states")
+    assert report.facts.config is None
+    applied = apply_fix(report, str(tmp_path), _command("lightning_deepspeed_states"))
+    written = json.loads((tmp_path / "ds_config.json").read_text())
+    assert written == applied.fix.config_patch
+    assert "gradient_accumulation_steps" not in written  # Lightning refuses it in a config
+    assert any("holds only the fix's keys" in note for note in applied.notes)

@@ -228,8 +228,12 @@ def _bytes_per_param(context: RunContext) -> tuple[StateBytes, StateBytes, str]:
     family = optimizer.value if optimizer is not None and isinstance(optimizer.value, str) else None
     if family is not None and family not in ("adam", "adam_8bit", "sgd", "adafactor"):
         family = None
+    assumed_family = family or "adam"
+    zero = context.integer(ContextKey.ZERO_STAGE)
     if precision is not None and precision.value == "fp32":
         kinds = ["fp32"]
+    elif precision is not None and zero is not None and zero >= 1 and assumed_family == "adam":
+        kinds = ["zero16"]  # DeepSpeed's ZeRO optimizers keep fp32 master weights
     elif precision is not None:
         kinds = ["bf16", "amp"]  # a cast model or autocast over fp32 weights
     else:
@@ -250,10 +254,20 @@ def _bytes_per_param(context: RunContext) -> tuple[StateBytes, StateBytes, str]:
     return low, high, "; ".join(assumed)
 
 
-def _from_arithmetic(context: RunContext) -> AccountTerm | None:
+def _params(context: RunContext) -> tuple[int, bool] | None:
+    """The parameter count and whether it is exact (False: ``PARAMS_AT_LEAST``, a bound)."""
     params = context.integer(ContextKey.PARAMS)
-    if params is None:
+    if params is not None:
+        return params, True
+    at_least = context.integer(ContextKey.PARAMS_AT_LEAST)
+    return (at_least, False) if at_least is not None else None
+
+
+def _from_arithmetic(context: RunContext) -> AccountTerm | None:
+    counted = _params(context)
+    if counted is None:
         return None
+    params, exact = counted
     trainable = context.integer(ContextKey.TRAINABLE_PARAMS)
     trainable = params if trainable is None or trainable > params else trainable
     frozen = params - trainable
@@ -265,7 +279,8 @@ def _from_arithmetic(context: RunContext) -> AccountTerm | None:
 
     low, high = total(low_bytes), total(high_bytes)
     source = (
-        f"{params:,} parameters ({trainable:,} trainable) x {low_bytes.per_trainable:g}"
+        ("" if exact else "at least ")
+        + f"{params:,} parameters ({trainable:,} trainable) x {low_bytes.per_trainable:g}"
         + (f"-{high_bytes.per_trainable:g}" if high != low else "")
         + f" bytes, {layout}"
     )
@@ -281,9 +296,10 @@ def _from_arithmetic(context: RunContext) -> AccountTerm | None:
 
 
 def _weights_only(context: RunContext) -> int | None:
-    params = context.integer(ContextKey.PARAMS)
-    if params is None:
+    counted = _params(context)
+    if counted is None:
         return None
+    params = counted[0]
     precision = context.get(ContextKey.PRECISION)
     # a lower bound: 16-bit weights unless the run is known to be fp32 (an unknown precision
     # may be a cast model; bf16 may be autocast over fp32 weights, at least 2 B either way)

@@ -17,6 +17,7 @@ from oomlens.facts.config import EXPLICIT_ORIGINS, ConfigValue, Origin
 from oomlens.facts.context import Certainty, ContextKey, ContextValue, RunContext
 from oomlens.facts.run import RunFacts
 from oomlens.ingest.context_lines import model_size_params
+from oomlens.knowledge.allocation_sites import partition_elements_at_least, zero_stage_of
 
 K = ContextKey
 _STATED_ORIGINS = EXPLICIT_ORIGINS | {Origin.LOG_DUMP, Origin.AUTO_RESOLVED}
@@ -77,6 +78,7 @@ def _ordered(facts: RunFacts) -> Iterator[ContextValue]:
         )
     stated = [value for log in facts.logs for value in log.context]
     yield from stated
+    yield from _from_failing_frames(facts, stated)
     yield from _implied(stated)
     if counted_trainable and facts.params is not None:
         yield ContextValue(
@@ -155,6 +157,60 @@ def _from_oom_message(facts: RunFacts) -> Iterator[ContextValue]:
             f"OOM message ({what})",
             event.source,
         )
+
+
+def _tensor_at_least(printed: int) -> int:
+    """The least a failing tensor can have held when torch printed ``Tried to allocate
+    <printed>``: the figure has two decimals (``format_size``: bytes, KiB, MiB, GiB as the
+    size passes each) and is the block size, which ``get_allocation_size`` rounds up from the
+    tensor's (to 2 MiB above 10 MiB by default)."""
+    unit = next((u for u in (1024**3, 1024**2, 1024) if printed > u), 1)
+    low = printed if unit == 1 else printed - unit // 200
+    return max(0, low - (2 * 1024**2 if low >= 10 * 1024**2 else 0))
+
+
+def _from_failing_frames(facts: RunFacts, stated: list[ContextValue]) -> Iterator[ContextValue]:
+    """What the first GPU OOM's traceback implies (``oomlens.knowledge.allocation_sites``):
+    the ZeRO stage whose optimizer file it passes through, and a lower bound of the parameters
+    from a request at a site that allocates the rank's partition."""
+    event = facts.first_gpu_oom()
+    if event is None or event.traceback is None:
+        return
+    frames = event.traceback.frames
+    where = event.traceback.source
+    stage = next((s for f in frames if (s := zero_stage_of(f.filename)) is not None), None)
+    if stage is not None:
+        yield ContextValue(
+            K.ZERO_STAGE, stage, Certainty.DERIVED, "the failing traceback's ZeRO optimizer", where
+        )
+    request = event.message.tried_to_allocate
+    if request is None:
+        return
+    for frame in reversed(frames):
+        elements = partition_elements_at_least(
+            frame.filename, frame.function, _tensor_at_least(request)
+        )
+        if elements is None:
+            continue
+        world = facts.world_size.value if facts.world_size is not None else None
+        if world is None:
+            world = next(
+                (
+                    int(v.value)
+                    for v in stated
+                    if v.key is K.WORLD_SIZE and isinstance(v.value, int)
+                ),
+                1,
+            )
+        yield ContextValue(
+            K.PARAMS_AT_LEAST,
+            elements * world,
+            Certainty.DERIVED,
+            f"the failing request at {frame.function}: {elements:,} elements of the rank's "
+            f"partition x {world} rank(s)",
+            event.source,
+        )
+        return
 
 
 def _implied(stated: list[ContextValue]) -> Iterator[ContextValue]:

@@ -119,6 +119,13 @@ STATE_BYTES: dict[tuple[str, str], StateBytes] = {
     ("bf16", "adam"): StateBytes(
         2, 2, 4, "a model cast to 16 bits: Adam's states take the parameter's dtype"
     ),
+    ("zero16", "adam"): StateBytes(
+        2,
+        2,
+        12,
+        "DeepSpeed ZeRO with 16-bit weights: 16-bit partitions of the weights and gradients; "
+        "fp32 master weights and Adam's two fp32 moments on the optimizer's side",
+    ),
     ("fp32", "adam_8bit"): StateBytes(
         4, 4, 2, "bitsandbytes 8-bit Adam: two uint8 states per parameter (+ block scales)"
     ),

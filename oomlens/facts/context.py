@@ -35,6 +35,9 @@ class ContextKey(StrEnum):
 
     PARAMS = "params"
     """The model's parameter count."""
+    PARAMS_AT_LEAST = "params_at_least"
+    """A lower bound of the parameter count, where nothing states the count (a failing
+    request's size at an allocation site whose tensors are the rank's partition)."""
     TRAINABLE_PARAMS = "trainable_params"
     MODEL_NAME = "model_name"
     GPU_NAME = "gpu_name"

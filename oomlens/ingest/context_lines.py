@@ -103,7 +103,7 @@ DeepSpeed's config print ``gradient_accumulation_steps .. 2`` (``DeepSpeedConfig
 name, dots to column 29, the value) and the prose form ``micro batch 8``."""
 _STEMS = regex.compile(
     r"batch|seq|len|accum|beam|token|optim|bf16|fp16|precision|dtype|model|checkpoint|stage|prompt"
-    r"|\d[bm](?![a-z])",
+    r"|\d[bm](?![a-z])|MEMBER|Enabling DeepSpeed",
     regex.IGNORECASE,
 )
 """A line without one of these words (or a model size such as ``13b``) states no setting."""
@@ -117,6 +117,14 @@ _GENERATION = regex.compile(
     regex.IGNORECASE,
 )
 """``2048 tokens for 128 prompts``: a generation's length and its number of sequences."""
+_MEMBER = regex.compile(r"\bGLOBAL_RANK: \d{1,6}, MEMBER: \d{1,6}/(?P<world>\d{1,6})\b")
+"""Lightning and Fabric at process-group setup (``_init_dist_connection`` and the DeepSpeed
+strategy's ``_init_deepspeed_distributed``): ``Initializing distributed: GLOBAL_RANK: 0,
+MEMBER: 1/8``, the world size after the slash."""
+_DEEPSPEED_CAST = regex.compile(r"\bEnabling DeepSpeed (?P<precision>BF16|FP16)\. Model parameters")
+"""Lightning's DeepSpeed strategy, when the Trainer's precision sets it (``_format_precision_
+config``): ``Enabling DeepSpeed BF16. Model parameters and inputs will be cast to
+`bfloat16`.``"""
 _SIZED_MODEL = regex.compile(
     r"(?<![\w.])(?P<name>(?:[\w.-]+/)?[A-Za-z][\w.]*(?:[-_][\w.]+)*?[-_](?P<size>\d{1,4}(?:\.\d{1,2})?)"
     r"(?P<unit>[bBmM])(?:[-_][\w.]+)*)(?![\w.])"
@@ -280,6 +288,16 @@ def values_in_line(text: str, source: SourceRef) -> Iterable[ContextValue]:
         )
         yield ContextValue(
             _K.PROMPTS, int(match["prompts"]), Certainty.INFERRED, "log", source, quoted
+        )
+    member = _MEMBER.search(text)
+    if member is not None and int(member["world"]) > 0:
+        yield ContextValue(
+            _K.WORLD_SIZE, int(member["world"]), Certainty.STATED, "log", source, member.group(0)
+        )
+    cast = _DEEPSPEED_CAST.search(text)
+    if cast is not None:
+        yield ContextValue(
+            _K.PRECISION, cast["precision"].lower(), Certainty.STATED, "log", source, cast.group(0)
         )
     for match in _PAIR.finditer(text, overlapped=True):
         # prose may carry leading words ("the micro batch"): its longest known tail, taken at

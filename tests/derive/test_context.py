@@ -92,3 +92,26 @@ def test_every_value_cites_where_it_was_read() -> None:
         for value in _context(str(case_dir(case))):
             assert value.origin
             assert value.key.value in value.cite()
+
+
+def test_a_failing_request_at_a_partition_site_bounds_the_model_from_below() -> None:
+    # Lightning's DeepSpeed strategy, one GPU: ZeRO-3 failed making the fp32 copy of a sub
+    # group; the 5.00 GiB request is 4 bytes an element of the rank's partition
+    context = _context(str(case_dir("lightning_deepspeed_states")))
+    stage = context.get(K.ZERO_STAGE)
+    assert stage is not None and stage.value == 3 and stage.certainty is Certainty.DERIVED
+    bound = context.integer(K.PARAMS_AT_LEAST)
+    assert bound is not None
+    # the printed figure's rounding and the allocator's 2 MiB rounding are taken off
+    assert (5 * 2**30 - 2**30 // 200 - 2 * 2**20) // 4 == bound
+    # the model is a 1.3b GPT: the bound holds and is not far below
+    assert 1.2e9 < bound < 1.45e9
+    assert context.get(K.PARAMS) is None  # a bound is not the count
+
+
+def test_a_zero3_frame_names_the_stage_without_the_config() -> None:
+    # the same DeepSpeed run read from its logs alone, and with its config: the stage agrees
+    alone = _context(str(case_dir("memory_leak") / "train.log"))
+    with_config = _context(str(case_dir("memory_leak")))
+    assert alone.integer(K.ZERO_STAGE) == with_config.integer(K.ZERO_STAGE) == 3
+    assert with_config.get(K.ZERO_STAGE).certainty is Certainty.STATED  # type: ignore[union-attr]

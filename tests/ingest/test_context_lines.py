@@ -306,3 +306,18 @@ def test_binary_or_other_files_are_read_without_error(binary: str) -> None:
 def test_an_unreadable_path_gives_nothing(tmp_path: Path) -> None:
     assert read_context(tmp_path / "absent.log") == ()
     assert read_context(tmp_path) == ()
+
+
+def test_lightning_states_the_world_size_and_the_deepspeed_cast() -> None:
+    # our Lightning DeepSpeed run (lightning 2.6) and a user's DDP paste (an older Lightning's
+    # wording): the world size after MEMBER's slash; the cast the strategy announces
+    ours = CORPUS_DIR / "lightning_deepspeed_states" / "train.log"
+    theirs = FIELD / "lightning-4705" / "paste.txt"
+    found = {v.key: v for v in values_in_line(_line(ours, 5), SourceRef(str(ours), 5))}
+    assert found[K.WORLD_SIZE].value == 1 and found[K.WORLD_SIZE].certainty is Certainty.STATED
+    cast = list(values_in_line(_line(ours, 6), SourceRef(str(ours), 6)))
+    assert [(v.key, v.value) for v in cast] == [(K.PRECISION, "bf16")]
+    other = {v.key: v for v in values_in_line(_line(theirs, 5), SourceRef(str(theirs), 5))}
+    assert other[K.WORLD_SIZE].value == 2
+    # the rank is not the world size
+    assert not list(values_in_line("GLOBAL_RANK: 3, MEMBER: 4/", SourceRef("x", 1)))

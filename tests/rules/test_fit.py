@@ -21,6 +21,7 @@ from oomlens.rules.common.fit import (
     prompts_fix,
     scale_fit,
     states_exceed,
+    states_fixes,
 )
 from oomlens.rules.thresholds import Thresholds
 from oomlens.session import analyze
@@ -204,3 +205,40 @@ def test_a_batch_the_trainer_fills_in_is_set_by_its_arguments(tmp_path: Path) ->
         "gradient_accumulation_steps",
     }
     assert not computed.arguments
+
+
+def test_states_known_only_from_below_get_the_offload_and_the_gpus_with_their_bounds() -> None:
+    # Lightning's ZeRO-3 on one GPU failed making the fp32 master copy: the parameters are
+    # known only as at least the sub group's elements; 16 bytes each exceed the 12 GiB cap
+    facts = _facts("lightning_deepspeed_states")
+    account, context = facts.account, facts.context
+    assert account is not None and states_exceed(account)
+    fixes = states_fixes(account, context)
+    offload, shard = fixes[0], fixes[1]
+    bound = context.integer(ContextKey.PARAMS_AT_LEAST)
+    assert bound is not None
+    assert offload.config_patch == {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "zero_force_ds_cpu_optimizer": False,  # the client's torch optimizer: refused otherwise
+    }
+    # a bound gives no predicted peak, but the largest model the offload fits
+    assert offload.predicted_peak_bytes is None
+    room = int(account.limit * (1 - MARGIN)) - 0  # a per-process cap: nothing outside counts
+    assert f"at most {int(room / 4):,} parameters" in offload.summary
+    assert f"at least {bound:,}" in offload.summary
+    # the failed request is one of the states here, not a pass's tensors beside them
+    assert "beside this pass's own 0 B" in shard.summary
+    assert "over at least 2 GPUs" in shard.summary
+
+
+def test_with_the_count_known_the_offload_predicts_what_stays_on_the_gpu() -> None:
+    facts = _facts("lightning_deepspeed_states")
+    assert facts.account is not None
+    bound = facts.context.integer(ContextKey.PARAMS_AT_LEAST)
+    assert bound is not None
+    values = dict(facts.context.values)
+    values[ContextKey.PARAMS] = replace(values[ContextKey.PARAMS_AT_LEAST], key=ContextKey.PARAMS)
+    known = replace(facts.context, values=values)
+    offload = states_fixes(facts.account, known)[0]
+    assert offload.predicted_peak_bytes == 4 * bound  # 16-bit weights and gradients, one rank
+    assert "at least" not in offload.summary

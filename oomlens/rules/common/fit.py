@@ -244,31 +244,49 @@ def divide_batch_fix(account: MemoryAccount, context: RunContext) -> Fix | None:
 def states_fixes(account: MemoryAccount, context: RunContext) -> list[Fix]:
     """For model states that leave no room (``states_exceed``), the settings that bring them
     under the limit, each with its numbers: the GPU count a full sharding (ZeRO-3 / FSDP)
-    needs, and what an optimizer with smaller states leaves (8-bit Adam)."""
+    needs; under DeepSpeed ZeRO (its stage known, no config among the inputs), the optimizer's
+    offload and what it leaves on the GPU; what an optimizer with smaller states leaves (8-bit
+    Adam).  Where the parameter count is only a lower bound, so are the figures ("at least")."""
     peak = account.states_at_peak
     if peak is None or account.limit is None:
         return []
     states = peak.high if peak.high is not None else peak.bytes
-    others = sum(account.bytes_of(t) for t in PHASE_TERMS) + account.bytes_of(Term.REQUEST)
+    phase_terms = [account.term(t) for t in PHASE_TERMS if account.term(t) is not None]
+    # the request belongs to the pass's own tensors when the failure is in a pass; while the
+    # model is built or the optimizer steps, it is one of the states
+    others = sum(t.bytes for t in phase_terms if t is not None) + (
+        account.bytes_of(Term.REQUEST) if phase_terms else 0
+    )
     room = int(account.limit * (1 - MARGIN)) - _outside_allocator(account) - others
+    params = context.integer(ContextKey.PARAMS)
+    bound = context.integer(ContextKey.PARAMS_AT_LEAST) if params is None else None
+    least = "at least " if bound is not None else ""
     fixes: list[Fix] = []
     world = context.integer(ContextKey.WORLD_SIZE) or 1
     stage = context.integer(ContextKey.ZERO_STAGE)
-    if room > 0 and (stage is None or stage < 3):
+    if room > 0:
         total = states * (world if stage else 1)  # the states of the whole model
         gpus = math.ceil(total / room)
-        if 1 < gpus <= 4096:
+        if max(1, world if stage == 3 else 1) < gpus <= 4096:
             fixes.append(
                 Fix(
-                    f"Shard parameters, gradients and optimizer states over at least {gpus} GPUs "
-                    f"(ZeRO-3 or FSDP full sharding): {size(total)} of model states / {gpus} "
-                    f"= {size(total // gpus)} per GPU, under the {size(room)} the limit leaves "
-                    f"beside this pass's own {size(others)} (with a {MARGIN:.0%} margin).",
-                    config_patch={"zero_optimization": {"stage": 3}} if stage is not None else None,
+                    f"Shard parameters, gradients and optimizer states over {least}{gpus} GPUs "
+                    f"(ZeRO-3 or FSDP full sharding): {least}{size(total)} of model states / "
+                    f"{gpus} = {size(total // gpus)} per GPU, under the {size(room)} the limit "
+                    f"leaves beside this pass's own {size(others)} (with a {MARGIN:.0%} margin).",
+                    config_patch=(
+                        {"zero_optimization": {"stage": 3}}
+                        if stage is not None and stage < 3
+                        else None
+                    ),
                     cost="communication per step; the GPUs",
                 )
             )
-    params = context.integer(ContextKey.PARAMS)
+    count = params if params is not None else bound
+    if count is not None and stage is not None and stage >= 1:
+        offload = _zero_offload_fix(count, world, stage, room, least)
+        if offload is not None:
+            fixes.insert(0, offload)
     if params is not None:
         eight_bit = round(params * 2 * (world if not stage else 1) / (world if stage else 1))
         saving = max(0, min(states, params * 8) - eight_bit)
@@ -283,3 +301,37 @@ def states_fixes(account: MemoryAccount, context: RunContext) -> list[Fix]:
                 )
             )
     return fixes
+
+
+def _zero_offload_fix(params: int, world: int, stage: int, room: int, least: str) -> Fix | None:
+    """ZeRO's optimizer offload, when what it leaves on the GPU fits ``room``: the 16-bit
+    weights (partitioned by stage 3) and gradients (partitioned by stages 2 and 3); the fp32
+    master weights, moments and gradient partitions move to host memory.  The patch is complete
+    for a run whose client code passes a torch optimizer (Lightning's ``configure_optimizers``,
+    accelerate): DeepSpeed refuses a client optimizer under offload unless
+    ``zero_force_ds_cpu_optimizer`` is false."""
+    per_param = 2 / (world if stage == 3 else 1) + 2 / (world if stage >= 2 else 1)
+    on_gpu = round(params * per_param)
+    if on_gpu > room:
+        return None
+    bound = (
+        f" (it fits while the model has at most {int(room / per_param):,} parameters; the "
+        f"failing request shows at least {params:,})"
+        if least
+        else ""
+    )
+    return Fix(
+        f"Offload the optimizer to the CPU (ZeRO-{stage}): the GPU keeps the 16-bit weights and "
+        f"gradients, {least}{size(on_gpu)} per GPU, under the {size(room)} the limit leaves"
+        f"{bound}; the fp32 master weights and Adam's moments, 12 bytes per parameter, move to "
+        "host memory. `zero_force_ds_cpu_optimizer: false` lets DeepSpeed run the client's own "
+        "optimizer on the CPU copies (it refuses otherwise). Merge into the run's DeepSpeed "
+        "config; with Lightning, pass the file as DeepSpeedStrategy(config=...).",
+        config_patch={
+            "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}},
+            "zero_force_ds_cpu_optimizer": False,
+        },
+        predicted_peak_bytes=on_gpu if not least else None,
+        cost=f"the optimizer step on the CPU: slower steps; {least}{size(12 * params)} of host "
+        "memory (pinned)",
+    )
