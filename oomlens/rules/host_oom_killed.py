@@ -4,6 +4,7 @@ launcher's "exit code -9" or "Signal 9 (SIGKILL)", and the kernel's own log line
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -18,7 +19,7 @@ from oomlens.rules.common.evidence import (
     oom_evidence,
     size,
 )
-from oomlens.rules.common.host import host_kill_seen
+from oomlens.rules.common.host import host_kill_seen, host_overflow_evidence
 from oomlens.rules.thresholds import Thresholds
 
 SPEC = RuleSpec(
@@ -121,6 +122,12 @@ class HostOomRule(Rule):
                 )
             )
             confidence = max(confidence, 0.5)
+        overflow = host_overflow_evidence(facts)
+        if confidence and overflow is not None:
+            # a silent death is the OOM killer's when the config alone needs more host
+            # memory than the node has
+            evidence.append(overflow[0])
+            confidence = min(0.95, max(confidence, 0.6) + 0.1)
         if not confidence:
             return
         missing = () if host_kill_seen(facts) else (CAPTURE_KERNEL,)
@@ -135,11 +142,7 @@ class HostOomRule(Rule):
             ),
             evidence=tuple(evidence),
             fixes=(
-                Fix(
-                    "Give the job more host memory, or run fewer ranks per node.",
-                    command="sbatch --mem=<more> (or --mem-per-gpu) / --ntasks-per-node=<fewer>",
-                    cost="hardware or throughput",
-                ),
+                _more_memory(overflow[1] if overflow is not None else None),
                 Fix(
                     "Cut what each rank holds on the CPU: build large models under "
                     "deepspeed.zero.Init (or from_pretrained with low_cpu_mem_usage), use fewer "
@@ -149,6 +152,26 @@ class HostOomRule(Rule):
             ),
             missing=missing,
         )
+
+
+def _more_memory(needed: int | None) -> Fix:
+    """More host memory: with the ZeRO memory model's figure and a 10% margin when there is
+    one (Slurm's ``--mem`` takes whole gibibytes with ``G``)."""
+    if needed is None:
+        return Fix(
+            "Give the job more host memory, or run fewer ranks per node.",
+            command="sbatch --mem=<more> (or --mem-per-gpu) / --ntasks-per-node=<fewer>",
+            cost="hardware or throughput",
+        )
+    gib = math.ceil(needed * 1.1 / 1024**3)
+    return Fix(
+        f"Give the job at least {gib} GiB of host memory per node: the ZeRO memory model's "
+        f"{size(needed)} with a 10% margin (data loaders and other host buffers come on top), "
+        "or run fewer ranks per node.",
+        command=f"sbatch --mem={gib}G (per node)",
+        arguments={"--mem": f"{gib}G"},
+        cost="hardware or throughput",
+    )
 
 
 RULE = HostOomRule()

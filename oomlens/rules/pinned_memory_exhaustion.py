@@ -13,7 +13,11 @@ from oomlens.facts.signals import PinnedFailure
 from oomlens.rules.base import Rule, RuleSpec
 from oomlens.rules.common.advice import CAPTURE_KERNEL
 from oomlens.rules.common.evidence import config_evidence, oom_evidence, quote, size
-from oomlens.rules.common.host import host_kill_evidence, host_kill_seen
+from oomlens.rules.common.host import (
+    host_kill_evidence,
+    host_kill_seen,
+    host_overflow_evidence,
+)
 from oomlens.rules.common.model_states import effective_config
 from oomlens.rules.thresholds import Thresholds
 
@@ -78,6 +82,11 @@ class PinnedMemoryRule(Rule):
         confidence += 0.1
         if shmem is not None and shmem >= GIB:
             confidence += 0.05
+        overflow = host_overflow_evidence(facts)
+        if overflow is not None:
+            evidence.append(overflow[0])
+            # an account, not an observation: it firms up a kill, it does not make it certain
+            confidence = max(confidence, min(0.95, confidence + 0.1))
         ranks = facts.world_size.value if facts.world_size else None
         patch: dict[str, object] = {}
         for value in pinned:
