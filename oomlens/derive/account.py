@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from oomlens.facts.account import (
+    QUANTIZED_WEIGHT_BYTES,
     STATE_BYTES,
     AccountTerm,
     MemoryAccount,
@@ -117,6 +118,7 @@ def derive_account(facts: RunFacts, context: RunContext) -> MemoryAccount | None
         terms=tuple(terms),
         states_at_peak=at_peak,
         micro_batch=context.integer(ContextKey.MICRO_BATCH),
+        states_at_least=_states_at_least(facts, context, event, at_peak),
     )
 
 
@@ -306,3 +308,42 @@ def _weights_only(context: RunContext) -> int | None:
     size = 4 if precision is not None and precision.value == "fp32" else 2
     share, _ = _layout(context)
     return round(params * size * share)
+
+
+_TRAINING_PHASES = (Phase.BACKWARD, Phase.OPTIMIZER_STEP)
+
+
+def _states_at_least(
+    facts: RunFacts, context: RunContext, event: OomEvent, at_peak: AccountTerm | None
+) -> int | None:
+    """``MemoryAccount.states_at_least``: what the states need whatever was assumed.  Weights
+    that may be frozen are counted at ``QUANTIZED_WEIGHT_BYTES`` (a 4-bit base model under
+    QLoRA states bf16 too); a parameter known to train has its precision's weight, its
+    gradient when the run is known to train, and the optimizer's states when it is known."""
+    if at_peak is not None and at_peak.basis in (TermBasis.MODEL, TermBasis.MEASURED):
+        return at_peak.bytes
+    counted = _params(context)
+    offloaded = any(
+        (value := context.get(key)) is not None and value.value is True
+        for key in (ContextKey.OFFLOAD_OPTIMIZER, ContextKey.OFFLOAD_PARAM)
+    )
+    if counted is None or offloaded:
+        # the arithmetic knows nothing of what an offload keeps on the host
+        return None
+    params = counted[0]
+    trainable = context.integer(ContextKey.TRAINABLE_PARAMS)
+    if trainable is None or trainable > params:
+        return round(params * QUANTIZED_WEIGHT_BYTES * _layout(context)[0])
+    optimizer_known = context.get(ContextKey.OPTIMIZER) is not None
+    training = (
+        event.phase in _TRAINING_PHASES
+        or (facts.last_step is not None and facts.last_step >= 1)
+        or optimizer_known
+    )
+    low, _, _ = _bytes_per_param(context)
+    per_trainable = (
+        low.weights + (low.gradients if training else 0) + (low.optimizer if optimizer_known else 0)
+    )
+    frozen = params - trainable
+    share, _ = _layout(context)
+    return round((trainable * per_trainable + frozen * QUANTIZED_WEIGHT_BYTES) * share)

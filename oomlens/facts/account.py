@@ -85,6 +85,11 @@ class MemoryAccount:
     states_at_peak: AccountTerm | None = None
     micro_batch: int | None = None
     """The micro batch the failing pass ran with, when the context knows it."""
+    states_at_least: int | None = None
+    """The fewest bytes the model states take once all exist, with nothing assumed: the
+    config's memory model, or the parameters at the smallest precision the context allows,
+    with gradients only when the run is known to train and optimizer states only when the
+    optimizer is known.  None when the parameters are not known."""
 
     def term(self, term: Term) -> AccountTerm | None:
         return next((t for t in self.terms if t.term is term), None)
@@ -108,6 +113,10 @@ class StateBytes:
     def per_trainable(self) -> float:
         return self.weights + self.gradients + self.optimizer
 
+
+QUANTIZED_WEIGHT_BYTES = 0.5
+"""The fewest bytes a weight can take: 4-bit quantization (bitsandbytes NF4/FP4, GPTQ and AWQ
+int4 kernels), which a base model under QLoRA uses while the run states bf16."""
 
 STATE_BYTES: dict[tuple[str, str], StateBytes] = {
     ("fp32", "adam"): StateBytes(

@@ -42,6 +42,7 @@ from oomlens.rules.common.model_states import (
     live_bytes,
     snapshot_oom_evidence,
     snapshot_ooms,
+    states_account_evidence,
 )
 from oomlens.rules.common.timeline import failed_before_training, phase
 from oomlens.rules.thresholds import Thresholds
@@ -250,6 +251,10 @@ class ActivationMemoryRule(Rule):
             )
         if others_dominate(n, thresholds):
             confidence -= 0.3
+        against = states_account_evidence(facts, supports=False)
+        if against is not None:
+            confidence -= 0.3
+            evidence.append(against)
         figures = oom_figures(n)
         saving: int | None = None
         located = facts.snapshot_for(event)

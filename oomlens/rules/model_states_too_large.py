@@ -40,6 +40,7 @@ from oomlens.rules.common.model_states import (
     model_patch_fixes,
     snapshot_oom_evidence,
     snapshot_ooms,
+    states_account_evidence,
 )
 from oomlens.rules.common.timeline import (
     CUT_PLACE_CONFIDENCE,
@@ -178,6 +179,11 @@ class ModelStatesRule(Rule):
         ):
             confidence = 0.5
             evidence.append(overflow[0])
+        accounted = states_account_evidence(facts, supports=True)
+        if accounted is not None:
+            # arithmetic with nothing assumed: the states cannot fit, whatever the pass
+            confidence = confidence + 0.1 if confidence else 0.5
+            evidence.append(accounted)
         if not confidence:
             return
         if oversized(n):

@@ -132,6 +132,14 @@ def states_exceed(account: MemoryAccount) -> bool:
     return _states_at_peak(account) + _outside_allocator(account) > account.limit * (1 - MARGIN)
 
 
+def states_certainly_exceed(account: MemoryAccount) -> bool:
+    """The model states, counted with nothing assumed (``states_at_least``), exceed the
+    limit on their own: no batch, no allocator setting can make the run fit."""
+    if account.limit is None or account.states_at_least is None:
+        return False
+    return account.states_at_least + _outside_allocator(account) > account.limit
+
+
 def _flag_of(text: str) -> str | None:
     """The command-line flag a context value was read from (``--micro-batch 8`` ->
     ``--micro-batch``), when it was one."""

@@ -17,6 +17,7 @@ from oomlens.facts.oom_balance import LARGEST_DEVICE_BYTES, ROUNDING_BYTES
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import DeviceAnalysis, MemoryCategory, SnapshotAnalysis
 from oomlens.rules.common.evidence import size, snapshot_evidence
+from oomlens.rules.common.fit import states_certainly_exceed
 
 MODEL_STATE_CATEGORIES = frozenset(
     {MemoryCategory.PARAMETERS, MemoryCategory.GRADIENTS, MemoryCategory.OPTIMIZER_STATE}
@@ -158,3 +159,24 @@ def model_patch_fixes(facts: RunFacts, limit: int = 2) -> list[Fix]:
             )
         )
     return fixes
+
+
+def states_account_evidence(facts: RunFacts, *, supports: bool) -> Evidence | None:
+    """The account's proof that the model states alone exceed the limit (None when it has
+    none): the fewest bytes they take with nothing assumed, against the limit."""
+    account = facts.account
+    if account is None or account.limit is None or not states_certainly_exceed(account):
+        return None
+    states = account.states_at_least or 0
+    peak = account.states_at_peak
+    return Evidence(
+        EvidenceKind.DERIVED,
+        f"the model states need at least {size(states)} once they all exist "
+        f"({peak.source if peak is not None else 'the account'}), over the {size(account.limit)} "
+        f"limit ({account.limit_source})",
+        None,
+        "no batch fits: the states alone exceed the limit"
+        if supports
+        else "the model states alone exceed the limit: a smaller batch cannot fit",
+        supports=supports,
+    )
