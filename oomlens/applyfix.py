@@ -210,6 +210,14 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
         )
         written.append(path)
     new_command = None
+    if command is not None and fix.arguments:
+        pinned = accelerate_config_of(command)
+        if pinned is not None:
+            written_to, pin_notes = _patch_accelerate_config(pinned, fix.arguments, out_dir)
+            notes += pin_notes
+            if written_to is not None:
+                written.append(written_to)
+                replacements[pinned] = written_to
     if command is not None:
         new_command, missing = rewrite_command(command, fix.arguments, replacements)
         notes += missing
@@ -238,6 +246,80 @@ def apply_fix(report: Report, out_dir: str, command: str | None = None) -> Appli
     }
     written.append(_write(out_dir, "fix.json", json.dumps(record, indent=2, default=str) + "\n"))
     return AppliedFix(diagnosis, fix, tuple(written), new_command, tuple(notes))
+
+
+def accelerate_config_of(command: str) -> str | None:
+    """The config file an ``accelerate launch`` command names (``--config_file PATH`` or
+    ``--config_file=PATH``), or None."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return None
+    launch = next(
+        (
+            i
+            for i, token in enumerate(tokens)
+            if token == "accelerate.commands.launch"
+            or (token.endswith("accelerate") and tokens[i + 1 : i + 2] == ["launch"])
+        ),
+        None,
+    )
+    if launch is None:
+        return None
+    for i, token in enumerate(tokens[launch:], launch):
+        if token in ("--config_file", "--config-file") and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if token.startswith(("--config_file=", "--config-file=")):
+            return token.split("=", 1)[1]
+    return None
+
+
+_YAML_SCALAR = re.compile(
+    r"^(?P<head>[ \t]*(?P<key>[A-Za-z_][\w-]*):[ \t]*)"
+    r"(?P<value>[^\s#'\"{\[][^#]*?)[ \t]*$"
+)
+"""A ``key: value`` line of the block YAML ``accelerate config`` writes (``yaml.safe_dump``):
+its DeepSpeed plugin keys sit two spaces in, under ``deepspeed_config:``."""
+
+
+def _patch_accelerate_config(
+    path: str, arguments: Mapping[str, str], out_dir: str
+) -> tuple[str | None, list[str]]:
+    """Set in a copy of the accelerate config at ``path`` every key that names the same
+    setting as an argument of the fix: accelerate passes them to DeepSpeed, and transformers
+    refuses a run whose TrainingArguments contradict them (``gradient_accumulation_steps: 1``
+    pinned there while the script asks for 4).  The copy's path (None when nothing changed)
+    and notes."""
+    try:
+        with open(path, encoding="utf-8", newline="") as text:  # its line endings kept
+            lines = text.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [
+            f"the accelerate config {path} could not be read ({exc}): set the fix's values "
+            "there too (a value it pins must match the script's)"
+        ]
+    changed: list[str] = []
+    for i, line in enumerate(lines):
+        match = _YAML_SCALAR.match(line.rstrip("\r\n"))
+        if match is None:
+            continue
+        flag = next((f for f in arguments if _same_setting(f, match["key"])), None)
+        if flag is None:
+            continue
+        updated = _relative(arguments[flag], match["value"])
+        if updated is None or updated == match["value"]:
+            continue
+        ending = line[len(line.rstrip("\r\n")) :]
+        lines[i] = match["head"] + updated + ending
+        changed.append(f"{match['key']}: {match['value']} -> {updated}")
+    if not changed:
+        return None, []
+    written = _write(out_dir, "accelerate_config.yaml", "".join(lines))
+    return written, [
+        f"the accelerate config {path} pins what the fix changes: {written} sets "
+        + "; ".join(changed)
+        + " (the script's own arguments must say the same: transformers refuses a mismatch)"
+    ]
 
 
 def _write(out_dir: str, name: str, text: str) -> str:

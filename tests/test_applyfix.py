@@ -218,3 +218,47 @@ def test_a_config_patch_without_a_config_is_written_as_the_fixs_keys(tmp_path: P
     assert written == applied.fix.config_patch
     assert "gradient_accumulation_steps" not in written  # Lightning refuses it in a config
     assert any("holds only the fix's keys" in note for note in applied.notes)
+
+
+ACCELERATE = Path(__file__).parent / "assets" / "accelerate" / "cogview4_ds2.yaml"
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_an_accelerate_config_that_pins_the_accumulation_is_patched_too(
+    tmp_path: Path, crlf: bool
+) -> None:
+    # diffusers' published accelerate config pins gradient_accumulation_steps: 1 for the
+    # DeepSpeed plugin; a fix that multiplies the accumulation must change it there as well,
+    # or transformers refuses the run for the mismatch
+    config = tmp_path / "accelerate_ds2.yaml"
+    text = ACCELERATE.read_text()
+    config.write_bytes((text.replace("\n", "\r\n") if crlf else text).encode())
+    report = _report("activation_memory")
+    _, fix = top_fix(report)
+    assert "--gradient_accumulation_steps" in fix.arguments
+    wanted = fix.arguments["--gradient_accumulation_steps"]
+    command = (
+        f"accelerate launch --config_file={config} train.py --micro-batch 8 "
+        "--gradient_accumulation_steps 1"
+    )
+    applied = apply_fix(report, str(tmp_path / "out"), command)
+    written = tmp_path / "out" / "accelerate_config.yaml"
+    patched = written.read_bytes().decode()
+    assert f"  gradient_accumulation_steps: {wanted}" in patched
+    assert ("\r\n" in patched) is crlf
+    # every other line as it was
+    before = [line for line in text.splitlines() if "gradient_accumulation_steps" not in line]
+    after = [line for line in patched.splitlines() if "gradient_accumulation_steps" not in line]
+    assert before == after
+    assert applied.command is not None
+    assert f"--config_file={written}" in applied.command
+    assert f"--gradient_accumulation_steps {wanted}" in applied.command
+    assert any("pins what the fix changes" in note for note in applied.notes)
+
+
+def test_a_plain_command_names_no_accelerate_config() -> None:
+    from oomlens.applyfix import accelerate_config_of
+
+    assert accelerate_config_of("torchrun --nproc_per_node 2 train.py --config_file x") is None
+    launched = "python -m accelerate.commands.launch --config_file c.yaml t.py"
+    assert accelerate_config_of(launched) == "c.yaml"
