@@ -56,6 +56,7 @@ _PHASE_TERMS = {
     Phase.EVALUATION: Term.EVAL_OUTPUTS,
     Phase.GENERATION: Term.KV_CACHE,
 }
+_PASS_WITHOUT_STEP = (Phase.EVALUATION, Phase.GENERATION)
 _MODEL_STATE_CODES = MODEL_STATE_COMPONENTS | {"persistent_params"}
 """Model states, and the small parameters ZeRO-3 keeps whole on every rank."""
 
@@ -181,10 +182,19 @@ def _model_states(
         high=high if low != high else None,
         note=computed.note,
     )
+    if event.phase in _PASS_WITHOUT_STEP:
+        # evaluation and generation make no gradients and take no optimizer step: the states
+        # the pass meets are those held when it failed (a training run's among them)
+        return at_failure, at_failure
     return at_failure, computed
 
 
 def _before_first_step(facts: RunFacts, event: OomEvent) -> bool:
+    """Only the weights are sure to exist: a training pass before the first optimizer step,
+    or an evaluation or generation with no training step logged (an inference run has no
+    gradients or optimizer states at all)."""
+    if event.phase in _PASS_WITHOUT_STEP:
+        return facts.last_step in (None, 0)
     return facts.last_step in (None, 0, 1) and event.phase in (
         Phase.FORWARD,
         Phase.BACKWARD,

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from pathlib import Path
 
-from oomlens.facts.account import QUANTIZED_WEIGHT_BYTES
+from oomlens.facts.account import QUANTIZED_WEIGHT_BYTES, Term
 from oomlens.facts.context import ContextKey
 from oomlens.facts.run import RunFacts
 from oomlens.rules.activation_memory import ActivationMemoryRule
-from oomlens.rules.common.fit import states_certainly_exceed
+from oomlens.rules.common.fit import prompts_fix, states_certainly_exceed, states_exceed
 from oomlens.rules.model_states_too_large import ModelStatesRule
 from oomlens.rules.thresholds import Thresholds
-from oomlens.session import analyze
+from oomlens.session import AnalysisOptions, analyze
 from tests._corpus import CORPUS_DIR, case_dir
 
 GiB = 2**30
@@ -66,3 +67,39 @@ def test_weights_that_may_be_quantized_count_at_four_bits() -> None:
     assert account.states_at_least == round(6_000_000_000 * QUANTIZED_WEIGHT_BYTES)
     assert 6_000_000_000 * 2 > account.limit * 0.7  # 16-bit weights would nearly fill it
     assert not states_certainly_exceed(account)
+
+
+def test_a_generation_pass_meets_only_the_states_it_held() -> None:
+    # the generation run's logs with the model's size given (--params: its snapshot measures
+    # 450.9 MB of bf16 parameters, 225e6), no snapshot: inside generate() no gradient or
+    # optimizer state appears, so the pass meets what was held when it failed, never more
+    case = case_dir("generation_oom")
+    logs = [case / "train.log", case / "torchrun_logs"]
+    facts = analyze(logs, options=AnalysisOptions(params=225_000_000)).facts
+    account = facts.account
+    assert account is not None and account.phase == "generation"
+    peak = account.states_at_peak
+    assert peak is not None and peak == account.term(Term.MODEL_STATES)
+    assert account.needed is not None and (peak.high or peak.bytes) <= account.needed
+    assert not states_exceed(account)
+    assert account.bytes_of(Term.KV_CACHE) > 0
+    fix = prompts_fix(account, facts.context)
+    assert fix is not None and int(next(iter(fix.arguments.values()))) < 128
+
+
+def test_an_inference_run_is_sure_of_its_weights_only(tmp_path: Path) -> None:
+    # the same run's lines without its training steps' lines (made from the real log): an
+    # inference run, whose generation's states are bounded below by the weights alone
+    case = case_dir("generation_oom")
+    trained = (case / "train.log").read_text().splitlines(keepends=True)
+    inference = tmp_path / "train.log"
+    inference.write_text("".join(line for line in trained if " loss " not in line))
+    options = AnalysisOptions(params=225_000_000)
+    before = analyze([case / "train.log"], options=options).facts
+    after = analyze([inference], options=options).facts
+    assert before.last_step == 3 and after.last_step is None
+    assert before.account is not None and after.account is not None
+    low_before = before.account.states_at_peak.low  # type: ignore[union-attr]
+    low_after = after.account.states_at_peak.low  # type: ignore[union-attr]
+    assert low_after == 2 * 225_000_000  # 16-bit weights, the least a weight takes unquantized
+    assert low_before is not None and low_before > low_after
