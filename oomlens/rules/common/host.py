@@ -5,7 +5,8 @@ from __future__ import annotations
 from oomlens.diagnosis import Evidence, EvidenceKind
 from oomlens.facts.capture import RankCapture
 from oomlens.facts.run import RunFacts
-from oomlens.rules.common.evidence import captured_kill_evidence, kernel_kill_evidence, size
+from oomlens.rules.common.evidence import captured_kill_evidence, kernel_kill_evidence
+from oomlens.rules.common.model_states import model_overflow
 
 
 def host_kill_evidence(facts: RunFacts) -> tuple[list[Evidence], float, int | None]:
@@ -66,22 +67,5 @@ def host_overflow_evidence(facts: RunFacts) -> tuple[Evidence, int] | None:
     when the model or the host's size is unknown, or the account fits (the model counts
     DeepSpeed's buffers only: data loaders and copies of the dataset come on top, so a fit
     rules nothing out)."""
-    model = facts.memory_model
-    verdict = model.verdict("host") if model is not None else None
-    if verdict is None or verdict.overflow_bytes <= 0:
-        return None
-    blamed = verdict.overflow_component
-    text = (
-        f"ZeRO memory model: {size(verdict.required_bytes)} of host memory needed per node at "
-        f"its peak ({verdict.peak_phase}) vs {size(verdict.capacity_bytes)} "
-        f"({verdict.capacity_source}); first over at {verdict.overflow_phase}"
-        + (f", while allocating {blamed.name} ({size(blamed.bytes)})" if blamed else "")
-    )
-    note = (
-        f"for {facts.params.total:,} parameters ({facts.params.origin}) on "
-        f"{facts.world_size.value if facts.world_size else '?'} GPUs"
-        if facts.params is not None
-        else ""
-    )
-    source = facts.params.source if facts.params is not None else None
-    return Evidence(EvidenceKind.DERIVED, text, source, note), verdict.required_bytes
+    found = model_overflow(facts, "host")
+    return (found[0], found[1].required_bytes) if found is not None else None

@@ -115,19 +115,21 @@ def snapshot_oom_evidence(s: SnapshotOom, note: str = "") -> Evidence:
     )
 
 
-def model_overflow(facts: RunFacts) -> tuple[Evidence, CapacityVerdict] | None:
-    """The memory model's GPU verdict when it says the config cannot fit the card."""
+def model_overflow(facts: RunFacts, kind: str = "gpu") -> tuple[Evidence, CapacityVerdict] | None:
+    """The memory model's verdict for ``kind`` (``gpu``: one card; ``host``: one node's
+    memory) when it says the config cannot fit it."""
     model = facts.memory_model
     if model is None:
         return None
-    verdict = model.verdict("gpu")
+    verdict = model.verdict(kind)
     if verdict is None or verdict.overflow_bytes <= 0:
         return None
     blamed = verdict.overflow_component
     text = (
-        f"ZeRO memory model: {size(verdict.required_bytes)} needed per GPU at its peak "
-        f"({verdict.peak_phase}) vs {size(verdict.capacity_bytes)} ({verdict.capacity_source}); "
-        f"first overflow at {verdict.overflow_phase}"
+        f"ZeRO memory model: {size(verdict.required_bytes)} "
+        + ("needed per GPU" if kind == "gpu" else "of host memory needed per node")
+        + f" at its peak ({verdict.peak_phase}) vs {size(verdict.capacity_bytes)} "
+        f"({verdict.capacity_source}); first overflow at {verdict.overflow_phase}"
         + (f", largest allocation there: {blamed.name} {size(blamed.bytes)}" if blamed else "")
     )
     source = facts.params.source if facts.params is not None else None
