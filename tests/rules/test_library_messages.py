@@ -1,0 +1,67 @@
+"""What a paste's library message and its frames say, read as the library means them: another
+engine's CUDA check reporting "out of memory" is an out-of-memory error, the constructor it
+leaves is the model being built, and a traceback whose head the paste cut says nothing about
+what ran before it.  Real text: field pastes of the development split, public threads (cited),
+the crash corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomlens.report import Report
+from oomlens.session import analyze
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELD = ROOT / "fixtures" / "field_logs"
+CRASH = ROOT / "fixtures" / "crash_logs"
+
+
+def _ids(report: Report) -> list[str]:
+    return [d.id for d in report.diagnoses]
+
+
+def test_an_engine_running_out_while_its_model_is_built_is_the_model_not_fitting() -> None:
+    # faster-whisper's WhisperModel.__init__ (CTranslate2: "CUDA failed with error out of
+    # memory"), then a second, unrelated exception while the frozen app exits
+    report = analyze([FIELD / "buzz-439" / "paste.txt"])
+    assert report.verdict.value == "gpu_oom"
+    top = report.top
+    assert top is not None and top.id == "model_states_too_large"
+    assert top.confidence < 0.6  # one message and one frame: named, not certain
+    assert "not_oom" not in _ids(report)
+    assert any("__init__" in e.text for e in top.evidence)
+
+
+def test_the_same_engine_failing_while_generating_is_an_oom_of_unknown_cause(
+    tmp_path: Path,
+) -> None:
+    # github.com/SYSTRAN/faster-whisper/issues/442, the traceback as posted (generating)
+    log = tmp_path / "fw.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/home/coder/.local/bin/whisper-ctranslate2", line 8, in <module>\n'
+        "    sys.exit(main())\n"
+        '  File "/home/coder/.local/lib/python3.8/site-packages/faster_whisper/transcribe.py", '
+        "line 584, in generate_with_fallback\n"
+        "    result = self.model.generate(\n"
+        "RuntimeError: CUDA failed with error out of memory\n"
+    )
+    report = analyze([log])
+    assert report.verdict.value == "gpu_oom"
+    assert "not_oom" not in _ids(report)
+    # no constructor, no step: the model is not named
+    assert report.top is not None and report.top.id != "model_states_too_large"
+
+
+def test_a_paste_cut_inside_its_traceback_does_not_say_the_job_had_not_started() -> None:
+    # two driver OOMs in mmdetection's IoU assigner, the paste starting at a frame: nothing
+    # shows whether steps had run, so the runtime's OOM is not read as "the card was full
+    # before the job computed" (another process)
+    report = analyze([FIELD / "mmdetection-188" / "paste.txt"])
+    assert report.verdict.value == "gpu_oom"
+    assert "other_process" not in _ids(report)
+
+
+def test_a_whole_log_failing_at_its_first_computation_still_names_another_process() -> None:
+    report = analyze([CRASH / "driver_oom_other_process"])
+    assert report.top is not None and report.top.id == "other_process"
