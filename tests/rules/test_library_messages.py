@@ -65,3 +65,12 @@ def test_a_paste_cut_inside_its_traceback_does_not_say_the_job_had_not_started()
 def test_a_whole_log_failing_at_its_first_computation_still_names_another_process() -> None:
     report = analyze([CRASH / "driver_oom_other_process"])
     assert report.top is not None and report.top.id == "other_process"
+
+
+def test_generation_placed_by_its_own_log_line_is_named_but_not_confidently() -> None:
+    # generate()'s input-length warning (46371 tokens) right before an 8.01 GiB request on an
+    # 8 GiB card: generation named first, below the confident band (no frame says it)
+    report = analyze([FIELD / "chatglm6b-1137" / "paste.txt"])
+    top = report.top
+    assert top is not None and top.id == "eval_or_generation"
+    assert top.confidence <= 0.6
