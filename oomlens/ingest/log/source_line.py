@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 from oomlens.facts.log import Frame, Phase
 from oomlens.ingest.log.traceback import classify_phase
@@ -87,9 +88,11 @@ def _calls(tree: ast.AST) -> list[str]:
     return calls
 
 
+@lru_cache(maxsize=256)
 def source_line_phase(line: str, filename: str = "") -> tuple[Phase, str] | None:
     """The phase ``line`` (Python source, as a traceback prints it) says, and why; None when
-    it is not code or says nothing.  ``filename``: the file the line is in, when a frame says."""
+    it is not code or says nothing.  ``filename``: the file the line is in, when a frame says.
+    Cached: a log that repeats one traceback reads its line once."""
     code = line.strip()
     if not code or len(code) > MAX_SOURCE_CHARS:
         return None

@@ -45,6 +45,9 @@ def test_a_source_line_says_its_phase(line: str, phase: Phase) -> None:
         "return torch.cat((-x2, x1), dim=-1)",  # code that says no phase
         "x" * 400,
         "",
+        # hostile: nesting past the parser's limit, a null byte
+        "(" * 250 + "exp_avg" + ")" * 250,
+        "exp_avg\x00.add_(1)",
     ],
 )
 def test_prose_and_code_that_says_nothing_place_nothing(line: str) -> None:
@@ -85,42 +88,5 @@ def test_a_line_of_prose_above_the_error_places_nothing(tmp_path: Path) -> None:
     error = (FIELD / "llamafactory-1221" / "paste.txt").read_text().splitlines()[1]
     paste = tmp_path / "paste.txt"
     paste.write_text(f"when I run the optimizer with exp_avg_sq enabled I get\n{error}\n")
-    (event,) = read_log(paste).oom_events
-    assert event.phase is Phase.UNKNOWN
-
-
-# transformers' generate() announcing itself (generation/utils.py); lines as posted in
-# github.com/KoboldAI/KoboldAI-Client/issues/382 and (the OOM of a generation)
-# github.com/oobabooga/textgen/issues/1041
-PAD = "Setting `pad_token_id` to `eos_token_id`:50256 for open-end generation."
-GENERATION_OOM = (
-    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 8.00 "
-    "GiB total capacity; 6.63 GiB already allocated; 0 bytes free; 7.29 GiB reserved in total by "
-    "PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
-    "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
-)
-
-
-def test_generate_announcing_itself_right_before_the_error_places_it_in_generation(
-    tmp_path: Path,
-) -> None:
-    # the field paste: the input-length warning, a blank line, the OOM
-    (event,) = read_log(FIELD / "chatglm6b-1137" / "paste.txt").oom_events
-    assert event.phase is Phase.GENERATION
-    assert "Input length of input_ids is 46371" in (event.phase_evidence or "")
-    # a variant built by code from the two threads' lines (a blank line between them, as in
-    # the field paste: a line of words right above a lone message is read as its wrapped start)
-    paste = tmp_path / "paste.txt"
-    paste.write_text(f"{PAD}\n\n{GENERATION_OOM}\n")
-    (event,) = read_log(paste).oom_events
-    assert event.phase is Phase.GENERATION
-
-
-def test_a_line_printed_between_the_announcement_and_the_error_unplaces_it(
-    tmp_path: Path,
-) -> None:
-    paste = tmp_path / "paste.txt"
-    between = "Output generated in 6.34 seconds (0.32 tokens/s)"
-    paste.write_text(f"{PAD}\n{between}\n\n{GENERATION_OOM}\n")
     (event,) = read_log(paste).oom_events
     assert event.phase is Phase.UNKNOWN
