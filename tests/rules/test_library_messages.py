@@ -1,7 +1,8 @@
 """What a paste's library message and its frames say, read as the library means them: another
 engine's CUDA check reporting "out of memory" is an out-of-memory error, the constructor it
-leaves is the model being built, and a traceback whose head the paste cut says nothing about
-what ran before it.  Real text: field pastes of the development split, public threads (cited),
+leaves is the model being built, a traceback whose head the paste cut says nothing about what
+ran before it, and a message cut after this process' holding still says its own demand filled
+the card.  Real text: field pastes of the development split, public threads (cited),
 the crash corpus."""
 
 from __future__ import annotations
@@ -74,3 +75,55 @@ def test_generation_placed_by_its_own_log_line_is_named_but_not_confidently() ->
     top = report.top
     assert top is not None and top.id == "eval_or_generation"
     assert top.confidence <= 0.6
+
+
+def _cut_after(line: str, words: str) -> str:
+    """``line`` cut right after ``words`` (as a paste or a ticket's window cuts a message)."""
+    return line[: line.index(words) + len(words)]
+
+
+def _message(path: Path, marker: str) -> str:
+    line = next(line for line in path.read_text().splitlines() if marker in line)
+    return line[line.index("torch.") :] if "torch." in line else line
+
+
+def test_a_message_cut_after_this_process_filling_the_card_names_the_batch_lowest(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a real complete 2.2+ message of a batch that did not fit (chatchat-4685), cut by
+    # code after "this process has 21.92 GiB memory in use" (93% of the 23.48 GiB card)
+    line = _message(FIELD / "chatchat-4685" / "paste.txt", "this process has")
+    paste = tmp_path / "paste.txt"
+    paste.write_text(_cut_after(line, "memory in use.") + "\n")
+    report = analyze([paste])
+    top = report.top
+    assert top is not None and top.id == "activation_memory"
+    assert top.confidence == 0.25  # the cached share is lost with the cut: the lowest named
+    assert any("(93%)" in e.text for e in top.evidence)
+    # AND the field paste cut by its writer (nemoautomodel-1975: 76.51 of 79.11 GiB)
+    cut = analyze([FIELD / "nemoautomodel-1975" / "paste.txt"])
+    assert cut.top is not None and cut.top.id == "activation_memory"
+
+
+def test_a_cut_message_that_shows_others_or_a_small_holding_names_no_batch(
+    tmp_path: Path,
+) -> None:
+    # another process listed (the crash corpus' other_process run), cut after this process
+    other = _message(CRASH / "other_process" / "train.log", "Process 1652 has")
+    # live tensors half the card (the lab's fragmentation message: 70 of 139.80 GiB), cut
+    # before the 68 GiB it held unallocated
+    lab = ROOT / "tests" / "assets" / "logs" / "lab_log_torch2.11_h200.txt"
+    half = next(
+        line
+        for line in lab.read_text().splitlines()
+        if line.startswith("torch.OutOfMemoryError")
+        and "1.50 GiB" in line
+        and "allowed" not in line
+    )
+    for text in (
+        _cut_after(other, "this process has 13.98 GiB memory in use."),
+        _cut_after(half, "70.00 GiB is allocated by PyTorch"),
+    ):
+        paste = tmp_path / "paste.txt"
+        paste.write_text(text + "\n")
+        assert "activation_memory" not in _ids(analyze([paste])), text
