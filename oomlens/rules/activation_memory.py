@@ -8,6 +8,7 @@ from typing import ClassVar
 from oomlens.diagnosis import Diagnosis, Evidence, EvidenceKind, Fix, Severity, in_bytes
 from oomlens.facts.config import Origin
 from oomlens.facts.log import OomKind, Phase
+from oomlens.facts.oom_balance import MessageBalance
 from oomlens.facts.run import RunFacts
 from oomlens.facts.snapshot import MemoryCategory
 from oomlens.rules.base import Rule, RuleSpec
@@ -122,6 +123,31 @@ _LARGE_REQUEST_CONFIDENCE = 0.25
 """As above, but one request as large as the live tensors made the difference: a single
 tensor that large is as often an evaluation's accumulated outputs or a shape as activations."""
 
+_CUT_MESSAGE_CONFIDENCE = _MIN_CONFIDENCE
+"""As a lone full message, but the message is cut before the allocator's figures: the cached
+share (fragmentation) cannot be ruled out, so the lowest named confidence."""
+
+
+def _own_demand_in_a_cut_message(b: MessageBalance, thresholds: Thresholds) -> bool:
+    """A message cut before its reserved figure that still shows this process' own holding
+    (``allocated by PyTorch`` or ``this process has``) filling the card: at least
+    ``own_tensors_min_fraction`` of the capacity, the request above the free memory, no other
+    process listed, no cap, no request larger than the card."""
+    held = b.allocated if b.allocated is not None else b.in_use_self
+    if (
+        b.reserved is not None
+        or held is None
+        or not b.capacity
+        or b.free is None
+        or b.request is None
+        or b.others
+        or b.capped
+        or b.oversized
+    ):
+        return False
+    return b.request > b.free and held >= thresholds.own_tensors_min_fraction * b.capacity
+
+
 SPEC = RuleSpec(
     id="activation_memory",
     title="Activations exceed the memory left",
@@ -165,6 +191,7 @@ class ActivationMemoryRule(Rule):
         n = event.message
         b = message_balance(n, thresholds)
         evidence = [e for e in (phase_evidence(facts, event),) if e is not None]
+        holder = "live tensors"
         if phase(facts, event) in (Phase.FORWARD, Phase.BACKWARD):
             confidence = 0.35
             if n.kind is OomKind.DRIVER:
@@ -197,6 +224,25 @@ class ActivationMemoryRule(Rule):
                     event.source,
                     "no traceback says which pass: activations are the usual cause, the "
                     "model's states the other candidate",
+                )
+            )
+        elif phase(facts, event) is Phase.UNKNOWN and _own_demand_in_a_cut_message(b, thresholds):
+            holder = "memory"
+            # The message is cut before its allocator figures: what this process held (live
+            # tensors, or all it had) filled the card, so its own demand did; how much of it
+            # was cached blocks (fragmentation's question) is lost with the rest.
+            confidence = _CUT_MESSAGE_CONFIDENCE
+            held = b.allocated if b.allocated is not None else b.in_use_self
+            evidence.insert(0, oom_evidence(event))
+            evidence.append(
+                Evidence(
+                    EvidenceKind.DERIVED,
+                    f"this process held {size(held)} of the {size(b.capacity)} card "
+                    f"({(held or 0) / (b.capacity or 1):.0%}) and {size(b.free)} was free for "
+                    f"the {size(b.request)} request",
+                    event.source,
+                    "its own demand filled the card; the message is cut before saying how much "
+                    "of it was live tensors: the batch's activations are the usual cause",
                 )
             )
         elif phase(facts, event) is Phase.UNKNOWN and request_fills_card(b, thresholds):
@@ -306,7 +352,7 @@ class ActivationMemoryRule(Rule):
                 f"the {phase(facts, event).value} pass filled the GPU with live tensors: "
                 f"{fullness(n)}"
                 if phase(facts, event) is not Phase.UNKNOWN
-                else f"this process' own live tensors filled the GPU: {fullness(n)}; most "
+                else f"this process' own {holder} filled the GPU: {fullness(n)}; most "
                 "often the batch's activations (no traceback says which pass)"
             ),
             evidence=tuple(evidence),

@@ -39,6 +39,12 @@ SPEC = RuleSpec(
 )
 
 
+_PLACED_BY_A_LINE_CONFIDENCE = 0.6
+"""The most an error with no traceback is named evaluation or generation from the line above it
+(``generate()``'s own log line, the code that raised): a frame says where the error was raised,
+a line only what ran last (a training forward that follows a generation prints nothing either:
+an RLHF step after its rollouts)."""
+
 _ACCUMULATING_FRAMES = frozenset(
     {"nested_concat", "torch_pad_and_concatenate", "_nested_gather", "gather_for_metrics"}
 )
@@ -96,6 +102,8 @@ class EvalOrGenerationRule(Rule):
             )
         if near_full(n, thresholds):
             confidence += 0.05
+        if event.traceback is None:
+            confidence = min(confidence, _PLACED_BY_A_LINE_CONFIDENCE)
         if oversized(n):
             confidence = min(confidence, 0.3)
             evidence.append(oversized_evidence(event))

@@ -110,6 +110,10 @@ class OtherProcessRule(Rule):
         n = event.message
         if n.message_format != "driver" or event.traceback is None:
             return  # THC's message is the old allocator's; a lone line places nothing
+        if event.traceback.headless:
+            # The text starts inside the traceback: what ran before it is not shown, so the
+            # absence of step lines says nothing about whether the job had computed.
+            return
         if phase(facts, event) not in (
             Phase.MODEL_INIT,
             Phase.FORWARD,

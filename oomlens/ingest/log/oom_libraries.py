@@ -1,8 +1,8 @@
 """OOM messages of the libraries and runtimes around the caching allocator, parsed into
 ``OomMessage``: the NVML internal assert that replaces a lost OOM, the host allocator,
 cuBLAS/cuDNN/cuSOLVER status errors, NCCL, the CUDA/HIP driver and runtime, THC's
-``cuda runtime error (2)``, and other frameworks' GPU allocators in the same job (XLA/JAX,
-TensorFlow, MXNet).
+``cuda runtime error (2)``, a library's own CUDA check (CTranslate2), and other frameworks'
+GPU allocators in the same job (XLA/JAX, TensorFlow, MXNet).
 
 Each ``parse_*`` takes the text of one message and the exception class named elsewhere (or
 None) and returns the message or None; ``torch_oom.parse_oom_message`` tries them in its
@@ -59,6 +59,12 @@ _DRIVER = lazy_regex(
     # a runtime call's own report: ":0: cudaFuncSetAttribute(kernel_entry, ...): out of memory"
     r"\bcuda[A-Z][A-Za-z]{2,40}\([^\n]{0,600}\): out of memory"
 )
+_LIBRARY_CUDA_CHECK = lazy_regex(r"\bCUDA failed with error out of memory")
+"""A library's own CUDA_CHECK macro around the runtime's ``cudaGetErrorString``, which is "out of
+memory" for ``cudaErrorMemoryAllocation``: CTranslate2 (``src/cuda/utils.h``: "CUDA failed with
+error " + the string), the engine under faster-whisper and WhisperX.  The library allocates
+through the runtime (``cudaMalloc``, cub's caching allocator), so this is its allocation failing,
+not a context or a kernel's module as torch's ``CUDA error: out of memory`` most often is."""
 _THC = lazy_regex(r"cuda runtime err(?:or)? ?\(2\) ?: ?out of memory|error=2 : out of memory")
 _SQ_XLA = lazy_regex(
     r"(?i:resource_?exhausted):?Outofmemorywhiletryingtoallocate(?P<n>\d{1,24})bytes"
@@ -202,6 +208,13 @@ def parse_driver(text: str, exception_class: str | None) -> OomMessage | None:
         else "CUDA"
     )
     return _simple(OomKind.DRIVER, "driver", text, match.start(), exception_class, backend=backend)
+
+
+def parse_library_cuda_check(text: str, exception_class: str | None) -> OomMessage | None:
+    match = _LIBRARY_CUDA_CHECK.search(text)
+    if match is None:
+        return None
+    return _simple(OomKind.DRIVER, "library_cuda_check", text, match.start(), exception_class)
 
 
 def parse_thc(text: str, exception_class: str | None) -> OomMessage | None:

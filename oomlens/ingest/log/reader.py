@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
@@ -78,10 +79,12 @@ from oomlens.ingest.log.bits import (
     TERMINATE,
 )
 from oomlens.ingest.log.collect import fold_summary_ooms, log_facts
+from oomlens.ingest.log.library_lines import announced_phase
 from oomlens.ingest.log.matchers import Line, after_exception, takers
 from oomlens.ingest.log.prefixes import LinePrefix, strip_prefixes
 from oomlens.ingest.log.reader_record import MAX_STREAMS, FactRecorder
 from oomlens.ingest.log.series import RunningStats, Thinned
+from oomlens.ingest.log.source_line import source_line_phase
 from oomlens.ingest.log.state import (
     BoundedList,
     MemoryKeeper,
@@ -178,6 +181,11 @@ class LogReader(FactRecorder):
         self.tail: tuple[tuple[int, str], ...] = ()
         self.line_start = 0
         self.cut_tracebacks = 0
+        self.line_above: tuple[int, str] = (0, "")
+        """The last line with text read line by line (number, text after its prefixes)."""
+        self.source_above: dict[int, tuple[int, str]] = {}
+        """An error line read line by line -> the last line with text above it."""
+        self.above: tuple[int, str] | None = None
         self.partial: deque[ExceptionEvent] = deque(maxlen=MAX_PARTIAL_TRACEBACKS)
         self.lines_since_stale_check = 0
         lim = limits.max_events
@@ -372,8 +380,10 @@ class LogReader(FactRecorder):
     def _handle_rest(
         self, rest: str, prefix: LinePrefix, number: int, data: bytes, start: int, mask: int
     ) -> None:
+        above = self.line_above
         if self.every_line:
             prefix = self._wrapped_prefix(prefix)
+            self.line_above = (number, rest)
         rank = self._rank_of(prefix)
         host = prefix.host if prefix.host is not None else self.layout_host
         if rank is not None and rank not in self.ranks_seen and len(self.ranks_seen) < MAX_STREAMS:
@@ -394,6 +404,7 @@ class LogReader(FactRecorder):
         if record is not None and rank is None and record.rank is not None:
             rank = record.rank
         ref = SourceRef(self.path, number, rank, host)
+        self.above = above if self.every_line and above[0] else None
         key = prefix.key
         stream = self.stream_of(key)
         self.in_traceback = False
@@ -494,6 +505,8 @@ class LogReader(FactRecorder):
             cls = _EXCEPTION_CLASS.search(rest)
             now = self.time_before(data, start)
             finished = stream.tb.start_exception(cls.group("cls") if cls else "", rest, ref, now)
+            if self.above is not None and ref.line is not None and len(self.source_above) < 64:
+                self.source_above[ref.line] = self.above
             if torch_oom.complete_on_its_line(rest):
                 self._finished_maybe(finished)
                 finished = stream.tb.close()
@@ -528,6 +541,8 @@ class LogReader(FactRecorder):
         phase, evidence, placed = (
             classify_traceback(traceback) if traceback is not None else (Phase.UNKNOWN, None, None)
         )
+        if phase is Phase.UNKNOWN:
+            phase, evidence, placed = self._placed_by_source(finished, phase, evidence, placed)
         if not finished.exception_class and not finished.text:
             self.cut_tracebacks += 1
             if traceback is not None and traceback.frames:
@@ -589,6 +604,33 @@ class LogReader(FactRecorder):
                 phase_source=placed,
             )
         )
+
+    def _placed_by_source(
+        self,
+        finished: FinishedException,
+        phase: Phase,
+        evidence: str | None,
+        placed: SourceRef | None,
+    ) -> tuple[Phase, str | None, SourceRef | None]:
+        """No frame placed the error: the code that raised it, as the text shows it (the
+        innermost frame's current line, or the source line right above an error that has no
+        frame: ``source_line``), or a line only one phase prints, the last before the error
+        (``library_lines``)."""
+        traceback = finished.traceback
+        if traceback is not None and traceback.current_line and traceback.frames:
+            last = traceback.frames[-1]
+            said = source_line_phase(traceback.current_line, last.filename)
+            where = replace(traceback.source, line=last.at) if last.at is not None else None
+        elif traceback is None and finished.source.line in self.source_above:
+            line, text = self.source_above[finished.source.line]
+            adjacent = line == finished.source.line - 1
+            said = (source_line_phase(text) if adjacent else None) or announced_phase(text)
+            where = replace(finished.source, line=line)
+        else:
+            return phase, evidence, placed
+        if said is None:
+            return phase, evidence, placed
+        return said[0], said[1], where
 
     def _add_oom(self, event: OomEvent) -> None:
         self.oom.add(event)

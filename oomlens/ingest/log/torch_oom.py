@@ -222,6 +222,7 @@ def parse_oom_message(text: str, *, exception_class: str | None = None) -> OomMe
         oom_libraries.parse_cusolver,
         oom_libraries.parse_nccl,
         oom_libraries.parse_driver,
+        oom_libraries.parse_library_cuda_check,
         oom_libraries.parse_thc,
         oom_libraries.parse_framework,
         _parse_class_only,

@@ -670,8 +670,9 @@ def deciding_frame(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, Fram
     inside a backward (activation-checkpoint recomputation) is backward.  A frame of
     ``torch.no_grad``'s decorator around a forward with no other evidence reads as
     evaluation (not one inside it: DeepSpeed's hooks are no_grad-decorated).  A function named
-    ``step`` is an optimizer step only inside a training library.  ``(Phase.UNKNOWN, None)``
-    when no frame says anything.
+    ``step`` is an optimizer step only inside a training library.  When no frame says anything,
+    an error raised in a constructor (the innermost frame is ``__init__``) is the object being
+    built: model init; otherwise ``(Phase.UNKNOWN, None)``.
     """
     training: tuple[Phase, Frame] | None = None
     backward_outside: Frame | None = None
@@ -701,6 +702,11 @@ def deciding_frame(frames: tuple[Frame, ...] | list[Frame]) -> tuple[Phase, Fram
         if _frame_phase(frame) is not None:
             break
     if training is None:
+        innermost = frames[-1] if frames else None
+        if innermost is not None and innermost.function.rsplit(".", 1)[-1] == "__init__":
+            # Nothing else speaks and the error left an object's constructor: building it
+            # (a model, an engine loading its weights) is what allocated.
+            return Phase.MODEL_INIT, innermost
         return Phase.UNKNOWN, None
     phase, frame = training
     if phase is Phase.FORWARD and backward_outside is not None:

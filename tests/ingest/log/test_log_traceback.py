@@ -128,6 +128,30 @@ def frames(*spec: tuple[str, str]) -> list[Frame]:
             Phase.DATA_LOADING,
         ),
         ([("probe.py", "<module>")], Phase.UNKNOWN),
+        (
+            # nothing else speaks and the error leaves a constructor: the object being built
+            # (github.com/chidiwilliams/buzz/issues/439: faster-whisper's model loading)
+            [
+                ("multiprocessing\\process.py", "run"),
+                ("buzz\\transcriber.py", "transcribe_faster_whisper"),
+                ("faster_whisper\\transcribe.py", "__init__"),
+            ],
+            Phase.MODEL_INIT,
+        ),
+        (
+            # a constructor that is not where the error left is no model init
+            [("app.py", "__init__"), ("app.py", "handle")],
+            Phase.UNKNOWN,
+        ),
+        (
+            # a constructor called inside a training step is no model init either
+            [
+                ("train.py", "main"),
+                (f"{TORCH}/_tensor.py", "backward"),
+                ("hooks.py", "__init__"),
+            ],
+            Phase.BACKWARD,
+        ),
     ],
 )
 def test_phase_from_frames(stack: list[tuple[str, str]], phase: Phase) -> None:

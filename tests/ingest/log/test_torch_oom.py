@@ -389,3 +389,27 @@ def test_message_starts_searches_from_the_literals_not_every_character(
     assert torch_oom.message_starts(flood + message) == [len(flood)]
     squeezed_flood = len(oom_text.squeezed_text(flood))
     assert searched_from and min(searched_from) >= squeezed_flood - torch_oom._START_REACH
+
+
+# The engine under faster-whisper and WhisperX (CTranslate2, src/cuda/utils.h) checks every CUDA
+# call with its own macro: "CUDA failed with error " + cudaGetErrorString(code).  The line as posted
+# in github.com/chidiwilliams/buzz/issues/439 (loading the model) and
+# github.com/SYSTRAN/faster-whisper/issues/442 (generating).
+def test_a_library_cuda_check_reporting_out_of_memory_is_an_oom() -> None:
+    msg = parse_oom_message("RuntimeError: CUDA failed with error out of memory")
+    assert msg is not None
+    assert (msg.kind, msg.message_format, msg.exception_class) == (
+        OomKind.DRIVER,
+        "library_cuda_check",
+        "RuntimeError",
+    )
+    assert msg.text == "CUDA failed with error out of memory"
+
+
+def test_a_library_cuda_check_reporting_another_error_is_no_oom() -> None:
+    # the same macro, another runtime error (a driver older than the runtime)
+    text = (
+        "RuntimeError: CUDA failed with error CUDA driver version is insufficient for CUDA "
+        "runtime version"
+    )
+    assert parse_oom_message(text) is None
