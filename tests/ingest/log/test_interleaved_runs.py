@@ -92,17 +92,6 @@ def test_a_logger_record_does_not_continue_another_processs_error_message(tmp_pa
     assert analyze([str(path)], options=NO_DEEPSPEED).verdict.value == "other_failure"
 
 
-def test_behind_lightnings_rank_prefix_an_exception_line_is_raised(tmp_path: Path) -> None:
-    # lightning_utilities' rank_prefixed_message writes "[rank: N] " before a message (the
-    # RankedLogger of Lightning's project template before every record): a launcher-like prefix,
-    # behind which Python's own exception line still says the error was raised
-    line = next(x for x in _paste("algoperf-426") if x.startswith("torch.cuda.OutOfMemoryError"))
-    path = _write(tmp_path, [f"[rank: 3] {x}" for x in _interleaved([line], _healthy(), 5)])
-    facts = read_log(path)
-    assert [e.source.rank for e in facts.oom_events] == [3] and facts.caught_oom_events == ()
-    assert analyze([str(path)], options=NO_DEEPSPEED).verdict.value == "gpu_oom"
-
-
 def test_a_logged_oom_then_a_death_of_its_own_is_not_the_failure(tmp_path: Path) -> None:
     # a retry loop logs the OOMs it caught ("retrying smaller: CUDA out of memory..."), then
     # the shell says the process was killed: the run went on after the OOMs and died of the kill

@@ -22,7 +22,6 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 GiB
         (" 7: ", None, 7, None),
         ("stderr: [default2]:", None, None, 2),
         ("[trainer6]:", None, None, 6),
-        ("[rank: 15] ", None, 15, None),
     ],
 )
 def test_stacked_prefixes_are_stripped_and_kept(
