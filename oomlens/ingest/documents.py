@@ -60,6 +60,7 @@ _LOG_LINE = regex.compile(
 )
 _HEADING = regex.compile(r"#{1,6} \S")
 _FENCE = regex.compile(r"\s{0,3}(?:`{3,}|~{3,})")
+_INDENTED = regex.compile(r"(?: {4}|\t)")
 _MARKDOWN = regex.compile(
     r"#{1,6} \S|\s{0,3}(?:[-*+]|\d{1,3}\.) \S|\|.{0,2000}\|\s{0,8}\Z|"
     r".{0,2000}\]\([^)\s]{1,500}\)|\s{0,3}>\s|\s{0,3}(?:\*\*|__)\S"
@@ -92,6 +93,7 @@ _HEADER_FIELD = regex.compile(r"[^\W\d][^\[\]{}:=<>\"]{0,63}")
 """A column name: starts with a letter, no brackets, colons, equals signs or quotes."""
 _OOMLENS_REPORT = regex.compile(r"(?:# )?oomlens: [A-Z]{2,}(?: [A-Z]{2,}){0,3}(?::\s|\s*\Z)")
 """The first line of oomlens' own text or Markdown report (``oomlens: GPU OOM``)."""
+_COLUMN_NAME = regex.compile(r"[^\W\d][\w.-]{0,63}")
 _NAME_WORD = regex.compile(r"[A-Za-z]{2,}")
 _MAX_RECORDS = 2000
 
@@ -135,9 +137,13 @@ def document(text: str, *, whole: bool) -> Document | None:
     if _python_source(text, whole=whole):
         # a snippet with its output pasted into comments (an issue's reproduction)
         return Document("Python source code", quoted="\n".join(_comments(text)))
-    lines = [line for line in text.splitlines() if line.strip()]
+    every_line = text.splitlines()
+    lines = [line for line in every_line if line.strip()]
     if lines and _OOMLENS_REPORT.match(lines[0]):
         return Document("a report of oomlens")
+    if len(lines) == 2 and whole:
+        table = _table(text, whole=whole)
+        return Document(table) if table is not None else None
     if len(lines) < 3:
         return None
     script = _script(lines)
@@ -146,7 +152,7 @@ def document(text: str, *, whole: bool) -> Document | None:
     table = _table(text, whole=whole)
     if table is not None:
         return Document(table)
-    markdown = _markdown(lines, whole=whole)
+    markdown = _markdown(every_line, whole=whole)
     if markdown is not None:
         return markdown
     head = lines[:400]
@@ -329,7 +335,7 @@ def _table(text: str, *, whole: bool) -> str | None:
             continue
         if not whole and len(records) < _MAX_RECORDS:
             records = records[:-1]  # the head may have cut the last one
-        if len(records) < 3:
+        if len(records) < 2 or (len(records) == 2 and not whole):
             continue
         header, rows = records[0], records[1:]
         names = [field.strip() for field in header]
@@ -338,6 +344,12 @@ def _table(text: str, *, whole: bool) -> str | None:
             or len(set(names)) < len(names)
             or not all(_HEADER_FIELD.fullmatch(name) for name in names)
         ):
+            continue
+        if len(rows) == 1 and not (
+            len(rows[0]) == len(header) and all(_COLUMN_NAME.fullmatch(name) for name in names)
+        ):
+            # one record: the header must be what exports write (names without spaces, as
+            # pandas', a spreadsheet's or an issue tracker's), and the record as wide
             continue
         width = sum(1 for row in rows if len(row) == len(header))
         if width < 0.9 * len(rows):
@@ -367,8 +379,22 @@ def _markdown(lines: list[str], *, whole: bool) -> Document | None:
     headings = fences = 0
     outside: list[str] = []
     blocks: list[list[str]] = []
-    fenced = False
+    fenced = indented = False
+    after_blank = True
     for line in lines:
+        if not line.strip():
+            after_blank = True
+            continue
+        # CommonMark's indented code block: four spaces or a tab, begun after a blank line (it
+        # cannot interrupt a paragraph, so a traceback's indented source lines, which follow
+        # their "File" line, are none), running on over blank lines
+        if not fenced and _INDENTED.match(line) and (after_blank or indented):
+            if not indented:
+                blocks.append([])
+            indented, after_blank = True, False
+            blocks[-1].append(line)
+            continue
+        indented = after_blank = False
         if _FENCE.match(line):
             fenced = not fenced
             fences += not fenced

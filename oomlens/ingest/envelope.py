@@ -63,9 +63,12 @@ _RFC3339 = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
 """Go's ``time.RFC3339Nano`` as kubelet and the container runtimes write it: a ``.`` before the
 fraction (dmesg's ISO times use a ``,``), trailing zeros of the fraction dropped."""
 _KUBECTL = re.compile(rb"(?m)^" + _RFC3339 + rb" ")
-_CRI = re.compile(rb"(?m)^" + _RFC3339 + rb" (?:stdout|stderr) (?:F |P ([^\n]*)\n)")
+_CRI = re.compile(rb"(?m)^" + _RFC3339 + rb" (?:stdout|stderr) (?:F |P ([^\n]*?)\r?\n)")
 """A CRI entry's prefix; a partial (``P``) entry's text is kept without its line end, so the
-next entry continues it."""
+next entry continues it.  The runtime ends each entry with ``\\n``; a file whose line ends
+became ``\\r\\n`` on its way (a Windows editor, a copy through a Windows share) has a CR
+there, which would otherwise land inside the joined line, where a reader takes it for a
+carriage return redraw and drops what came before it."""
 _CRI_LINE = re.compile(rb"^" + _RFC3339 + rb" (?:stdout|stderr) [FP] ")
 
 _MESSAGE_KEYS = ("message", "msg", "log", "text", "MESSAGE", "textPayload", "event")

@@ -99,6 +99,12 @@ def test_nothing_known_is_not_a_failure() -> None:
     [
         ("SLURM_JOB_ID", "../../etc"),
         ("SLURM_JOB_ID", "12 3"),
+        # digits of other scripts: str.isdigit and a str pattern's \d take them, Slurm never
+        # writes them, and a spool directory must not be named by them
+        ("SLURM_JOB_ID", "\u0661\u0662\u0663"),
+        ("SLURM_JOB_ID", "\uff14\uff12"),
+        ("SLURM_JOB_UID", "\u0969"),
+        ("SLURM_JOB_EXIT_CODE", "\u0661"),
         ("SLURM_JOB_UID", "-1"),
         ("SLURM_JOB_EXIT_CODE", "abc"),
         ("SLURM_JOB_EXIT_CODE2", "1"),

@@ -158,6 +158,39 @@ def test_documents_quoting_an_oom_beside_a_healthy_run_are_not_its_inputs(tmp_pa
     assert why["notes.txt"].startswith("a Markdown document that quotes a log")
 
 
+def test_one_record_exports_and_indented_notes_beside_a_healthy_run_are_not_its_inputs(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a healthy run's folder with a one-record export of an issue thread whose body is a
+    # real OOM paste (one line, and many), and notes quoting one in an indented code block
+    # (a ".txt": a ".md" is passed over by its name)
+    run = tmp_path / "run"
+    shutil.copytree(HEALTHY, run)
+    threads = [r for r in _field_threads(300) if "CUDA out of memory" in r["body"]]
+    one_line = next(r for r in threads if "\n" not in r["body"].strip())
+    many = next(r for r in threads if r["body"].count("\n") > 5)
+    for name, row in (("issue.csv", one_line), ("thread.csv", many)):
+        with (run / name).open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=list(row))
+            writer.writeheader()
+            writer.writerow(row)
+    quoted = "\n".join("    " + line for line in many["body"].splitlines())
+    (run / "notes.txt").write_text(
+        f"# {many['title']}\n\nWhat the first attempt printed:\n\n{quoted}\n\n"
+        "Lowering the micro batch to 2 fixed it.\n"
+    )
+    # WHEN the folder is analyzed
+    report = analyze([run], options=AnalysisOptions(prefer_deepspeed=False))
+    # THEN only the run's log is read, and the run is still healthy
+    assert [os.path.basename(i.path) for i in report.facts.inputs if i.kind != "ds_config"] == [
+        "train.log"
+    ]
+    assert report.verdict.value == "no_failure"
+    why = {os.path.basename(path): reason for path, reason in discover_run(run).skipped}
+    assert why["issue.csv"] == why["thread.csv"] == "a CSV table, not a log"
+    assert why["notes.txt"].startswith("a Markdown document that quotes a log")
+
+
 def _readme_opening(tmp_path: Path) -> Path:
     text = (ROOT / "README.md").read_text()
     part = tmp_path / "readme_section.md"
@@ -290,7 +323,7 @@ def test_windows_of_real_logs_whose_lines_carry_commas_are_logs(tmp_path: Path) 
             end = start
             while end < len(lines) and lines[end].count(",") == commas:
                 end += 1
-            if commas and end - start >= 3:
+            if commas and end - start >= 2:  # a table of one record is two lines
                 window = tmp_path / f"w{len(windows)}.log"
                 window.write_text("\n".join(lines[start:end]) + "\n")
                 windows.append(window)

@@ -255,6 +255,23 @@ def test_a_cri_file_joins_partial_lines_into_the_one_the_program_wrote(tmp_path:
     assert longest in [text for _, text in source.lines()]
 
 
+def test_a_cri_file_whose_line_ends_became_crlf_joins_its_parts_without_the_cr(
+    tmp_path: Path,
+) -> None:
+    # a CR before each entry's line end (the file copied through Windows): inside a joined
+    # line it would read as a carriage-return redraw and drop the line's start
+    crash = CARRIED["gpu_oom"].read_text().splitlines()
+    longest = max(crash, key=len)
+    path = tmp_path / "0.log"
+    path.write_bytes(_cri(crash, part=50).replace(b"\n", b"\r\n"))
+    source = open_text(path)
+    assert source.envelopes == (Envelope.CRI,)
+    assert longest in [text for _, text in source.lines()]
+    assert analyze([str(path)], options=AnalysisOptions(prefer_deepspeed=False)).verdict.value == (
+        "gpu_oom"
+    )
+
+
 def test_utf16_of_a_rich_traceback_is_text(tmp_path: Path) -> None:
     # rich draws its box with U+2500 ("─"), whose low byte is zero: a zero in the half of
     # UTF-16LE that ASCII leaves non-zero, in one character of ten here (rich renders a real

@@ -31,6 +31,7 @@ none, its timestamp is a valid date.  Anything else is a line for the per-line p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -188,12 +189,25 @@ def paste_scanner() -> AnchorScanner:
     return _Anchors.paste_scanner()
 
 
+_TERMINAL_CONTROLS = re.compile(
+    rb"\x1b(?:\[[0-?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b\n]{0,512}(?:\x07|\x1b\\))"
+)
+"""ECMA-48's control sequences (CSI: colours, ``\\x1b[1;31m``) and operating system commands
+(OSC: a window title, ``\\x1b]0;train\\x07``), which no line end is part of."""
+
+
 def plain_spaces(data: bytes) -> bytes:
-    """A paste's non-breaking and ideographic spaces as spaces, before the anchors are searched:
-    a browser or a CJK input method puts them between the words an anchor is made of."""
+    """A paste's non-breaking and ideographic spaces as spaces, and a terminal's colour and
+    title sequences removed, before the anchors are searched: a browser or a CJK input method
+    puts such spaces between the words an anchor is made of, and a coloured log (``rich``,
+    ``colorama``, a logger's level colours, a terminal's copy) puts a sequence between them
+    (``terminated \\x1b[91mwith\\x1b[39m signal``); the line cleaner drops both from the text the
+    reader reads, but the anchors are searched in the bytes."""
     for space in _SPACES:
         if space in data:
             data = data.replace(space, b" ")
+    if b"\x1b" in data:
+        data = _TERMINAL_CONTROLS.sub(b"", data)
     return data
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from oomlens.facts.kernel import FatalSignalKind
 from oomlens.facts.log import (
     CacheFlushSummary,
     LogFacts,
@@ -133,6 +134,18 @@ def log_facts(reader: LogReader) -> LogFacts:
     )
 
 
+_DEATHS_OF_THEIR_OWN = frozenset(
+    {
+        FatalSignalKind.SIGKILL,
+        FatalSignalKind.SIGBUS,
+        FatalSignalKind.SIGSEGV,
+        FatalSignalKind.SHM_EXHAUSTED,
+    }
+)
+"""Lines saying a process died of a cause other than an OOM it raised.  Not ``SIGABRT`` (a C++
+OOM rethrown aborts), nor srun's exit line or Slurm's cancel (they follow any failure)."""
+
+
 def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEvent, ...]]:
     """``(uncaught, caught)`` OOM events.  An OOM raised to the top is never caught: a run
     restarted in the same file, or another run's lines in it, do not make its crash a retry.
@@ -144,7 +157,9 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     another process's lines.  Another OOM is caught (a batch-size finder, a retry loop that
     logged it) when the run ended normally after it and nothing says a process failed, or
     when it was logged rather than raised (no exception class) and the same rank printed
-    training progress after it."""
+    training progress after it, or failed of something else after it (another error, a
+    signal of its own, shared memory): a program that logs an OOM (``retrying smaller: CUDA
+    out of memory...``) went on, and what ended it is that failure."""
     events = reader.oom.items
     if not events:
         return (), ()
@@ -154,6 +169,12 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
     )
     ended_normally = completion is not None and not failed
     end_line = completion.source.line or 0 if completion is not None else 0
+    last_error: dict[int | None, int] = {}
+    ended = [e.source for e in reader.exceptions.items] + [
+        f.source for f in reader.fatal.items if f.kind in _DEATHS_OF_THEIR_OWN
+    ]
+    for source in ended:
+        last_error[source.rank] = max(last_error.get(source.rank, 0), source.line or 0)
     uncaught: list[OomEvent] = []
     caught: list[OomEvent] = []
     for event in events:
@@ -163,10 +184,13 @@ def _split_caught(reader: LogReader) -> tuple[tuple[OomEvent, ...], tuple[OomEve
         )
         logged = event.traceback is None and not event.message.exception_class
         progressed = reader.progress_line.get(event.source.rank, 0) > line
+        went_on = progressed or (
+            event.preamble is not None and last_error.get(event.source.rank, 0) > line
+        )
         if (
             not raised
             and event.origin == "log"
-            and ((ended_normally and end_line > line) or (logged and progressed))
+            and ((ended_normally and end_line > line) or (logged and went_on))
         ):
             caught.append(event)
         else:

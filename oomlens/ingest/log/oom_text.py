@@ -76,12 +76,59 @@ _EXCEPTION_BEFORE = lazy_regex(
 
 def exception_class_before(text: str, start: int) -> str | None:
     """The exception class printed just before ``start`` (``torch.OutOfMemoryError: ``, within
-    160 characters, wrapped lines joined), or None."""
-    before = text[max(0, start - 160) : start]
-    if "\n" in before:
-        before = before.replace("\n", "")  # a class name wrapped by the terminal
-    match = _EXCEPTION_BEFORE.search(before)
+    160 characters, lines a wrap cut it into joined: see ``wrapped_start``), or None."""
+    begin = max(0, start - 160)
+    before = text[begin:start]
+    if "\n" not in before:
+        match = _EXCEPTION_BEFORE.search(before)
+        return match.group("cls") if match else None
+    match = _EXCEPTION_BEFORE.search(before.replace("\n", ""))
+    if match is None:
+        return None
+    first = at = match.start("cls")  # its index in ``before``: past the line ends before it
+    for count, newline in enumerate(n for n, ch in enumerate(before) if ch == "\n"):
+        if newline - count <= at:
+            first += 1
+    first += begin
+    if "\n" in text[first:start]:
+        begin = wrapped_start(text, first, start)
+        match = _EXCEPTION_BEFORE.search(text[begin:start].replace("\n", ""))
     return match.group("cls") if match else None
+
+
+_NAME_MAY_FOLLOW = frozenset(" \t\r\n]:|>")
+WRAP_COLUMNS = 512
+"""The widest a terminal or a paste box wraps at (a maximised terminal on a 4K screen holds
+about 400 columns).  A longer line that is as long as the line after it may be one piece of
+a wide wrap; a longer one before a shorter line is a line the program wrote (or one the
+reader cut at its line limit)."""
+
+
+def wrapped_start(text: str, begin: int, end: int) -> int:
+    """Where a name that runs from ``begin`` to ``end`` of ``text`` across line ends really
+    starts.  A terminal or a paste box wraps a line at its width: every piece but the last is
+    exactly that wide, so a line end is a wrap's only when the line before it is as long as
+    the line after it, or longer (the last piece) and no wider than a wrap can be
+    (``WRAP_COLUMNS``).  Any other line end is where the program ended a line of its own
+    (``print("hello")`` before a raised error), and the name starts after it.  A wrapped name
+    also starts where a name can: at its line's start, after a space or a launcher's or
+    logger's prefix (``]``, ``:``, ``|``, ``>``); one that would start inside a word or after
+    a quote (``'max_batch_siz`` ending a line the reader cut) is another line's text, and the
+    name starts on the next line at the earliest."""
+    floor = begin
+    if begin > 0 and text[begin - 1] not in _NAME_MAY_FOLLOW:
+        floor = text.find("\n", begin, end) + 1
+    at = text.rfind("\n", floor, end)
+    while at >= floor:
+        line_start = text.rfind("\n", 0, at) + 1
+        next_end = text.find("\n", at + 1)
+        next_end = len(text) if next_end < 0 else next_end
+        before = len(text[line_start:at].rstrip("\r"))
+        after = len(text[at + 1 : next_end].rstrip("\r"))
+        if before != after and not after < before <= WRAP_COLUMNS:
+            return at + 1
+        at = text.rfind("\n", floor, at)
+    return floor
 
 
 def clip(text: str, start: int) -> str:

@@ -39,6 +39,7 @@ from oomlens.ingest.log.oom_text import (
     clip,
     exception_class_before,
     squeeze,
+    wrapped_start,
 )
 from oomlens.lazyregex import lazy_regex
 from oomlens.units import parse_size
@@ -361,7 +362,13 @@ def message_starts(text: str) -> list[int]:
     for match in deque(_message_matches(squeezed), 1000):
         start = match.start()
         cls = _SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
-        found.append(kept[cls.start() if cls is not None else start])
+        if cls is None:
+            found.append(kept[start])
+            continue
+        begin, at = kept[cls.start()], kept[start]
+        if "\n" in text[begin:at]:  # a class a wrap cut, or a line that is no class's
+            begin = wrapped_start(text, begin, at)
+        found.append(begin)
     if "Allocationondevice" in squeezed:
         found += [kept[m.start()] for m in deque(_SQ_ASYNC_START.finditer(squeezed), 100)]
     return sorted(found)

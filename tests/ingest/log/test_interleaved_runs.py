@@ -90,3 +90,14 @@ def test_a_logger_record_does_not_continue_another_processs_error_message(tmp_pa
     facts = read_log(path)
     assert facts.oom_events == () and len(facts.caught_oom_events) == 11
     assert analyze([str(path)], options=NO_DEEPSPEED).verdict.value == "other_failure"
+
+
+def test_a_logged_oom_then_a_death_of_its_own_is_not_the_failure(tmp_path: Path) -> None:
+    # a retry loop logs the OOMs it caught ("retrying smaller: CUDA out of memory..."), then
+    # the shell says the process was killed: the run went on after the OOMs and died of the kill
+    retries = [x for x in _healthy("oom_caught_and_retried") if "retrying smaller" in x][:5]
+    killed = next(x for x in _paste("videollava-13") if x.endswith("]Killed"))
+    path = _write(tmp_path, [*retries, killed.rsplit("]", 1)[1]])
+    facts = read_log(path)
+    assert facts.oom_events == () and len(facts.caught_oom_events) == 5
+    assert analyze([str(path)], options=NO_DEEPSPEED).verdict.value == "host_oom"

@@ -59,9 +59,13 @@ def test_lab_log_every_oom_path_is_an_event(lab) -> None:
         )  # quotes inside torchrun summaries
         and "#" not in line[:3]
     }
-    found = {event.source.line for event in lab.oom_events}
+    found = {event.source.line for event in lab.oom_events + lab.caught_oom_events}
     assert found == expected
     assert all(event.origin == "log" for event in lab.oom_events)
+    # the script's own "CAUGHT: '<message>'" lines, each followed by the next experiment's
+    # raised error: the program went on from them
+    caught = {event.source.line for event in lab.caught_oom_events}
+    assert caught == {n for n in expected if LAB_LINES[n - 1].startswith("CAUGHT: ")}
 
 
 def test_lab_log_fragmentation_numbers_and_phase(lab) -> None:

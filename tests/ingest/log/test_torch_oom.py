@@ -321,7 +321,10 @@ def _message_starts_searching_everywhere(text: str) -> list[int]:
     found: list[int] = []
     for start in _matches_searching_everywhere(squeezed):
         cls = t._SQ_CLASS_BEFORE.search(squeezed, max(0, start - 160), start)
-        found.append(kept[cls.start() if cls is not None else start])
+        begin = kept[cls.start() if cls is not None else start]
+        if cls is not None and "\n" in text[begin : kept[start]]:
+            begin = oom_text.wrapped_start(text, begin, kept[start])
+        found.append(begin)
     found += [kept[m.start()] for m in t._SQ_ASYNC_START.finditer(squeezed)][:100]
     return sorted(found)
 

@@ -81,6 +81,9 @@ DAMAGE: dict[str, Callable[[Lines, Lines], Lines]] = {
     "crlf": _each(lambda line: line.replace(b"\n", b"\r\n")),
     "ansi_colours": _each(lambda line: b"\x1b[1;31m" + line.rstrip(b"\n") + b"\x1b[0m\n"),
     "osc_title": _each(lambda line: b"\x1b]0;train\x07" + line),
+    # every word its own colour (rich's highlighter, a logger's level and number colours): the
+    # sequences fall between the words an anchor is made of
+    "ansi_each_word": _each(lambda line: re.sub(rb"(\S+)", b"\x1b[38;5;196m\\1\x1b[m", line)),
     "srun_label": _each(lambda line: b"5: " + line),
     "pdsh_host": _each(lambda line: b"gpu-node12: " + line),
     "default_prefix": _each(lambda line: b"[default1]:" + line),
@@ -108,6 +111,8 @@ def _write(tmp_path: Path, name: str, damage: str, tail: Lines, size: str) -> tu
     path = tmp_path / f"{name}.log"
     path.write_bytes(data)
     last = tail[-1].rstrip(b"\n")
+    if last not in data:  # a damage that changes the line's own bytes: find it as changed
+        last = DAMAGE[damage]([], tail[-1:])[-1].rstrip(b"\n")
     before = data[: data.rindex(last)]
     return path, before.count(b"\n") + 1
 
@@ -214,3 +219,15 @@ def test_a_compressed_log_cut_inside_its_first_block_is_said_to_be_cut(
     detection = detect_kind(path)
     assert detection.kind is None
     assert "cut short before any of its text" in detection.reason
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_a_launchers_kill_coloured_word_by_word_is_read(tmp_path: Path, size: str) -> None:
+    # a real host OOM kill under DeepSpeed's launcher ("exits with return code = -9"), every
+    # word coloured: the colour sequences fall inside the anchors the lines are found by
+    crash = (CRASH / "checkpoint_save_host_oom" / "train.log").read_bytes().splitlines(True)
+    lines = DAMAGE["ansi_each_word"](_body(SIZES[size]) if size == "bulk" else [], crash)
+    path = tmp_path / "coloured.log"
+    path.write_bytes(b"".join(lines))
+    report = analyze([str(path)], options=AnalysisOptions(prefer_deepspeed=False))
+    assert report.verdict.value == "host_oom"
