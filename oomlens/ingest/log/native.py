@@ -113,6 +113,8 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         e,
         g,
         h,
+        hosts,
+        followed,
     ) = _scan.scan(
         data,
         starts,
@@ -149,6 +151,8 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         label=np.full(len(line) // 8, bulk_labels.LABEL_NONE, dtype=np.int32),
         consumed=np.frombuffer(consumed, dtype=bool),
         progress_bars=np.frombuffer(bars, dtype=bool).tolist(),
+        hosts=hosts.decode("ascii").split("\n")[:-1],
+        host_followed=[bool(x) for x in followed],
     )
     labels = np.frombuffer(status, dtype=np.int8)
     if (result.kind == bulk.MEMORY).any():

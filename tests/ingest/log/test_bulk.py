@@ -147,6 +147,13 @@ _PREFIXES = [
     "［rank1］：",
     "\u00a0",
     "[rank: 1] ",
+    "[rank: 12]",
+    "worker-5: [rank: 2] ",
+    "ip-10-1-2-3.ec2.internal: ",
+    "a1: 3: ",
+    "torch.OutOfMemoryError-2: ",
+    "Python3-node: ",
+    "run.sh-1: ",
     "[RANK 0] ",
     "[Rank 2] ",
     "    7: ",
@@ -193,7 +200,7 @@ def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: 
     if key == bulk_keys.UNSURE:
         return
     cleaned_rest, found = strip_prefixes(text + " " * 40 + "Max_MA ", None)
-    assert bulk_apply.stream_key(key) == found.key
+    assert bulk_apply.stream_key(key, scan.hosts) == found.key
     assert len(text) + 47 - len(cleaned_rest) == int(scan.prefix_len[0])
 
 
@@ -449,7 +456,7 @@ def test_a_lazy_sample_keeps_only_its_own_row_alive(
     assert runs and made and tails
     for builder, row in made:
         assert isinstance(builder, bulk_apply._Builder)
-        assert isinstance(row, tuple) and len(row) == 12
+        assert isinstance(row, tuple) and len(row) == 13
         assert all(v is None or isinstance(v, int | float | str) for v in row)
     # a tail holds its keeper's last rows of a run alone (32 at most), all of one rank
     for tail in tails:
