@@ -51,9 +51,11 @@
 #define B_DS_CPU (1LL << 4)
 #define B_FLUSH (1LL << 5)
 #define B_STEP (1LL << 15)
-/* what cleaning changes in a line: which CR segment is read; bytes (NUL, ESC, past ASCII) */
+/* what cleaning changes in a line: which CR segment is read; bytes (NUL, ESC, past ASCII);
+ * nothing, but the line holds symbols past ASCII (plain_symbol) */
 #define DIRTY_CR 1
 #define DIRTY_OTHER 2
+#define DIRTY_SYMBOL 4
 /* label statuses handed to Python */
 #define L_NONE 0
 #define L_DEFERRED 1
@@ -210,6 +212,17 @@ static void read_cpu_ahead(Ctx *x, Py_ssize_t from, Py_ssize_t to, Py_ssize_t hi
     }
 }
 
+/* Whether the bytes at t open a character of U+2010..U+2BFF other than U+202F, encoded as UTF-8
+ * (punctuation, arrows, box drawing, tqdm's block elements, geometric shapes, symbols):
+ * LineCleaner.clean leaves it as it is (not in textstream._NARROW, valid UTF-8), and the
+ * prefix parser takes it for no part of a prefix (no decimal digit, `\d`, among them; the
+ * letters and other digits there fail its ASCII classes, as they fail the scan's). */
+static int plain_symbol(const uint8_t *t, Py_ssize_t left) {
+    if (left < 3 || t[0] != 0xE2 || t[1] < 0x80 || t[1] > 0xAF || (t[2] & 0xC0) != 0x80) return 0;
+    int code = 0x2000 + ((t[1] - 0x80) << 6) + (t[2] - 0x80);
+    return code >= 0x2010 && code != 0x202F;
+}
+
 /* The last non-blank segment of a line a progress bar rewrote with CRs (what
  * textstream.last_carriage_segment keeps of it, and LineCleaner.clean reads), from..to; 0 when
  * every segment is blank. */
@@ -243,10 +256,15 @@ static int carriage_segment(const uint8_t *d, Py_ssize_t *from, Py_ssize_t *to) 
 static void walk_line(Ctx *x, Py_ssize_t line, int64_t *walked) {
     Py_ssize_t from = x->starts[line], to = line_end(x, line);
     int64_t key = UNSURE, prefix = 0;
-    if (!(x->dirty[line] & DIRTY_OTHER) && to - from <= MAX_LINE_BYTES &&
-        (!(x->dirty[line] & DIRTY_CR) || carriage_segment(x->d, &from, &to))) {
+    int dirty = x->dirty[line];
+    if (!(dirty & DIRTY_OTHER) && to - from <= MAX_LINE_BYTES &&
+        (!(dirty & DIRTY_CR) || carriage_segment(x->d, &from, &to))) {
         uint8_t h[HEAD];
         head_of(x->d, to, from, h); /* the segment alone: what lies past it is no part of it */
+        /* symbols past ASCII (plain_symbol) end a prefix for both parsers, as DEL does: the
+         * head's test for bytes cleaning may turn into ASCII need not see them */
+        if (dirty & DIRTY_SYMBOL)
+            for (int j = 0; j < HEAD; j++) h[j] = h[j] >= 0x80 ? 0x7F : h[j];
         line_key(x->d, to, from, h, &key, &prefix, x->hosts, NULL);
     }
     walked[0] = key;
@@ -408,7 +426,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS;
     {
-        Py_ssize_t line = 0;
+        Py_ssize_t line = 0, symbol_until = 0;
         for (Py_ssize_t base = 0; base < n && !failed; base += 16) {
             uint32_t mask;
 #ifdef __SSE2__
@@ -439,8 +457,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                         }
                         line++;
                     }
-                } else if (b == '\r' || b == 0 || b == 0x1b || b >= 128) {
-                    if (vec_push(&dirty_v, 2 * line + (b != '\r')) < 0) {
+                } else if (b >= 0x80 && i < symbol_until) {
+                    /* the rest of a symbol's bytes */
+                } else if (b == '\r' || b == 0 || b == 0x1b || b >= 0x80) {
+                    int what = b == '\r' ? DIRTY_CR : DIRTY_OTHER;
+                    if (b >= 0x80 && plain_symbol(d + i, n - i)) {
+                        what = DIRTY_SYMBOL;
+                        symbol_until = i + 3;
+                    }
+                    if (vec_push(&dirty_v, 8 * line + what) < 0) {
                         failed = 1;
                         break;
                     }
@@ -481,8 +506,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < dirty_v.n; j++)
-        dirty[dirty_v.v[j] / 2] |= dirty_v.v[j] % 2 ? DIRTY_OTHER : DIRTY_CR;
+    for (Py_ssize_t j = 0; j < dirty_v.n; j++) dirty[dirty_v.v[j] / 8] |= dirty_v.v[j] % 8;
     for (Py_ssize_t j = 0; j + 1 < glued_v.n; j += 2) glued[glued_v.v[j]] = glued_v.v[j + 1];
     walk_key = malloc((lines ? lines : 1) * 3 * sizeof(int64_t));
     if (walk_key == NULL) {

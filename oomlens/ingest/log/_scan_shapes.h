@@ -54,6 +54,27 @@ static inline int run_of(const uint8_t *table, const uint8_t *h, int first, int 
 
 static int lightning_digits(const uint8_t *h);
 
+static inline int ray_may_follow(const uint8_t *h, int p) {
+    if (p + 5 >= HEAD) return 1;
+    return memcmp(h + p, "pid=", 4) == 0 || memcmp(h + p, "rank=", 5) == 0;
+}
+
+/* Whether a head that opens with `(` is sure to hold no Ray prefix (prefixes._RAY: `(`, an
+ * optional `name ` of [A-Za-z_][\w.-]{0,60}, an optional `rank=N, `, then `pid=`): neither
+ * right after the parenthesis nor after a first word and a space comes `pid=` or `rank=`.  A
+ * byte past ASCII in that word (which `\w` may match) leaves it unsure. */
+static int not_ray(const uint8_t *h) {
+    if (ray_may_follow(h, 1)) return 0;
+    if (LETTER[h[1]] || h[1] == '_') {
+        int w = 1;
+        while (w < 61 && 1 + w < HEAD && (HOSTC[h[1 + w]] || h[1 + w] == '_')) w++;
+        if (1 + w >= HEAD - 1) return 0;
+        int stop = h[1 + w];
+        if (stop >= 0x7F || (stop == ' ' && ray_may_follow(h, 2 + w))) return 0;
+    }
+    return 1;
+}
+
 static int no_prefix(const uint8_t *h) {
     int first = h[0];
     if (first == '[') {
@@ -89,6 +110,7 @@ static int no_prefix(const uint8_t *h) {
         int host_like = at(h, r) == ':' && at(h, r + 1) == ' ';
         return r < HEAD - 2 && !host_like;
     }
+    if (first == '(') return not_ray(h);
     return ENDS_AT_ONCE[first];
 }
 
@@ -246,7 +268,12 @@ static void line_key(const uint8_t *d, Py_ssize_t n, Py_ssize_t s, const uint8_t
                 int end = close + 2;
                 end += at(h, end) == ' ';
                 int after = at(h, end);
-                int fast = !(after == '[' || after == '(');
+                int fast = after != '[';
+                if (after == '(') {
+                    uint8_t rest[HEAD];
+                    head_of(d, n, s + end, rest);
+                    fast = not_ray(rest);
+                }
                 int dated = after == '[' && end + 6 < HEAD && at(h, end + 5) == '-';
                 for (int j = 1; j < 5; j++) dated = dated && DIGIT[at(h, end + j)];
                 if (hosts == NULL) {

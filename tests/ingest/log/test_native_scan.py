@@ -344,6 +344,50 @@ def test_the_shapes_edges_scan_alike(prefix: str, tmp_path: Path) -> None:
 
 
 @needs_extension
+@pytest.mark.parametrize(
+    ("between", "walked"),
+    [
+        ("{bar}", True),  # tqdm's bar, rewritten with CRs, its blocks past ASCII
+        ("{bar}\r", True),
+        ("{bar}\r   \r", True),
+        ("[rank{other}]: \u2026 {bar}", True),  # an ellipsis right after a prefix
+        ("\u2460: {bar}", True),  # a circled digit: a digit to isdigit, none to \\d
+        ("\r\r", True),  # nothing before the CRs: an empty line
+        ("  \r  ", False),  # every segment blank: cleaning leaves nothing
+        ("\u202f[rank{other}]: x", False),  # spaces cleaning makes ASCII (textstream._NARROW)
+        ("\u2007{rank}: x", False),
+        ("\uff3brank{rank}\uff3d\uff1a x", False),  # full-width brackets: [rankN]: once cleaned
+        ("\x1b[32m[rank{rank}]: x\x1b[0m", False),  # ANSI colours
+    ],
+)
+def test_the_label_walk_reads_progress_bars_as_cleaning_does(
+    between: str, walked: bool, tmp_path: Path
+) -> None:
+    # a see_memory_usage line's label is its stream's line before: the walk back to it passes
+    # other streams' lines, a tqdm bar among them (the corpus's, as bench/reader_shapes makes
+    # it); where cleaning only picks a CR segment or leaves symbols as they are, the scan reads
+    # the walked line's stream itself, elsewhere it leaves the label to the reader
+    makers = reader_shapes._Bodies().makers()
+    rng = random.Random(3)
+    lines = []
+    for step in range(1, 40):
+        for rank in range(4):
+            bar = makers["tqdm_bar"](step, rank, rng)
+            lines.append(f"[rank{rank}]: " + makers["script_step"](step, rank, rng))
+            lines.append(between.format(bar=bar, other=(rank + 1) % 4, rank=rank))
+            lines.append(f"[rank{rank}]: " + makers["memory"](step, rank, rng))
+    data = ("\n".join(lines) + "\n").encode()
+    scan = native.scan(data, [0], b"")
+    memory = scan.kind == bulk.MEMORY
+    deferred = int((scan.label[memory] == bulk_labels.LABEL_DEFERRED).sum())
+    assert memory.sum() > 100 and (deferred == 0) == walked
+    path = tmp_path / "bars.log"
+    path.write_bytes(data)
+    fast, pure, applied = _facts_both(path)
+    assert fast == pure and applied > 100
+
+
+@needs_extension
 @settings(max_examples=300, deadline=None)
 @given(
     words=st.lists(
