@@ -61,6 +61,7 @@
 #define L_DEFERRED 1
 #define L_FAST 2
 #define L_WALK 3
+#define L_TEXT 4 /* lbegin..lend: the label's text itself, as bulk_labels.Labels.id_of reads it */
 
 /* ---- growable int64 arrays */
 
@@ -272,6 +273,56 @@ static void walk_line(Ctx *x, Py_ssize_t line, int64_t *walked) {
     walked[2] = to;
 }
 
+/* How long the head deepspeed._LOGGER matches at t is (a logger record's `[date time,ms]
+ * [LEVEL] [file:line:func] `), 0 when it does not. */
+static Py_ssize_t logger_head(const uint8_t *t, Py_ssize_t len) {
+    static const char stamp[] = "[0000-00-00 00:00:00,000] [";
+    Py_ssize_t i = (Py_ssize_t)sizeof stamp - 1;
+    if (len < i) return 0;
+    for (Py_ssize_t j = 0; j < i; j++)
+        if (stamp[j] == '0' ? !DIGIT[t[j]] : t[j] != (uint8_t)stamp[j]) return 0;
+    Py_ssize_t level = 0;
+    while (i + level < len && t[i + level] >= 'A' && t[i + level] <= 'Z' && level < 11) level++;
+    i += level;
+    if (level < 1 || level > 10 || i + 3 > len || memcmp(t + i, "] [", 3) != 0) return 0;
+    i += 3;
+    Py_ssize_t file = 0;
+    while (i + file < len && t[i + file] != ']' && t[i + file] != ':' && t[i + file] != '\n') file++;
+    i += file;
+    if (file < 1 || file > 120 || i >= len || t[i] != ':') return 0;
+    i++;
+    Py_ssize_t digits = 0;
+    while (i + digits < len && DIGIT[t[i + digits]]) digits++;
+    i += digits;
+    if (digits < 1 || digits > 7 || i >= len || t[i] != ':') return 0;
+    i++;
+    Py_ssize_t func = 0;
+    while (i + func < len && t[i + func] != ']' && t[i + func] != '\n') func++;
+    i += func;
+    if (func < 1 || func > 120 || i >= len || t[i] != ']') return 0;
+    i++;
+    return i < len && t[i] == ' ' ? i + 1 : i;
+}
+
+/* A label whose bytes cleaning leaves as they are (plain ASCII, no CR): its text as
+ * bulk_labels.Labels.id_of makes it (strip_logger, strip, none when empty or itself a memory
+ * line, cut to 200), so that Python makes one string per distinct text, nothing per line. */
+static void label_text(Ctx *x, Py_ssize_t k, Py_ssize_t source) {
+    Py_ssize_t b = x->lbegin[k], e = x->lend[k];
+    if (x->dirty[source] || e < b || e - b > MAX_LINE_BYTES) return;
+    const uint8_t *d = x->d;
+    b += logger_head(d + b, e - b);
+    while (b < e && is_space(d[b])) b++;
+    while (e > b && is_space(d[e - 1])) e--;
+    if (b == e || memmem(d + b, e - b, "Max_MA", 6) || memmem(d + b, e - b, "CPU Virtual Memory", 18)) {
+        x->lstatus[k] = L_NONE;
+        return;
+    }
+    x->lbegin[k] = b;
+    x->lend[k] = e - b > 200 ? b + 200 : e;
+    x->lstatus[k] = L_TEXT;
+}
+
 /* 5. hits from..to: labels (bulk._labels, bulk._walk): the line before with the same raw
  * prefix, else the nearest of the 16 lines before, within 16 KiB, of the same stream */
 static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
@@ -297,6 +348,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                 x->lstatus[k] = L_FAST;
                 x->lbegin[k] = prev_start + pl;
                 x->lend[k] = begin - 1;
+                label_text(x, k, line - 1);
                 continue;
             }
         }
@@ -305,6 +357,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                             : (before > block_start - LABEL_WINDOW ? before
                                                                    : block_start - LABEL_WINDOW);
         int status = L_NONE; /* 16 lines and no stop */
+        Py_ssize_t source = -1;
         Py_ssize_t after_edge = begin;
         for (int step = 1; step <= LABEL_LINES; step++) {
             Py_ssize_t target = line - step;
@@ -322,6 +375,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                 status = L_WALK;
                 x->lbegin[k] = walked[1];
                 x->lend[k] = walked[2];
+                source = target;
                 break;
             }
             if (tk == UNSURE) {
@@ -331,6 +385,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
             after_edge = starts[target];
         }
         x->lstatus[k] = (int8_t)status;
+        if (status == L_WALK) label_text(x, k, source);
     }
 }
 
@@ -694,12 +749,14 @@ static int stamped(const uint8_t *t, Py_ssize_t len) {
     return 1;
 }
 
-/* label_keys(data, begins, ends): the rows' texts data[begin:end] grouped by Labels.id_of's
- * cache key (the text less a logger record's timestamp, stamped and plain texts apart): the
- * first row of each key in the order keys first occur, and each row's key number. */
+/* label_keys(data, begins, ends, exact=False): the rows' texts data[begin:end] grouped by
+ * Labels.id_of's cache key (the text less a logger record's timestamp, stamped and plain texts
+ * apart; exact: the texts themselves): the first row of each key in the order keys first
+ * occur, and each row's key number. */
 static PyObject *label_keys(PyObject *self, PyObject *args) {
     Py_buffer view, bview, eview;
-    if (!PyArg_ParseTuple(args, "y*y*y*", &view, &bview, &eview)) return NULL;
+    int exact = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*|p", &view, &bview, &eview, &exact)) return NULL;
     PyObject *result = NULL, *firsts = NULL, *inverse = NULL;
     Py_ssize_t rows = bview.len / (Py_ssize_t)sizeof(int64_t), keys = 0, size = 16;
     const int64_t *begins = bview.buf, *ends = eview.buf;
@@ -730,7 +787,7 @@ static PyObject *label_keys(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const uint8_t *t = d + begins[r];
         Py_ssize_t len = ends[r] - begins[r];
-        int st = stamped(t, len);
+        int st = !exact && stamped(t, len);
         const uint8_t *k = t + 26 * st;
         Py_ssize_t klen = len - 26 * st;
         uint64_t h = 1469598103934665603ull ^ (uint64_t)st;
@@ -746,7 +803,7 @@ static PyObject *label_keys(PyObject *self, PyObject *args) {
             }
             const uint8_t *other = d + begins[first[found]];
             Py_ssize_t olen = ends[first[found]] - begins[first[found]];
-            int ost = stamped(other, olen);
+            int ost = !exact && stamped(other, olen);
             if (ost == st && olen - 26 * ost == klen && memcmp(other + 26 * ost, k, klen) == 0) {
                 inv[r] = found;
                 break;
@@ -950,7 +1007,8 @@ static PyMethodDef METHODS[] = {
      "first_seen(values): each distinct int64 value's first position, in order, and each "
      "value's group (bulk_apply.first_seen)"},
     {"label_keys", label_keys, METH_VARARGS,
-     "label_keys(data, begins, ends): each key's first row and each row's key (Labels.ids_of)"},
+     "label_keys(data, begins, ends, exact=False): each key's first row and each row's key "
+     "(Labels.ids_of; exact: by the texts themselves)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -113,11 +113,20 @@ class BatchScan:
     labels: list[str] = field(default_factory=list)
     progress_bars: list[bool] = field(default_factory=list)
     """Per block: whether it holds a tqdm bar's anchor (``LogReader.sample_progress_bar``)."""
+    label_index: dict[str, int] | None = None
+    """``labels``'s ids by text, once asked for (``label_ids``)."""
     hosts: list[str] = field(default_factory=list)
     """The pdsh hosts the keys name (``bulk_keys.HOST_ROLE``), by index."""
     host_followed: list[bool] = field(default_factory=list)
     """Per host: whether a hit line gave it before a known prefix (``strip_prefixes`` then
     remembers it in ``known_hosts``)."""
+
+
+def label_ids(scan: BatchScan) -> dict[str, int]:
+    """The id of each of ``scan.labels`` by its text (distinct texts: one id each), made once."""
+    if scan.label_index is None or len(scan.label_index) != len(scan.labels):
+        scan.label_index = {text: k for k, text in enumerate(scan.labels)}
+    return scan.label_index
 
 
 def _empty_scan(line_counts: list[int]) -> BatchScan:

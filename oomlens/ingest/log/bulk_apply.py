@@ -319,20 +319,19 @@ def _feed_keepers(
     ranks = run.rank[np.maximum(line, 0)].copy()
     hosts = run.host[np.maximum(line, 0)].copy()
     labels = np.where(line >= 0, scan.label[j], bulk_labels.LABEL_NONE).astype(np.int64)
-    texts: list[str] = list(scan.labels)
-    ids: dict[str, int] = {}
+    extra: list[str] = []
+    extra_ids: dict[str, int] = {}
 
     def text_id(text: str | None) -> int:
+        # the scan's id of a text it holds (its table, made once per scan), else one past them
         if text is None:
             return bulk_labels.LABEL_NONE
-        found = ids.get(text)
+        found = bulk.label_ids(scan).get(text)
         if found is None:
-            if not ids:
-                ids.update((t, k) for k, t in enumerate(texts))
-            found = ids.get(text)
+            found = extra_ids.get(text)
             if found is None:
-                found = ids[text] = len(texts)
-                texts.append(text)
+                found = extra_ids[text] = len(scan.labels) + len(extra)
+                extra.append(text)
         return found
 
     for r in np.flatnonzero(labels == bulk_labels.LABEL_DEFERRED).tolist():
@@ -344,6 +343,7 @@ def _feed_keepers(
             ranks[r] = -1 if p[0].rank is None else p[0].rank
             hosts[r] = run.host_index(p[0].host)
             labels[r] = text_id(p[1])
+    texts = scan.labels + extra if extra else scan.labels
     cpu_rows = cpu >= 0
     cpu_used = scan.a[lo + np.maximum(cpu, 0)].astype(np.float64)
     # Each rank's keeper (of a host), made on first use up to the cap (one past it is dropped).
@@ -475,9 +475,8 @@ class _SampleRows:
 
 def _texts_of(texts: list[str], ids: np.ndarray) -> list[str | None]:
     """The label texts of ``ids`` (None for those below 0)."""
-    table = np.empty(len(texts) + 1, dtype=object)
-    table[: len(texts)] = texts
-    result: list[str | None] = table[np.where(ids < 0, len(texts), ids)].tolist()
+    # by the rows asked about, not the table (a scan of labels naming their step: 10^4 texts)
+    result: list[str | None] = [texts[i] if i >= 0 else None for i in ids.tolist()]
     return result
 
 

@@ -106,14 +106,16 @@ def _looks_like_host(name: str) -> bool:
     return any(ch.isdigit() or ch == "-" for ch in name)
 
 
-_FAST = lazy_regex(r"\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?")
+_FAST = lazy_regex(
+    r"\[(?:[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?|rank: \d{1,6}\] )"
+)
 _FAST_CACHE: dict[str, LinePrefix] = {}
 
 
 def strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str, LinePrefix]:
     """``(rest_of_line, prefix)``; see ``_strip_prefixes``.  The common torchrun/excepthook
-    stack (``[default0]:``, ``[rank3]: ``, both) is recognised in one match and its metadata
-    cached."""
+    stack (``[default0]:``, ``[rank3]: ``, both) and Lightning's ``[rank: 3] `` are recognised
+    in one match and their metadata cached."""
     if text[:1] == "[":
         match = _FAST.match(text)
         if match is not None:

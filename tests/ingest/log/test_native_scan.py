@@ -387,6 +387,47 @@ def test_the_label_walk_reads_progress_bars_as_cleaning_does(
     assert fast == pure and applied > 100
 
 
+def _label_lines() -> list[str]:
+    """Labels at every bound of what ``Labels.id_of`` reads of them: a logger record's head
+    (``deepspeed._LOGGER``: level, file, line number and function at and past their lengths),
+    whitespace around, the 200-character cut, texts that are no label."""
+    stamp = "[2026-11-30 06:00:01,407]"
+    labels = ["after forward", "  \t after backward \x0b\x1c", "", "   ", "x" * 199, "y" * 201]
+    labels += ["before Max_MA", "CPU Virtual Memory: x", "step 3: loss 1.5 (0.2s)"]
+    for level in ("INFO", "A" * 10, "A" * 11, "", "info"):
+        for file in ("utils.py", "f" * 120, "f" * 121, "a:b"):
+            for line in ("1", "1234567", "12345678", ""):
+                for func in ("see_memory_usage", "a:b", "g" * 120, "g" * 121):
+                    labels.append(f"{stamp} [{level}] [{file}:{line}:{func}] before step 4")
+    labels += [f"{stamp} [INFO] [utils.py:1:f]before", f"{stamp} [INFO] [utils.py:1:f]  x  "]
+    labels += [f"{stamp} [INFO] [utils.py:1:f] ", f"{stamp}  [INFO] [u.py:1:f] x", f"{stamp} x"]
+    return labels
+
+
+@needs_extension
+@pytest.mark.parametrize("prefix", ["", "[rank3]: ", "node-2: [rank1]: "])
+def test_label_texts_made_in_the_scan_are_the_readers(prefix: str, tmp_path: Path) -> None:
+    # the scan makes a plain label's text itself (Python makes one string per distinct text):
+    # the texts, and the facts, are those of the per-line path
+    memory = "MA 3.82 GB         Max_MA 5.19 GB         CA 7.4 GB         Max_CA 7 GB "
+    lines = []
+    for k, label in enumerate(_label_lines()):
+        lines.append(prefix + label)
+        if k % 3 == 0:  # the label walk: a line of another stream between
+            lines.append(f"[rank{k % 7 + 10}]: step {k} loss 1.0")
+        lines.append(prefix + memory)
+    data = ("\n".join(lines) + "\n").encode()
+    scan = native.scan(data, [0], b"")
+    rows = scan.kind == bulk.MEMORY
+    assert rows.sum() > 300
+    texts = {scan.labels[i] for i in scan.label[rows] if i >= 0}
+    assert "after forward" in texts and "x" * 199 in texts and "y" * 200 in texts
+    path = tmp_path / "labels.log"
+    path.write_bytes(data)
+    fast, pure, applied = _facts_both(path)
+    assert fast == pure and applied > 100
+
+
 @needs_extension
 @settings(max_examples=300, deadline=None)
 @given(
