@@ -32,6 +32,7 @@ none, its timestamp is a valid date.  Anything else is a line for the per-line p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -281,7 +282,9 @@ def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
         label.append(np.where(own, renumber[np.where(own, scan.label, 0)], scan.label))
         line_offset += sum(scan.line_counts)
         byte_offset += size
-    carried = {name: np.concatenate([getattr(scan, name) for scan in scans]) for name in _CARRIED}
+    carried: dict[str, Any] = {
+        name: np.concatenate([getattr(scan, name) for scan in scans]) for name in _CARRIED
+    }
     return BatchScan(
         line_counts=[count for scan in scans for count in scan.line_counts],
         hit_line=np.concatenate(hit_line),
