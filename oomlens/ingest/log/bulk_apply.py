@@ -515,7 +515,7 @@ class _TailRows(Sequence[MemorySample]):
     ends); the tails of a dense 1 GiB log are 123k rows, read about one in ten.  Holds its
     own rows' fields alone, whatever the run."""
 
-    __slots__ = ("build", "built", "columns")
+    __slots__ = ("build", "built", "columns", "rows")
 
     def __init__(
         self,
@@ -524,6 +524,9 @@ class _TailRows(Sequence[MemorySample]):
         built: dict[int, MemorySample],
     ) -> None:
         self.build, self.columns, self.built = build, columns, built
+        self.rows: list[tuple[Any, ...]] | None = None
+        """The rows' fields as tuples, made at the first read (at most 32 rows; a series
+        pushed on by short runs reads most of them, one by one)."""
 
     def __len__(self) -> int:
         return len(self.columns[0])
@@ -538,7 +541,9 @@ class _TailRows(Sequence[MemorySample]):
         found = self.built.get(j)
         if found is not None:
             return found
-        return cast(MemorySample, Lazy(self.build, tuple(column[j] for column in self.columns)))
+        if self.rows is None:
+            self.rows = list(zip(*self.columns, strict=True))
+        return cast(MemorySample, Lazy(self.build, self.rows[j]))
 
 
 class _Builder:
