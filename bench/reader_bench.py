@@ -16,7 +16,8 @@ Logs, from the corpus's real lines:
 Each row runs in a fresh process on the same page-cached file; wall time, CPU time (the
 process and the workers it waited for) and peak RSS come from ``wait4``.  ``oomlens`` rows
 print a digest of the facts: the same digest for every ``--jobs`` (checked here).  Snapshots:
-``bench/snapshot_bench.py`` (100 MB and 1 GB, corpus shape, stacks='all'), its table as is.
+``bench/snapshot_bench.py`` (100 MB and 1 GB, the corpus's layout: stacks='all', frames shared,
+``--snapshot-layouts`` for others), its table as is.
 
     python bench/reader_bench.py [--size-gb 1] [--jobs 1 2] [--rounds 3] [--skip-snapshots]
                                  [--dir /tmp] [--shapes issue15 ds_print ... mixed random]
@@ -232,6 +233,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-snapshots", action="store_true")
     parser.add_argument("--snapshot-mb", type=float, nargs="+", default=[100.0, 1000.0])
+    parser.add_argument("--snapshot-layouts", nargs="+", default=["all-shared"])
     shapes = ["issue15", *reader_shapes.SHAPES, "mixed", "random"]
     parser.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
     parser.add_argument("--density", nargs="+", choices=DENSITIES, default=list(DENSITIES))
@@ -263,6 +265,9 @@ def main() -> None:
     if not args.skip_snapshots:
         command = [sys.executable, str(ROOT / "bench" / "snapshot_bench.py"), "--skip-memviz"]
         command += ["--size-mb", *[str(s) for s in args.snapshot_mb]]
+        # issue 15's snapshot (the corpus's layout): every layout at 1 GB would write ~10 GB;
+        # bench/snapshot_bench.py alone measures them all
+        command += ["--layouts", *args.snapshot_layouts]
         subprocess.run(command, check=True)
     print("\nsummary")
     for line in summary:

@@ -51,11 +51,17 @@
 #define B_DS_CPU (1LL << 4)
 #define B_FLUSH (1LL << 5)
 #define B_STEP (1LL << 15)
+/* what cleaning changes in a line: which CR segment is read; bytes (NUL, ESC, past ASCII);
+ * nothing, but the line holds symbols past ASCII (plain_symbol) */
+#define DIRTY_CR 1
+#define DIRTY_OTHER 2
+#define DIRTY_SYMBOL 4
 /* label statuses handed to Python */
 #define L_NONE 0
 #define L_DEFERRED 1
 #define L_FAST 2
 #define L_WALK 3
+#define L_TEXT 4 /* lbegin..lend: the label's text itself, as bulk_labels.Labels.id_of reads it */
 
 /* ---- growable int64 arrays */
 
@@ -96,8 +102,10 @@ typedef struct {
     Py_ssize_t n;
     const int64_t *starts;
     Py_ssize_t lines;
-    const uint8_t *dirty;
-    int64_t *walk_key; /* per line: its key for the walk, once read (UNSURE - 1: not yet) */
+    const uint8_t *dirty; /* per line: DIRTY_CR, DIRTY_OTHER: what cleaning changes */
+    const int64_t *glued; /* per line: where its last `[rank`/`[default` past its start is (0: none) */
+    Hosts *hosts;
+    int64_t *walk_key; /* per line: walk_line's key, label begin and end (UNSURE - 1: not yet) */
     const int64_t *block_first, *bstart;
     Py_ssize_t nblocks, prev_tail_len;
     int64_t *hl, *hb, *hs, *key, *pid, *plen, *ts, *fa, *fb, *fc, *fd, *lbegin, *lend, *fe, *fh;
@@ -135,12 +143,15 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         uint8_t h[HEAD];
         head_of(d, x->n, s, h);
         int64_t kk, pl;
-        line_key(d, x->n, s, h, &kk, &pl);
+        int followed;
+        line_key(d, x->n, s, h, &kk, &pl, x->hosts, &followed);
+        if (kk >= HOST_ROLE && followed) x->hosts->followed[kk / HOST_ROLE - 1] = 1;
         x->hs[k] = s;
         x->key[k] = kk;
         x->plen[k] = pl;
-        int space = at(h, pl > 0 ? pl - 1 : 0) == ' ';
-        x->pid[k] = (kk + 2) * 64 + pl * 2 + (space && pl > 0);
+        int space = pl > 0 && s + pl - 1 < x->n && d[s + pl - 1] == ' ';
+        /* equal ids, equal prefix texts: the key, the length, a space at its end, the form */
+        x->pid[k] = (((kk + 2) * 512 + pl * 2 + space) << 1) + (lightning_digits(h) > 0);
         x->kind[k] = NONE;
         x->ts[k] = NO_TS;
         x->fa[k] = 0;
@@ -153,7 +164,8 @@ static void shape_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
         x->lstatus[k] = L_NONE;
         x->lbegin[k] = x->lend[k] = 0;
         x->consumed[k] = 0;
-        if (x->dirty[line] || kk == UNSURE) continue;
+        /* a line whose rest holds another rank's prefix (reader._GLUED) is read line by line */
+        if (x->dirty[line] || kk == UNSURE || x->glued[line] > s + pl) continue;
         int64_t bits = x->hb[k];
         int shape = bits == B_DS_MEMORY ? MEMORY
                     : bits == B_DS_CPU  ? CPU
@@ -201,6 +213,116 @@ static void read_cpu_ahead(Ctx *x, Py_ssize_t from, Py_ssize_t to, Py_ssize_t hi
     }
 }
 
+/* Whether the bytes at t open a character of U+2010..U+2BFF other than U+202F, encoded as UTF-8
+ * (punctuation, arrows, box drawing, tqdm's block elements, geometric shapes, symbols):
+ * LineCleaner.clean leaves it as it is (not in textstream._NARROW, valid UTF-8), and the
+ * prefix parser takes it for no part of a prefix (no decimal digit, `\d`, among them; the
+ * letters and other digits there fail its ASCII classes, as they fail the scan's). */
+static int plain_symbol(const uint8_t *t, Py_ssize_t left) {
+    if (left < 3 || t[0] != 0xE2 || t[1] < 0x80 || t[1] > 0xAF || (t[2] & 0xC0) != 0x80) return 0;
+    int code = 0x2000 + ((t[1] - 0x80) << 6) + (t[2] - 0x80);
+    return code >= 0x2010 && code != 0x202F;
+}
+
+/* The last non-blank segment of a line a progress bar rewrote with CRs (what
+ * textstream.last_carriage_segment keeps of it, and LineCleaner.clean reads), from..to; 0 when
+ * every segment is blank. */
+static int carriage_segment(const uint8_t *d, Py_ssize_t *from, Py_ssize_t *to) {
+    Py_ssize_t s = *from, e = *to;
+    while (e > s && d[e - 1] == '\r') e--;
+    const uint8_t *cr = memchr(d + s, '\r', e - s);
+    if (cr == NULL) {
+        *to = e;
+        return 1;
+    }
+    while (e > s) {
+        Py_ssize_t b = e;
+        while (b > s && d[b - 1] != '\r') b--;
+        for (Py_ssize_t j = b; j < e; j++) {
+            uint8_t c = d[j];
+            if (!(c == ' ' || c == '\t' || c == 0x0b || c == 0x0c)) {
+                *from = b;
+                *to = e;
+                return 1;
+            }
+        }
+        e = b > s ? b - 1 : s;
+    }
+    return 0;
+}
+
+/* A line the label walk passes (reader_context.label_before's strip_prefixes of its cleaned
+ * text): its stream key (UNSURE where cleaning changes more than which CR segment is read,
+ * or cuts it), and where its text after the prefix begins and ends. */
+static void walk_line(Ctx *x, Py_ssize_t line, int64_t *walked) {
+    Py_ssize_t from = x->starts[line], to = line_end(x, line);
+    int64_t key = UNSURE, prefix = 0;
+    int dirty = x->dirty[line];
+    if (!(dirty & DIRTY_OTHER) && to - from <= MAX_LINE_BYTES &&
+        (!(dirty & DIRTY_CR) || carriage_segment(x->d, &from, &to))) {
+        uint8_t h[HEAD];
+        head_of(x->d, to, from, h); /* the segment alone: what lies past it is no part of it */
+        /* symbols past ASCII (plain_symbol) end a prefix for both parsers, as DEL does: the
+         * head's test for bytes cleaning may turn into ASCII need not see them */
+        if (dirty & DIRTY_SYMBOL)
+            for (int j = 0; j < HEAD; j++) h[j] = h[j] >= 0x80 ? 0x7F : h[j];
+        line_key(x->d, to, from, h, &key, &prefix, x->hosts, NULL);
+    }
+    walked[0] = key;
+    walked[1] = from + prefix;
+    walked[2] = to;
+}
+
+/* How long the head deepspeed._LOGGER matches at t is (a logger record's `[date time,ms]
+ * [LEVEL] [file:line:func] `), 0 when it does not. */
+static Py_ssize_t logger_head(const uint8_t *t, Py_ssize_t len) {
+    static const char stamp[] = "[0000-00-00 00:00:00,000] [";
+    Py_ssize_t i = (Py_ssize_t)sizeof stamp - 1;
+    if (len < i) return 0;
+    for (Py_ssize_t j = 0; j < i; j++)
+        if (stamp[j] == '0' ? !DIGIT[t[j]] : t[j] != (uint8_t)stamp[j]) return 0;
+    Py_ssize_t level = 0;
+    while (i + level < len && t[i + level] >= 'A' && t[i + level] <= 'Z' && level < 11) level++;
+    i += level;
+    if (level < 1 || level > 10 || i + 3 > len || memcmp(t + i, "] [", 3) != 0) return 0;
+    i += 3;
+    Py_ssize_t file = 0;
+    while (i + file < len && t[i + file] != ']' && t[i + file] != ':' && t[i + file] != '\n') file++;
+    i += file;
+    if (file < 1 || file > 120 || i >= len || t[i] != ':') return 0;
+    i++;
+    Py_ssize_t digits = 0;
+    while (i + digits < len && DIGIT[t[i + digits]]) digits++;
+    i += digits;
+    if (digits < 1 || digits > 7 || i >= len || t[i] != ':') return 0;
+    i++;
+    Py_ssize_t func = 0;
+    while (i + func < len && t[i + func] != ']' && t[i + func] != '\n') func++;
+    i += func;
+    if (func < 1 || func > 120 || i >= len || t[i] != ']') return 0;
+    i++;
+    return i < len && t[i] == ' ' ? i + 1 : i;
+}
+
+/* A label whose bytes cleaning leaves as they are (plain ASCII, no CR): its text as
+ * bulk_labels.Labels.id_of makes it (strip_logger, strip, none when empty or itself a memory
+ * line, cut to 200), so that Python makes one string per distinct text, nothing per line. */
+static void label_text(Ctx *x, Py_ssize_t k, Py_ssize_t source) {
+    Py_ssize_t b = x->lbegin[k], e = x->lend[k];
+    if (x->dirty[source] || e < b || e - b > MAX_LINE_BYTES) return;
+    const uint8_t *d = x->d;
+    b += logger_head(d + b, e - b);
+    while (b < e && is_space(d[b])) b++;
+    while (e > b && is_space(d[e - 1])) e--;
+    if (b == e || memmem(d + b, e - b, "Max_MA", 6) || memmem(d + b, e - b, "CPU Virtual Memory", 18)) {
+        x->lstatus[k] = L_NONE;
+        return;
+    }
+    x->lbegin[k] = b;
+    x->lend[k] = e - b > 200 ? b + 200 : e;
+    x->lstatus[k] = L_TEXT;
+}
+
 /* 5. hits from..to: labels (bulk._labels, bulk._walk): the line before with the same raw
  * prefix, else the nearest of the 16 lines before, within 16 KiB, of the same stream */
 static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
@@ -226,6 +348,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                 x->lstatus[k] = L_FAST;
                 x->lbegin[k] = prev_start + pl;
                 x->lend[k] = begin - 1;
+                label_text(x, k, line - 1);
                 continue;
             }
         }
@@ -234,6 +357,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                             : (before > block_start - LABEL_WINDOW ? before
                                                                    : block_start - LABEL_WINDOW);
         int status = L_NONE; /* 16 lines and no stop */
+        Py_ssize_t source = -1;
         Py_ssize_t after_edge = begin;
         for (int step = 1; step <= LABEL_LINES; step++) {
             Py_ssize_t target = line - step;
@@ -242,20 +366,16 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
                 status = window >= 0 && after_edge == window ? L_NONE : L_DEFERRED;
                 break;
             }
-            int64_t tk = x->walk_key[2 * target], tp = x->walk_key[2 * target + 1];
-            if (tk == UNSURE - 1) { /* consecutive memory lines walk over the same lines */
-                uint8_t h[HEAD];
-                head_of(d, n, starts[target], h);
-                line_key(d, n, starts[target], h, &tk, &tp);
-                if (x->dirty[target] || line_end(x, target) - starts[target] > MAX_LINE_BYTES)
-                    tk = UNSURE;
-                x->walk_key[2 * target] = tk;
-                x->walk_key[2 * target + 1] = tp;
+            int64_t *walked = x->walk_key + 3 * target;
+            if (walked[0] == UNSURE - 1) { /* consecutive memory lines walk over the same lines */
+                walk_line(x, target, walked);
             }
+            int64_t tk = walked[0];
             if (tk == x->key[k]) {
                 status = L_WALK;
-                x->lbegin[k] = starts[target] + tp;
-                x->lend[k] = line_end(x, target);
+                x->lbegin[k] = walked[1];
+                x->lend[k] = walked[2];
+                source = target;
                 break;
             }
             if (tk == UNSURE) {
@@ -265,6 +385,7 @@ static void label_hits(Ctx *x, Py_ssize_t from, Py_ssize_t to) {
             after_edge = starts[target];
         }
         x->lstatus[k] = (int8_t)status;
+        if (status == L_WALK) label_text(x, k, source);
     }
 }
 
@@ -321,8 +442,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t n = view.len;
     const int64_t *bstart = blocks_view.buf;
     Py_ssize_t nblocks = blocks_view.len / (Py_ssize_t)sizeof(int64_t);
-    Vec starts = {0}, hit_off = {0}, hit_bits = {0}, dirty_v = {0}, bar_at = {0};
+    Vec starts = {0}, hit_off = {0}, hit_bits = {0}, dirty_v = {0}, bar_at = {0}, glued_v = {0};
     uint8_t *dirty = NULL;
+    int64_t *glued = NULL;
+    Hosts *hosts = NULL;
     int64_t *walk_key = NULL;
     int64_t *block_first = NULL;
     Out o[OUTPUTS] = {{0}};
@@ -330,8 +453,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (m == NULL) goto done;
     int use_pivots = pivots && HAVE_PIVOT_SEARCH && m->pivots_usable && pivot_search_works();
 
-    /* 1. lines, and the lines cleaning would change or the per-line path re-reads (bulk._Lines:
-     * CR, NUL, ESC, a byte past ASCII, a "[rank"/"[default" past a line's start), in one pass
+    /* 1. lines, the lines cleaning would change (bulk._Lines: CR, NUL, ESC, a byte past
+     * ASCII) and where a "[rank"/"[default" past a line's start is (the per-line path re-reads
+     * the line from there when it lies past the line's prefixes: reader._GLUED), in one pass
      * that looks at 16 bytes at a time for the few that matter (a newline, a control byte, a
      * byte past ASCII, a bracket) */
     /* tqdm's anchors (steps.TQDM_ANCHORS): those with a slash are found in pass 1, from it */
@@ -357,7 +481,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS;
     {
-        Py_ssize_t line = 0;
+        Py_ssize_t line = 0, symbol_until = 0;
         for (Py_ssize_t base = 0; base < n && !failed; base += 16) {
             uint32_t mask;
 #ifdef __SSE2__
@@ -388,8 +512,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                         }
                         line++;
                     }
-                } else if (b == '\r' || b == 0 || b == 0x1b || b >= 128) {
-                    if (vec_push(&dirty_v, line) < 0) {
+                } else if (b >= 0x80 && i < symbol_until) {
+                    /* the rest of a symbol's bytes */
+                } else if (b == '\r' || b == 0 || b == 0x1b || b >= 0x80) {
+                    int what = b == '\r' ? DIRTY_CR : DIRTY_OTHER;
+                    if (b >= 0x80 && plain_symbol(d + i, n - i)) {
+                        what = DIRTY_SYMBOL;
+                        symbol_until = i + 3;
+                    }
+                    if (vec_push(&dirty_v, 8 * line + what) < 0) {
                         failed = 1;
                         break;
                     }
@@ -407,7 +538,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 } else if (b == '[' && i > 0 && d[i - 1] != '\n') {
                     if ((n - i >= 5 && memcmp(d + i, "[rank", 5) == 0) ||
                         (n - i >= 8 && memcmp(d + i, "[default", 8) == 0)) {
-                        if (vec_push(&dirty_v, line) < 0) {
+                        if (vec_push(&glued_v, line) < 0 || vec_push(&glued_v, i) < 0) {
                             failed = 1;
                             break;
                         }
@@ -423,18 +554,21 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     Py_ssize_t lines = starts.n;
     dirty = calloc(lines ? lines : 1, 1);
+    glued = calloc(lines ? lines : 1, sizeof(int64_t));
+    hosts = calloc(1, sizeof(Hosts));
     block_first = calloc(nblocks ? nblocks : 1, sizeof(int64_t));
-    if (dirty == NULL || block_first == NULL) {
+    if (dirty == NULL || glued == NULL || hosts == NULL || block_first == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < dirty_v.n; j++) dirty[dirty_v.v[j]] = 1;
-    walk_key = malloc((lines ? lines : 1) * 2 * sizeof(int64_t));
+    for (Py_ssize_t j = 0; j < dirty_v.n; j++) dirty[dirty_v.v[j] / 8] |= dirty_v.v[j] % 8;
+    for (Py_ssize_t j = 0; j + 1 < glued_v.n; j += 2) glued[glued_v.v[j]] = glued_v.v[j + 1];
+    walk_key = malloc((lines ? lines : 1) * 3 * sizeof(int64_t));
     if (walk_key == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < 2 * lines; j++) walk_key[j] = UNSURE - 1;
+    for (Py_ssize_t j = 0; j < 3 * lines; j++) walk_key[j] = UNSURE - 1;
     /* blocks' first lines */
     {
         Py_ssize_t line_at = 0;
@@ -457,6 +591,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
              .starts = starts.v,
              .lines = lines,
              .dirty = dirty,
+             .glued = glued,
+             .hosts = hosts,
              .walk_key = walk_key,
              .block_first = block_first,
              .bstart = bstart,
@@ -551,7 +687,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 bars[b] = 1;
         }
     }
-    result = PyTuple_New(OUTPUTS);
+    result = PyTuple_New(OUTPUTS + 2);
     if (result == NULL) goto done;
     for (int j = 0; j < OUTPUTS; j++) {
         if (PyByteArray_Resize(o[j].obj, sizes[j]) < 0) {
@@ -561,11 +697,35 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(result, j, o[j].obj);
         o[j].obj = NULL;
     }
+    /* the hosts' names, each ended by a newline, in id order; whether each was followed */
+    {
+        Py_ssize_t total = 0;
+        for (int j = 0; j < hosts->n; j++) total += hosts->len[j] + 1;
+        PyObject *names = PyBytes_FromStringAndSize(NULL, total);
+        PyObject *followed = PyBytes_FromStringAndSize((const char *)hosts->followed, hosts->n);
+        if (names == NULL || followed == NULL) {
+            Py_XDECREF(names);
+            Py_XDECREF(followed);
+            Py_CLEAR(result);
+            goto done;
+        }
+        char *w = PyBytes_AS_STRING(names);
+        for (int j = 0; j < hosts->n; j++) {
+            memcpy(w, hosts->text[j], hosts->len[j]);
+            w += hosts->len[j];
+            *w++ = '\n';
+        }
+        PyTuple_SET_ITEM(result, OUTPUTS, names);
+        PyTuple_SET_ITEM(result, OUTPUTS + 1, followed);
+    }
 done:
     for (int j = 0; j < OUTPUTS; j++) Py_XDECREF(o[j].obj);
     memo_free(&memo);
     free(starts.v);
     free(dirty_v.v);
+    free(glued_v.v);
+    free(glued);
+    free(hosts);
     free(bar_at.v);
     free(walk_key);
     free(hit_off.v);
@@ -589,12 +749,14 @@ static int stamped(const uint8_t *t, Py_ssize_t len) {
     return 1;
 }
 
-/* label_keys(data, begins, ends): the rows' texts data[begin:end] grouped by Labels.id_of's
- * cache key (the text less a logger record's timestamp, stamped and plain texts apart): the
- * first row of each key in the order keys first occur, and each row's key number. */
+/* label_keys(data, begins, ends, exact=False): the rows' texts data[begin:end] grouped by
+ * Labels.id_of's cache key (the text less a logger record's timestamp, stamped and plain texts
+ * apart; exact: the texts themselves): the first row of each key in the order keys first
+ * occur, and each row's key number. */
 static PyObject *label_keys(PyObject *self, PyObject *args) {
     Py_buffer view, bview, eview;
-    if (!PyArg_ParseTuple(args, "y*y*y*", &view, &bview, &eview)) return NULL;
+    int exact = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*|p", &view, &bview, &eview, &exact)) return NULL;
     PyObject *result = NULL, *firsts = NULL, *inverse = NULL;
     Py_ssize_t rows = bview.len / (Py_ssize_t)sizeof(int64_t), keys = 0, size = 16;
     const int64_t *begins = bview.buf, *ends = eview.buf;
@@ -625,7 +787,7 @@ static PyObject *label_keys(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const uint8_t *t = d + begins[r];
         Py_ssize_t len = ends[r] - begins[r];
-        int st = stamped(t, len);
+        int st = !exact && stamped(t, len);
         const uint8_t *k = t + 26 * st;
         Py_ssize_t klen = len - 26 * st;
         uint64_t h = 1469598103934665603ull ^ (uint64_t)st;
@@ -641,7 +803,7 @@ static PyObject *label_keys(PyObject *self, PyObject *args) {
             }
             const uint8_t *other = d + begins[first[found]];
             Py_ssize_t olen = ends[first[found]] - begins[first[found]];
-            int ost = stamped(other, olen);
+            int ost = !exact && stamped(other, olen);
             if (ost == st && olen - 26 * ost == klen && memcmp(other + 26 * ost, k, klen) == 0) {
                 inv[r] = found;
                 break;
@@ -845,7 +1007,8 @@ static PyMethodDef METHODS[] = {
      "first_seen(values): each distinct int64 value's first position, in order, and each "
      "value's group (bulk_apply.first_seen)"},
     {"label_keys", label_keys, METH_VARARGS,
-     "label_keys(data, begins, ends): each key's first row and each row's key (Labels.ids_of)"},
+     "label_keys(data, begins, ends, exact=False): each key's first row and each row's key "
+     "(Labels.ids_of; exact: by the texts themselves)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -871,6 +1034,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
         {"MAX_LINE_BYTES", MAX_LINE_BYTES}, {"DS_MEMORY", B_DS_MEMORY},
         {"DS_CPU", B_DS_CPU},       {"FLUSH", B_FLUSH},
         {"STEP", B_STEP},           {"HEAD", HEAD},
+        {"HOST_ROLE", HOST_ROLE},   {"MAX_HOSTS", MAX_HOSTS},
     };
     for (size_t j = 0; j < sizeof shared / sizeof shared[0]; j++) {
         if (PyModule_AddObject(module, shared[j].name, PyLong_FromLongLong(shared[j].value)) < 0) {

@@ -14,7 +14,7 @@ def scan(
     window_bytes: int = ...,
 ) -> tuple[bytearray, ...]: ...
 def label_keys(
-    data: bytes, begins: np.ndarray, ends: np.ndarray
+    data: bytes, begins: np.ndarray, ends: np.ndarray, exact: bool = False
 ) -> tuple[bytearray, bytearray]: ...
 def grouped_sums(
     groups: np.ndarray, values: np.ndarray, index: np.ndarray

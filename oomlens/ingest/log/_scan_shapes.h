@@ -52,9 +52,33 @@ static inline int run_of(const uint8_t *table, const uint8_t *h, int first, int 
     return count;
 }
 
+static int lightning_digits(const uint8_t *h);
+
+static inline int ray_may_follow(const uint8_t *h, int p) {
+    if (p + 5 >= HEAD) return 1;
+    return memcmp(h + p, "pid=", 4) == 0 || memcmp(h + p, "rank=", 5) == 0;
+}
+
+/* Whether a head that opens with `(` is sure to hold no Ray prefix (prefixes._RAY: `(`, an
+ * optional `name ` of [A-Za-z_][\w.-]{0,60}, an optional `rank=N, `, then `pid=`): neither
+ * right after the parenthesis nor after a first word and a space comes `pid=` or `rank=`.  A
+ * byte past ASCII in that word (which `\w` may match) leaves it unsure. */
+static int not_ray(const uint8_t *h) {
+    if (ray_may_follow(h, 1)) return 0;
+    if (LETTER[h[1]] || h[1] == '_') {
+        int w = 1;
+        while (w < 61 && 1 + w < HEAD && (HOSTC[h[1 + w]] || h[1 + w] == '_')) w++;
+        if (1 + w >= HEAD - 1) return 0;
+        int stop = h[1 + w];
+        if (stop >= 0x7F || (stop == ' ' && ray_may_follow(h, 2 + w))) return 0;
+    }
+    return 1;
+}
+
 static int no_prefix(const uint8_t *h) {
     int first = h[0];
     if (first == '[') {
+        if (lightning_digits(h)) return 0; /* prefixes._LIGHTNING */
         /* prefixes._ROLE `\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]:` and prefixes._MPI
          * `\[\d{1,6},\d{1,6}\]<`: the only prefixes that open with a bracket */
         static const uint8_t ROLE_NAME[256] = {['-'] = 1};
@@ -86,19 +110,147 @@ static int no_prefix(const uint8_t *h) {
         int host_like = at(h, r) == ':' && at(h, r + 1) == ' ';
         return r < HEAD - 2 && !host_like;
     }
+    if (first == '(') return not_ray(h);
     return ENDS_AT_ONCE[first];
 }
 
+/* Lightning's `[rank: N] ` (lightning_utilities' rank_prefixed_message): the digits' count
+ * (1-6), 0 when the head does not open with it (prefixes._LIGHTNING). */
+static int lightning_digits(const uint8_t *h) {
+    if (memcmp(h, "[rank: ", 7) != 0) return 0;
+    int count = run_of(DIGIT, h, 7, 7);
+    return count >= 1 && count <= 6 && at(h, 7 + count) == ']' && at(h, 8 + count) == ' ' ? count
+                                                                                          : 0;
+}
+
+/* Whether a head opens with what prefixes._KNOWN_NEXT matches after a host: an MPI tag, a
+ * role's `[nameN]:`, a logger's `[YYYY-MM-DD `, srun's `N: ` (no leading space). */
+static int known_next(const uint8_t *h) {
+    if (h[0] == '[') {
+        int a = run_of(DIGIT, h, 1, 7);
+        if (a >= 1 && a <= 6 && at(h, 1 + a) == ',') {
+            int b = run_of(DIGIT, h, 2 + a, 7);
+            if (b >= 1 && b <= 6 && at(h, 2 + a + b) == ']' && at(h, 3 + a + b) == '<') return 1;
+        }
+        if (a == 4 && at(h, 5) == '-' && DIGIT[at(h, 6)] && DIGIT[at(h, 7)] && at(h, 8) == '-' &&
+            DIGIT[at(h, 9)] && DIGIT[at(h, 10)] && at(h, 11) == ' ')
+            return 1;
+        if (LETTER[h[1]] || h[1] == '_') {
+            int name = 1;
+            while (name < 31 && (LETTER[at(h, 1 + name)] || at(h, 1 + name) == '_' ||
+                                 at(h, 1 + name) == '-'))
+                name++;
+            int digits = run_of(DIGIT, h, 1 + name, 7);
+            if (digits >= 1 && digits <= 6 && at(h, 1 + name + digits) == ']' &&
+                at(h, 2 + name + digits) == ':')
+                return 1;
+        }
+        return 0;
+    }
+    int digits = run_of(DIGIT, h, 0, 6);
+    return digits >= 1 && digits <= 5 && at(h, digits) == ':' && at(h, digits + 1) == ' ';
+}
+
+/* pdsh's `host: ` (prefixes._HOST): the hosts of a batch, each under one id (HOST_ROLE *
+ * (id + 1) + inner key + 1 is the key of a line with the host and an inner key), and whether
+ * a line of it was followed by a known prefix (prefixes.strip_prefixes then remembers it in
+ * known_hosts). */
+#define MAX_HOSTS 1024
+#define HOST_ROLE (1LL << 26)
+#define HOST_SLOTS (2 * MAX_HOSTS)
+
+typedef struct {
+    const uint8_t *text[MAX_HOSTS];
+    uint8_t len[MAX_HOSTS];
+    uint8_t followed[MAX_HOSTS];
+    int16_t slot[HOST_SLOTS]; /* id + 1, 0: empty */
+    int n;
+} Hosts;
+
+/* The id of the host name t[0..len), made if new; -1 when the table is full. */
+static int host_id(Hosts *hosts, const uint8_t *t, int len) {
+    uint64_t hash = 1469598103934665603ull;
+    for (int j = 0; j < len; j++) hash = (hash ^ t[j]) * 1099511628211ull;
+    for (int slot = (int)(hash & (HOST_SLOTS - 1));; slot = (slot + 1) & (HOST_SLOTS - 1)) {
+        int id = hosts->slot[slot] - 1;
+        if (id < 0) {
+            if (hosts->n == MAX_HOSTS) return -1;
+            id = hosts->n++;
+            hosts->text[id] = t;
+            hosts->len[id] = (uint8_t)len;
+            hosts->followed[id] = 0;
+            hosts->slot[slot] = (int16_t)(id + 1);
+            return id;
+        }
+        if (hosts->len[id] == len && memcmp(hosts->text[id], t, len) == 0) return id;
+    }
+}
+
+static int ends_with(const uint8_t *t, int len, const char *suffix) {
+    int k = (int)strlen(suffix);
+    return len >= k && memcmp(t + len - k, suffix, k) == 0;
+}
+
+/* prefixes._looks_like_host: a name strip_prefixes takes for a host whatever the lines before
+ * (with a digit or a hyphen, not an exception's, a warning's or a program's name). The names
+ * it takes only once seen before a known prefix (known_hosts) are left to it. */
+static int looks_like_host(const uint8_t *t, int len) {
+    static const char *const SUFFIXES[] = {"Error", "Exception", "Warning", "Exit", "Interrupt",
+                                           "Iteration"};
+    for (size_t j = 0; j < sizeof SUFFIXES / sizeof SUFFIXES[0]; j++)
+        if (ends_with(t, len, SUFFIXES[j])) return 0;
+    uint8_t low[64];
+    int marked = 0;
+    for (int j = 0; j < len; j++) {
+        low[j] = t[j] >= 'A' && t[j] <= 'Z' ? t[j] + 32 : t[j];
+        marked |= DIGIT[t[j]] || t[j] == '-';
+    }
+    if (len >= 6 && memcmp(low, "python", 6) == 0) return 0;
+    if (ends_with(low, len, ".py") || ends_with(low, len, ".sh")) return 0;
+    return marked;
+}
+
 /* The stream key and prefix length of the line at s (head h: its first HEAD bytes): `[rankN]:`
- * and `[defaultN]:` (bulk_keys.line_keys), srun's `  N: ` (TASK_ROLE + N) when the rest holds
- * no further prefix, NO_KEY for a line with none, UNSURE where prefixes.strip_prefixes must
- * say. */
+ * and `[defaultN]:` (bulk_keys.line_keys), Lightning's `[rank: N] ` (N, as `[rankN]:`), srun's
+ * `  N: ` (TASK_ROLE + N) when the rest holds no further prefix, pdsh's `host: ` before any
+ * of those (hosts given: HOST_ROLE, see Hosts; *followed: whether a known prefix follows it),
+ * NO_KEY for a line with none, UNSURE where prefixes.strip_prefixes must say.  No hosts given:
+ * the line's rest after a host, which strip_prefixes reads in its loop (not by its one match
+ * of the common `[rankN]:` at a line's start): a prefix after any there makes it unsure. */
 static void line_key(const uint8_t *d, Py_ssize_t n, Py_ssize_t s, const uint8_t *h, int64_t *key,
-                     int64_t *prefix_len) {
+                     int64_t *prefix_len, Hosts *hosts, int *followed) {
     *key = UNSURE;
     *prefix_len = 0;
+    if (followed != NULL) *followed = 0;
     int prefixed = 0;
-    if (h[0] == '[') {
+    int lightning = lightning_digits(h);
+    if (lightning) {
+        int64_t value = 0;
+        for (int j = 0; j < lightning; j++) value = value * 10 + (h[7 + j] - '0');
+        uint8_t rest[HEAD];
+        head_of(d, n, s + 9 + lightning, rest);
+        if (no_prefix(rest)) *key = value;
+        *prefix_len = 9 + lightning;
+        prefixed = 1;
+    } else if (hosts != NULL && LETTER[h[0]]) {
+        Py_ssize_t r = 1;
+        while (r < 64 && s + r < n && HOSTC[d[s + r]]) r++;
+        if (r < 64 && s + r + 1 < n && d[s + r] == ':' && d[s + r + 1] == ' ' &&
+            looks_like_host(d + s, (int)r)) {
+            uint8_t rest[HEAD];
+            head_of(d, n, s + r + 2, rest);
+            int64_t inner, inner_len;
+            line_key(d, n, s + r + 2, rest, &inner, &inner_len, NULL, NULL);
+            int id = inner == UNSURE ? -1 : host_id(hosts, d + s, (int)r);
+            if (id >= 0) {
+                *key = HOST_ROLE * (id + 1) + inner + 1;
+                if (followed != NULL) *followed = known_next(rest);
+            }
+            *prefix_len = r + 2 + inner_len;
+            return;
+        }
+    }
+    if (!prefixed && h[0] == '[') {
         int start = -1;
         int64_t base = 0;
         if (h[1] == 'r' && h[2] == 'a' && h[3] == 'n' && h[4] == 'k') {
@@ -116,10 +268,21 @@ static void line_key(const uint8_t *d, Py_ssize_t n, Py_ssize_t s, const uint8_t
                 int end = close + 2;
                 end += at(h, end) == ' ';
                 int after = at(h, end);
-                int fast = !(after == '[' || after == '(');
+                int fast = after != '[';
+                if (after == '(') {
+                    uint8_t rest[HEAD];
+                    head_of(d, n, s + end, rest);
+                    fast = not_ray(rest);
+                }
                 int dated = after == '[' && end + 6 < HEAD && at(h, end + 5) == '-';
                 for (int j = 1; j < 5; j++) dated = dated && DIGIT[at(h, end + j)];
-                if (fast || dated) *key = base + value;
+                if (hosts == NULL) {
+                    uint8_t rest[HEAD];
+                    head_of(d, n, s + end, rest);
+                    if (no_prefix(rest)) *key = base + value;
+                } else if (fast || dated) {
+                    *key = base + value;
+                }
                 *prefix_len = end;
                 prefixed = 1;
             }

@@ -599,7 +599,7 @@ class _Context:
         prev_tail = batch.tail_before(b)
         reader.prefix_chars = int(scan.prefix_len[h])
         return reader.label_before(
-            block, start - batch.starts[b], stream_key(int(scan.key[h])), prev_tail
+            block, start - batch.starts[b], stream_key(int(scan.key[h]), scan.hosts), prev_tail
         )
 
 

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from oomlens.ingest.log import native, steps, torch_oom
+from oomlens.ingest.log import bulk_keys, native, steps, torch_oom
 from oomlens.ingest.log.bits import (
     ANCHOR_BITS,
     ANCHORS,
@@ -82,7 +83,8 @@ class BatchScan:
     key: np.ndarray
     """int64: the stream key of each bulk line (``NO_KEY``, ``N``, ``DEFAULT_ROLE + N``)."""
     prefix_id: np.ndarray
-    """int64: which raw prefix text a line starts with (equal ids, equal texts)."""
+    """int64: which raw prefix text a line starts with (equal ids, equal texts): its key, its
+    length, whether it ends with a space, its form (``_scan.c``'s ``shape_hits``)."""
     prefix_len: np.ndarray
     """int64: the length of that prefix in bytes (0: none)."""
     ts: np.ndarray
@@ -113,6 +115,20 @@ class BatchScan:
     labels: list[str] = field(default_factory=list)
     progress_bars: list[bool] = field(default_factory=list)
     """Per block: whether it holds a tqdm bar's anchor (``LogReader.sample_progress_bar``)."""
+    label_index: dict[str, int] | None = None
+    """``labels``'s ids by text, once asked for (``label_ids``)."""
+    hosts: list[str] = field(default_factory=list)
+    """The pdsh hosts the keys name (``bulk_keys.HOST_ROLE``), by index."""
+    host_followed: list[bool] = field(default_factory=list)
+    """Per host: whether a hit line gave it before a known prefix (``strip_prefixes`` then
+    remembers it in ``known_hosts``)."""
+
+
+def label_ids(scan: BatchScan) -> dict[str, int]:
+    """The id of each of ``scan.labels`` by its text (distinct texts: one id each), made once."""
+    if scan.label_index is None or len(scan.label_index) != len(scan.labels):
+        scan.label_index = {text: k for k, text in enumerate(scan.labels)}
+    return scan.label_index
 
 
 def _empty_scan(line_counts: list[int]) -> BatchScan:
@@ -237,7 +253,7 @@ def scan_batch(
     return scan
 
 
-_CARRIED: tuple[str, ...] = ("hit_bits", "kind", "key", "prefix_id", "prefix_len", "ts")
+_CARRIED: tuple[str, ...] = ("hit_bits", "kind", "prefix_len", "ts")
 _CARRIED += ("a", "b", "c", "d", "e", "f", "g", "h")
 """The ``BatchScan`` arrays that carry over as they are when scans are put end to end."""
 
@@ -245,12 +261,30 @@ _CARRIED += ("a", "b", "c", "d", "e", "f", "g", "h")
 def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
     """The scans of consecutive batches (of ``sizes`` bytes) as the scan of one batch holding
     them all: line numbers and offsets moved on by the batches before, label ids renumbered
-    into one table of distinct texts (one text under two ids would be two labels)."""
+    into one table of distinct texts (one text under two ids would be two labels), and host
+    indices into one table of hosts (in keys and prefix ids)."""
     line_offset, byte_offset = 0, 0
     labels: list[str] = []
     ids: dict[str, int] = {}
-    hit_line, hit_start, label = [], [], []
+    hosts: list[str] = []
+    followed: list[bool] = []
+    host_ids: dict[str, int] = {}
+    hit_line, hit_start, label, key, prefix_id = [], [], [], [], []
     for scan, size in zip(scans, sizes, strict=True):
+        index = []
+        for text, was in zip(scan.hosts, scan.host_followed, strict=True):
+            at = host_ids.get(text)
+            if at is None:
+                at = host_ids[text] = len(hosts)
+                hosts.append(text)
+                followed.append(False)
+            followed[at] = followed[at] or was
+            index.append(at)
+        moved = np.asarray(index, dtype=np.int64)
+        key.append(bulk_keys.rehost(scan.key, moved))
+        # a prefix id: ((key + 2) * 512 + length * 2 + space) * 2 + form
+        low, pid_key = scan.prefix_id % 1024, scan.prefix_id // 1024 - 2
+        prefix_id.append((bulk_keys.rehost(pid_key, moved) + 2) * 1024 + low)
         hit_line.append(scan.hit_line + line_offset)
         hit_start.append(scan.hit_start + byte_offset)
         for text in scan.labels:
@@ -262,7 +296,9 @@ def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
         label.append(np.where(own, renumber[np.where(own, scan.label, 0)], scan.label))
         line_offset += sum(scan.line_counts)
         byte_offset += size
-    carried = {name: np.concatenate([getattr(scan, name) for scan in scans]) for name in _CARRIED}
+    carried: dict[str, Any] = {
+        name: np.concatenate([getattr(scan, name) for scan in scans]) for name in _CARRIED
+    }
     return BatchScan(
         line_counts=[count for scan in scans for count in scan.line_counts],
         hit_line=np.concatenate(hit_line),
@@ -271,6 +307,10 @@ def merge_scans(scans: list[BatchScan], sizes: list[int]) -> BatchScan:
         consumed=np.concatenate([scan.consumed for scan in scans]),
         labels=labels,
         progress_bars=[bar for scan in scans for bar in scan.progress_bars],
+        key=np.concatenate(key),
+        prefix_id=np.concatenate(prefix_id),
+        hosts=hosts,
+        host_followed=followed,
         **carried,
     )
 

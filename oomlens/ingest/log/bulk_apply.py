@@ -56,15 +56,17 @@ def when_of(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-def stream_key(key: int) -> tuple[object, ...]:
-    """The ``LinePrefix.key`` of a scan key."""
+def stream_key(key: int, hosts: list[str]) -> tuple[object, ...]:
+    """The ``LinePrefix.key`` of a scan key (``hosts``: the scan's)."""
+    host, key = bulk_keys.split_key(key)
+    outer: tuple[object, ...] = () if host < 0 else (("host", hosts[host]),)
     if key == bulk_keys.NO_KEY:
-        return ()
+        return outer
     if key >= bulk_keys.TASK_ROLE:
-        return (("task", key - bulk_keys.TASK_ROLE),)
+        return (*outer, ("task", key - bulk_keys.TASK_ROLE))
     if key >= bulk_keys.DEFAULT_ROLE:
-        return (("default", key - bulk_keys.DEFAULT_ROLE),)
-    return (("rank", key),)
+        return (*outer, ("default", key - bulk_keys.DEFAULT_ROLE))
+    return (*outer, ("rank", key))
 
 
 class _Latest:
@@ -120,18 +122,29 @@ class Run:
         firsts, self.stream = first_seen(self.keys)
         """Each hit's stream: its index in ``stream_keys``."""
         self.stream_keys: list[int] = self.keys[firsts].tolist()
-        for key in self.stream_keys:
+        self.hosts: list[str | None] = [reader.layout_host]
+        """Host names by index, each once: 0 the file's (the lines without a host's prefix)."""
+        stream_hosts: list[int] = []
+        for hosted in self.stream_keys:
+            h, key = bulk_keys.split_key(hosted)
+            host = reader.layout_host if h < 0 else scan.hosts[h]
+            stream_hosts.append(0 if h < 0 else self.host_index(host))
             if key == bulk_keys.NO_KEY:
                 ranks.append(reader.layout_rank)
             elif key >= bulk_keys.TASK_ROLE:
                 ranks.append(key - bulk_keys.TASK_ROLE)
             elif key >= bulk_keys.DEFAULT_ROLE:
                 local = key - bulk_keys.DEFAULT_ROLE
-                ranks.append(reader.local_to_global.get((None, "default", local), local))
+                where = (None if h < 0 else host, "default", local)
+                ranks.append(reader.local_to_global.get(where, local))
             else:
                 ranks.append(key)
         self.stream_ranks = [-1 if r is None else r for r in ranks]
         """Each stream's rank (-1: none), in ``stream_keys``'s order."""
+        self.stream_hosts = stream_hosts
+        """Each stream's host, an index in ``hosts``."""
+        self.host = np.asarray(stream_hosts, dtype=np.int64)[self.stream]
+        """Each hit's host, an index in ``hosts``."""
         self.prefix_rank = np.asarray(self.stream_ranks, dtype=np.int64)[self.stream]
         # a progress line: the record's "[Rank N]" or the text's rank when the prefix gives none
         own = (self.kind == bulk.PROGRESS) & (self.prefix_rank < 0)
@@ -163,7 +176,15 @@ class Run:
     def ref(self, i: int, rank: int | None = None) -> SourceRef:
         r = int(self.rank[i]) if rank is None else rank
         number = int(self.numbers[i])
-        return SourceRef(self.reader.path, number, None if r < 0 else r, self.reader.layout_host)
+        host = self.hosts[int(self.host[i])]
+        return SourceRef(self.reader.path, number, None if r < 0 else r, host)
+
+    def host_index(self, host: str | None) -> int:
+        """The index of ``host`` in ``hosts`` (added if new)."""
+        if host in self.hosts:
+            return self.hosts.index(host)
+        self.hosts.append(host)
+        return len(self.hosts) - 1
 
     def label(self, i: int) -> str | None:
         ident = int(self.scan.label[self.lo + i])
@@ -185,7 +206,7 @@ def apply_run(
     the scan left to the reader.  False, and nothing changed, when the run would need more
     streams than the reader follows."""
     run = Run(reader, scan, lo, hi, first_line, deferred)
-    new = [k for k in run.stream_keys if stream_key(k) not in reader.streams]
+    new = [k for k in run.stream_keys if stream_key(k, scan.hosts) not in reader.streams]
     if len(reader.streams) + len(new) > MAX_STREAMS:
         return False
     _seen(run)
@@ -213,21 +234,29 @@ def _seen(run: Run) -> None:
     # the streams of the visited lines in the order they first come, and their ranks (a
     # prefix's rank is its stream's)
     streams = _first_occurrences(run.stream[run.handled])
+    hosts = run.scan.hosts
     for s in streams:
-        reader.stream_of(stream_key(run.stream_keys[s]))
+        reader.stream_of(stream_key(run.stream_keys[s], hosts))
     for rank in dict.fromkeys(run.stream_ranks[s] for s in streams):
         if rank >= 0 and rank not in reader.ranks_seen and len(reader.ranks_seen) < MAX_STREAMS:
             reader.ranks_seen.add(rank)
-    host = reader.layout_host
-    if host is not None and host not in reader.hosts_seen and len(reader.hosts_seen) < MAX_STREAMS:
-        reader.hosts_seen.add(host)
+    for h in dict.fromkeys(run.stream_hosts[s] for s in streams):
+        host = run.hosts[h]
+        if host is not None and host not in reader.hosts_seen:
+            if len(reader.hosts_seen) < MAX_STREAMS:
+                reader.hosts_seen.add(host)
+    # strip_prefixes remembers a host given before a known prefix
+    for s in streams:
+        h = bulk_keys.split_key(run.stream_keys[s])[0]
+        if h >= 0 and run.scan.host_followed[h] and len(reader.known_hosts) < 4096:
+            reader.known_hosts.add(hosts[h])
 
 
 # --- memory samples ---------------------------------------------------------------------------
 
 
 def _memory(run: Run) -> None:
-    streams = [run.reader.streams[stream_key(k)] for k in run.stream_keys]
+    streams = [run.reader.streams[stream_key(k, run.scan.hosts)] for k in run.stream_keys]
     open_before = np.asarray([s.pending_memory is not None for s in streams], dtype=np.int8)
     line, cpu, state = _close_order(run.kind, run.consumed, run.stream, open_before)
     # the samples open before the run, by their rows in closing order
@@ -288,21 +317,21 @@ def _feed_keepers(
     j = lo + np.maximum(line, 0)
     values = np.stack((scan.a[j], scan.b[j], scan.c[j]), axis=1).astype(np.float64)
     ranks = run.rank[np.maximum(line, 0)].copy()
+    hosts = run.host[np.maximum(line, 0)].copy()
     labels = np.where(line >= 0, scan.label[j], bulk_labels.LABEL_NONE).astype(np.int64)
-    texts: list[str] = list(scan.labels)
-    ids: dict[str, int] = {}
+    extra: list[str] = []
+    extra_ids: dict[str, int] = {}
 
     def text_id(text: str | None) -> int:
+        # the scan's id of a text it holds (its table, made once per scan), else one past them
         if text is None:
             return bulk_labels.LABEL_NONE
-        found = ids.get(text)
+        found = bulk.label_ids(scan).get(text)
         if found is None:
-            if not ids:
-                ids.update((t, k) for k, t in enumerate(texts))
-            found = ids.get(text)
+            found = extra_ids.get(text)
             if found is None:
-                found = ids[text] = len(texts)
-                texts.append(text)
+                found = extra_ids[text] = len(scan.labels) + len(extra)
+                extra.append(text)
         return found
 
     for r in np.flatnonzero(labels == bulk_labels.LABEL_DEFERRED).tolist():
@@ -312,15 +341,17 @@ def _feed_keepers(
         if p is not None:
             values[r] = (p[2].allocated, p[2].max_allocated, p[2].reserved)
             ranks[r] = -1 if p[0].rank is None else p[0].rank
+            hosts[r] = run.host_index(p[0].host)
             labels[r] = text_id(p[1])
+    texts = scan.labels + extra if extra else scan.labels
     cpu_rows = cpu >= 0
     cpu_used = scan.a[lo + np.maximum(cpu, 0)].astype(np.float64)
-    # Each rank's keeper, made on first use up to the cap (a rank past it is dropped).
-    host = reader.layout_host
+    # Each rank's keeper (of a host), made on first use up to the cap (one past it is dropped).
     keepers: list[MemoryKeeper | None] = []
-    firsts, rank_group = first_seen(ranks)
+    firsts, rank_group = first_seen(hosts * bulk_keys.HOST_ROLE + ranks + 1)
     keeper_of_group = np.full(len(firsts), -1, dtype=np.int64)
-    for g, rank in enumerate(ranks[firsts].tolist()):
+    for g, (rank, h) in enumerate(zip(ranks[firsts].tolist(), hosts[firsts].tolist(), strict=True)):
+        host = run.hosts[h]
         key = (None if rank < 0 else rank, host)
         keeper = reader.memory.get(key)
         if keeper is None and len(reader.memory) < MAX_STREAMS:
@@ -334,7 +365,7 @@ def _feed_keepers(
     by_keeper = np.argsort(small_ints(keeper_of), kind="stable")[rows - int(kept.sum()) :]
     columns = grouped_columns(keeper_of, [values[:, c] for c in range(3)], by_keeper)
     cpu_stats = grouped_stats(keeper_of[kept & cpu_rows], cpu_used[kept & cpu_rows])
-    rows_of = _SampleRows(run, line, cpu, pending, labels, texts)
+    rows_of = _SampleRows(run, line, cpu, pending, labels, texts, hosts)
     # The rows each keeper's thinned series keeps, read out for all keepers at once.
     sizes = np.bincount(keeper_of[kept], minlength=len(keepers))
     groups = np.split(by_keeper, np.cumsum(sizes)[:-1])
@@ -383,9 +414,10 @@ class _SampleRows:
         pending: dict[int, Pending] | None,
         labels: np.ndarray,
         texts: list[str],
+        hosts: np.ndarray,
     ) -> None:
         self.run, self.line, self.cpu, self.pending = run, line, cpu, pending
-        self.labels, self.texts = labels, texts
+        self.labels, self.texts, self.hosts = labels, texts, hosts
 
     def fields(self, rows: np.ndarray) -> _Fields:
         """The ``rows`` (of the closed samples) as columns of fields, a sample the reader had
@@ -415,6 +447,7 @@ class _SampleRows:
             has_cpu.tolist(),
             steps.tolist(),
             micros.tolist(),
+            _texts_of(cast(list[str], run.hosts), self.hosts[rows]),
         ]
         built: dict[int, MemorySample] = {}
         if self.pending is not None:
@@ -436,15 +469,14 @@ class _SampleRows:
                         p[4],
                         p[3],
                     )
-        builder = _Builder(reader.path, reader.layout_host, reader.last_step, reader.last_time)
+        builder = _Builder(reader.path, reader.last_step, reader.last_time)
         return _Fields(builder, columns, built)
 
 
 def _texts_of(texts: list[str], ids: np.ndarray) -> list[str | None]:
     """The label texts of ``ids`` (None for those below 0)."""
-    table = np.empty(len(texts) + 1, dtype=object)
-    table[: len(texts)] = texts
-    result: list[str | None] = table[np.where(ids < 0, len(texts), ids)].tolist()
+    # by the rows asked about, not the table (a scan of labels naming their step: 10^4 texts)
+    result: list[str | None] = [texts[i] if i >= 0 else None for i in ids.tolist()]
     return result
 
 
@@ -483,7 +515,7 @@ class _TailRows(Sequence[MemorySample]):
     ends); the tails of a dense 1 GiB log are 123k rows, read about one in ten.  Holds its
     own rows' fields alone, whatever the run."""
 
-    __slots__ = ("build", "built", "columns")
+    __slots__ = ("build", "built", "columns", "rows")
 
     def __init__(
         self,
@@ -492,6 +524,9 @@ class _TailRows(Sequence[MemorySample]):
         built: dict[int, MemorySample],
     ) -> None:
         self.build, self.columns, self.built = build, columns, built
+        self.rows: list[tuple[Any, ...]] | None = None
+        """The rows' fields as tuples, made at the first read (at most 32 rows; a series
+        pushed on by short runs reads most of them, one by one)."""
 
     def __len__(self) -> int:
         return len(self.columns[0])
@@ -506,7 +541,9 @@ class _TailRows(Sequence[MemorySample]):
         found = self.built.get(j)
         if found is not None:
             return found
-        return cast(MemorySample, Lazy(self.build, tuple(column[j] for column in self.columns)))
+        if self.rows is None:
+            self.rows = list(zip(*self.columns, strict=True))
+        return cast(MemorySample, Lazy(self.build, self.rows[j]))
 
 
 class _Builder:
@@ -514,20 +551,18 @@ class _Builder:
     was applied (its last step and time before the run: the row is built after later runs
     have moved them on)."""
 
-    __slots__ = ("host", "last_step", "last_time", "path")
+    __slots__ = ("last_step", "last_time", "path")
 
-    def __init__(
-        self, path: str, host: str | None, last_step: int | None, last_time: datetime | None
-    ) -> None:
-        self.path, self.host, self.last_step, self.last_time = path, host, last_step, last_time
+    def __init__(self, path: str, last_step: int | None, last_time: datetime | None) -> None:
+        self.path, self.last_step, self.last_time = path, last_step, last_time
 
     def build(self, row: object) -> object:
         """A ``Lazy`` item's build: ``row`` is ``_SampleRows.items``'s tuple of fields."""
-        number, rank, label, a, b, c, d, used, pct, has_cpu, step, micros = cast(
+        number, rank, label, a, b, c, d, used, pct, has_cpu, step, micros, host = cast(
             tuple[Any, ...], row
         )
         return MemorySample(
-            SourceRef(self.path, number, None if rank < 0 else rank, self.host),
+            SourceRef(self.path, number, None if rank < 0 else rank, host),
             label,
             a,
             b,

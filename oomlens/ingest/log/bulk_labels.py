@@ -50,3 +50,12 @@ class Labels:
         if len(self._raw) < 65536:
             self._raw[key] = ident
         return ident
+
+    def id_of_text(self, raw: bytes) -> int:
+        """The id of a label text ``id_of`` would make of its line (ASCII: ``_scan.c``'s
+        ``label_text`` made it so)."""
+        text = raw.decode("ascii")
+        ident = self._ids.setdefault(text, len(self.texts))
+        if ident == len(self.texts):
+            self.texts.append(text)
+        return ident

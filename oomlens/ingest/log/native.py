@@ -67,7 +67,7 @@ def prepare() -> None:
 
 
 # The extension's label statuses (``_scan.c``).
-_L_NONE, _L_DEFERRED, _L_FAST, _L_WALK = range(4)
+_L_NONE, _L_DEFERRED, _L_FAST, _L_WALK, _L_TEXT = range(5)
 
 _matcher: object = None
 
@@ -113,6 +113,8 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         e,
         g,
         h,
+        hosts,
+        followed,
     ) = _scan.scan(
         data,
         starts,
@@ -149,16 +151,19 @@ def scan(data: bytes, block_starts: list[int], prev_tail: bytes) -> BatchScan:
         label=np.full(len(line) // 8, bulk_labels.LABEL_NONE, dtype=np.int32),
         consumed=np.frombuffer(consumed, dtype=bool),
         progress_bars=np.frombuffer(bars, dtype=bool).tolist(),
+        hosts=hosts.decode("ascii").split("\n")[:-1],
+        host_followed=[bool(x) for x in followed],
     )
     labels = np.frombuffer(status, dtype=np.int8)
     if (result.kind == bulk.MEMORY).any():
         texts = bulk_labels.Labels()
         begins, ends = i8(begin), i8(end)
         result.label[labels == _L_DEFERRED] = bulk_labels.LABEL_DEFERRED
-        for found in (_L_FAST, _L_WALK):
+        for found in (_L_FAST, _L_WALK, _L_TEXT):
             rows = np.flatnonzero(labels == found)
             if len(rows):
-                result.label[rows] = _label_ids(texts, data, begins[rows], ends[rows])
+                exact = found == _L_TEXT  # the texts themselves, as id_of would make them
+                result.label[rows] = _label_ids(texts, data, begins[rows], ends[rows], exact)
         result.labels = texts.texts
     return result
 
@@ -175,13 +180,18 @@ def _expected(data: bytes) -> int:
     return -1 if ratio < 0 else int(len(data) * ratio * 1.25)
 
 
-def _label_ids(texts: Labels, data: bytes, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _label_ids(
+    texts: Labels, data: bytes, begins: np.ndarray, ends: np.ndarray, exact: bool = False
+) -> np.ndarray:
     """``texts.id_of`` of each text ``data[begin:end]``, as calling it row by row would give:
     the extension groups them by the labels' cache key (a hash table, in one pass without the
-    GIL), ``id_of`` reads each key's first text, in the order the keys first occur."""
+    GIL), ``id_of`` reads each key's first text, in the order the keys first occur.  ``exact``:
+    the spans are the label texts already (``_scan.c``'s ``label_text``): grouped by their bytes,
+    each distinct one decoded once."""
     assert _scan is not None
-    firsts, inverse = _scan.label_keys(data, begins, ends)
+    firsts, inverse = _scan.label_keys(data, begins, ends, exact)
     first = np.frombuffer(firsts, dtype=np.int64)
     spans = zip(begins[first].tolist(), ends[first].tolist(), strict=True)
-    ids = np.asarray([texts.id_of(data[b:e]) for b, e in spans], dtype=np.int64)
+    make = texts.id_of_text if exact else texts.id_of
+    ids = np.asarray([make(data[b:e]) for b, e in spans], dtype=np.int64)
     return ids[np.frombuffer(inverse, dtype=np.int64)]

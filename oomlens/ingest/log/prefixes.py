@@ -8,6 +8,8 @@ Known prefixes, stripped in a loop (they stack: ``node-1: [default0]:[rank0]: Tr
 * Open MPI ``--tag-output`` ``[1,0]<stderr>:`` (job, rank, stream);
 * torchrun ``--tee`` ``[default0]:`` / ``[<role><local_rank>]:`` (no space after the colon);
 * torch's excepthook and c10 logging ``[rank3]:`` / ``[rank3]: `` (global rank);
+* Lightning's ``rank_prefixed_message`` ``[rank: 3] `` (lightning_utilities: the global rank,
+  the same stream as ``[rank3]:``);
 * Ray ``(Name pid=123)`` / ``(Name rank=1 pid=254)`` / ``(pid=1, ip=10.0.0.1)``;
 * srun ``--label`` ``3: `` (task number = global rank);
 * task runners' ``stderr: `` / ``stdout: ``.
@@ -29,6 +31,7 @@ _RAY = lazy_regex(
     r"\((?:([A-Za-z_][\w.-]{0,60}) )?(?:rank=(\d{1,6}),? )?pid=(\d{1,10})(?:, ip=[0-9A-Fa-f.:]{1,"
     r"45})?\) "
 )
+_LIGHTNING = lazy_regex(r"\[rank: (\d{1,6})\] ")
 _SRUN = lazy_regex(r" {0,4}(\d{1,5}): ")
 _STREAM = lazy_regex(r"(?:stderr|stdout): ")
 _KNOWN_NEXT = lazy_regex(
@@ -103,14 +106,16 @@ def _looks_like_host(name: str) -> bool:
     return any(ch.isdigit() or ch == "-" for ch in name)
 
 
-_FAST = lazy_regex(r"\[[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?")
+_FAST = lazy_regex(
+    r"\[(?:[A-Za-z_][A-Za-z_-]{0,30}?\d{1,6}\]: ?(?:\[rank\d{1,6}\]: ?)?|rank: \d{1,6}\] )"
+)
 _FAST_CACHE: dict[str, LinePrefix] = {}
 
 
 def strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str, LinePrefix]:
     """``(rest_of_line, prefix)``; see ``_strip_prefixes``.  The common torchrun/excepthook
-    stack (``[default0]:``, ``[rank3]: ``, both) is recognised in one match and its metadata
-    cached."""
+    stack (``[default0]:``, ``[rank3]: ``, both) and Lightning's ``[rank: 3] `` are recognised
+    in one match and their metadata cached."""
     if text[:1] == "[":
         match = _FAST.match(text)
         if match is not None:
@@ -156,6 +161,12 @@ def _strip_prefixes(text: str, known_hosts: set[str] | None = None) -> tuple[str
                 else:
                     role, local_rank = name, number
                 key.append((name, number))
+                pos = match.end()
+                continue
+            match = _LIGHTNING.match(text, pos)
+            if match is not None:
+                rank = int(match.group(1))
+                key.append(("rank", rank))
                 pos = match.end()
                 continue
             break

@@ -49,6 +49,10 @@ def _prefix(rng: random.Random, rank: int, style: str) -> str:
         return f"[rank{rank}]: "
     if style == "default":
         return f"[default{rank}]:"
+    if style == "pdsh":  # pdsh -S: "host: " before the line (the corpus's worker-5: [rank22]:)
+        return f"worker-{rank // 8}: [rank{rank}]: "
+    if style == "lightning":  # lightning_utilities' rank_prefixed_message
+        return f"[rank: {rank}] "
     return ""
 
 
@@ -103,7 +107,7 @@ def mixed_log(seed: int, ranks: int = 8, steps: int = 40, odd: float = 0.05) -> 
     bursts, with odd lines at the rate ``odd``."""
     rng = random.Random(seed)
     t = Templates()
-    style = rng.choice(("rank", "rank_space", "default", "none", "mixed"))
+    style = rng.choice(("rank", "rank_space", "default", "none", "mixed", "pdsh", "lightning"))
     shape = rng.choice(("dense", "sparse"))
     out: list[str] = []
     for step in range(1, steps + 1):
@@ -120,7 +124,7 @@ def mixed_log(seed: int, ranks: int = 8, steps: int = 40, odd: float = 0.05) -> 
             if rng.random() < 0.35 or cursor[rank] >= len(pending[rank]):
                 rank = rng.choice(live)
             line = pending[rank][cursor[rank]]
-            here = style if style != "mixed" else rng.choice(("rank", "rank_space", "none"))
+            here = style if style != "mixed" else rng.choice(("rank", "rank_space", "none", "pdsh"))
             if line == "<odd>":
                 prefix = _prefix(rng, rank, here)
                 out.extend(prefix + odd_line for odd_line in _odd_line(rng, rank, t, step))

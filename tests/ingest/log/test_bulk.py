@@ -147,6 +147,14 @@ _PREFIXES = [
     "［rank1］：",
     "\u00a0",
     "[rank: 1] ",
+    "[rank: 12]",
+    "(after 2 iterations) ",
+    "worker-5: [rank: 2] ",
+    "ip-10-1-2-3.ec2.internal: ",
+    "a1: 3: ",
+    "torch.OutOfMemoryError-2: ",
+    "Python3-node: ",
+    "run.sh-1: ",
     "[RANK 0] ",
     "[Rank 2] ",
     "    7: ",
@@ -167,6 +175,13 @@ _PREFIXES = [
             "[2026-11-30 05:00:00,123] [INFO] x",
             "[2026 x",
             "(pid=3) x",
+            "(after 10 iterations) memory (MB) | allocated: 1.0",
+            "(Worker rank=1, pid=2) y",
+            "(Worker_1.a-b pid=2) y",
+            "(a b pid=1) x",
+            "(rank=4) x",
+            "(\u2113 pid=1) x",
+            "(a\u2113 pid=1) x",
             "host-9: y",
             "Error: x",
             "12: y",
@@ -193,7 +208,7 @@ def test_scan_keys_agree_with_the_prefix_parser(prefix: str, second: str, rest: 
     if key == bulk_keys.UNSURE:
         return
     cleaned_rest, found = strip_prefixes(text + " " * 40 + "Max_MA ", None)
-    assert bulk_apply.stream_key(key) == found.key
+    assert bulk_apply.stream_key(key, scan.hosts) == found.key
     assert len(text) + 47 - len(cleaned_rest) == int(scan.prefix_len[0])
 
 
@@ -449,7 +464,7 @@ def test_a_lazy_sample_keeps_only_its_own_row_alive(
     assert runs and made and tails
     for builder, row in made:
         assert isinstance(builder, bulk_apply._Builder)
-        assert isinstance(row, tuple) and len(row) == 12
+        assert isinstance(row, tuple) and len(row) == 13
         assert all(v is None or isinstance(v, int | float | str) for v in row)
     # a tail holds its keeper's last rows of a run alone (32 at most), all of one rank
     for tail in tails:

@@ -22,6 +22,8 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 GiB
         (" 7: ", None, 7, None),
         ("stderr: [default2]:", None, None, 2),
         ("[trainer6]:", None, None, 6),
+        ("[rank: 3] ", None, 3, None),
+        ("worker-2: [rank: 17] ", "worker-2", 17, None),
     ],
 )
 def test_stacked_prefixes_are_stripped_and_kept(
@@ -65,3 +67,12 @@ def test_stream_key_separates_ranks_and_hosts() -> None:
         for p in ("[rank0]: ", "[rank1]: ", "a-1: [rank0]: ", "")
     }
     assert len(keys) == 4
+
+
+def test_lightnings_rank_prefix_is_the_ranks_stream() -> None:
+    # lightning_utilities' rank_prefixed_message: f"[rank: {rank}] {message}", the global rank
+    lightning = strip_prefixes("[rank: 3] Seed set to 42", set())
+    torch = strip_prefixes("[rank3]: Seed set to 42", set())
+    assert lightning == torch
+    for line in ("[rank: 3]Seed set", "[rank:3] Seed set", "[rank: x] Seed", "[rank: 1234567] a"):
+        assert strip_prefixes(line, set())[1] is NO_PREFIX
