@@ -39,8 +39,6 @@ Modules: this one (the entry point, pass 1 over segments and blocks, the failing
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
-from itertools import compress, repeat
 from typing import Any
 
 from oomlens.analysis.allocator_common import (
@@ -152,7 +150,7 @@ def _annotations_by_device(annotations: list[Any]) -> dict[int, list[tuple[int, 
     analysis of a 1.1 GB corpus-shaped snapshot takes (``bench/snapshot_bench.py``).
     """
     found: dict[int, list[tuple[int, str]]] = {}
-    for record in _step_candidates(annotations):
+    for record in annotations:
         if type(record) is not dict:
             continue
         name = record.get("name")
@@ -164,19 +162,6 @@ def _annotations_by_device(annotations: list[Any]) -> dict[int, list[tuple[int, 
         if type(device) is int and type(time_us) is int:
             found.setdefault(device, []).append((time_us, name))
     return found
-
-
-def _step_candidates(annotations: list[Any]) -> Iterable[Any]:
-    """The records of ``annotations`` whose name may start with a step marker: when every
-    record is a dict with a string name, only those that do, picked at C speed (the others
-    are millions in a long recording); otherwise all of them, to be checked one by one."""
-    if set(map(type, annotations)) != {dict}:
-        return annotations
-    get: Callable[..., Any] = dict.get
-    names = list(map(get, annotations, repeat("name")))
-    if set(map(type, names)) != {str}:
-        return annotations
-    return compress(annotations, map(str.startswith, names, repeat(STEP_MARKERS)))
 
 
 def _analyze_device(

@@ -24,9 +24,6 @@ Nothing is copied or mutated: :class:`RawSnapshot` holds the unpickled lists the
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from itertools import chain, compress, repeat
-from operator import is_, itemgetter
 from typing import Any
 
 from oomlens.errors import InputError, ResourceLimitError
@@ -118,10 +115,8 @@ def build_snapshot(
     for device, trace in enumerate(device_traces):
         trace_entries += len(trace)
         # every entry is checked: later passes read them all, not just up to the first event
-        actions = _trace_actions(trace)
-        if actions is None:
-            actions = [_action(where, device, index, entry) for index, entry in enumerate(trace)]
-        if not _MARKER_ACTIONS.issuperset(actions):
+        actions = [_action(where, device, index, entry) for index, entry in enumerate(trace)]
+        if any(action not in _MARKER_ACTIONS for action in actions):
             devices.add(device)
     device_count = max(len(device_traces), max(devices, default=-1) + 1)
 
@@ -135,7 +130,7 @@ def build_snapshot(
         source=source,
         layout=layout,
         history=history,
-        stacks=_stack_depth(segments, device_traces, block_history),
+        stacks=_stack_depth(segments, device_traces),
         pickle_protocol=protocol,
         compressed=compressed,
         file_bytes=file_bytes,
@@ -164,52 +159,6 @@ def _checked_traces(where: str, traces: object) -> list[Any]:
                 _SHAPE_HINT,
             )
     return traces
-
-
-def _trace_actions(trace: list[Any]) -> list[Any] | None:
-    """The actions of ``trace`` when every entry passes :func:`_action`'s checks, else None.
-
-    The same checks as :func:`_action`, made field by field over the whole trace at C speed
-    (``map`` of ``dict.get``, ``set`` of types, ``min``/``max``): a trace holds millions of
-    entries, and a Python call per entry cost more than the unpickling itself.  None says
-    only that some entry fails; the caller then runs :func:`_action` entry by entry, which
-    names the first one that does, as before.
-    """
-    if not trace:
-        return []
-    if set(map(type, trace)) != _DICT_ONLY:
-        return None
-    get: Callable[..., Any] = dict.get
-    actions = list(map(get, trace, repeat("action")))
-    if set(map(type, actions)) != _STR_ONLY:
-        return None
-    for key, (low, high) in _ENTRY_NUMBERS:
-        if not _ints_within(list(map(get, trace, repeat(key), repeat(0))), low, high):
-            return None
-    index = -1
-    try:
-        while True:
-            index = actions.index("oom", index + 1)
-            free = trace[index].get("device_free", 0)
-            if type(free) is not int or not 0 <= free < _U64:
-                return None
-    except ValueError:
-        return actions
-
-
-def _ints_within(values: list[Any], low: int, high: int) -> bool:
-    """Whether every item of ``values`` is an int (not a bool) in ``low <= v < high``."""
-    return not values or (
-        set(map(type, values)) == _INT_ONLY and min(values) >= low and max(values) < high
-    )
-
-
-_DICT_ONLY = {dict}
-_STR_ONLY = {str}
-_INT_ONLY = {int}
-_TUPLE_ONLY = {tuple}
-_LIST_ONLY = {list}
-_FRAMES_TYPES = {list, type(None)}
 
 
 def _action(where: str, device: int, index: int, entry: object) -> object:
@@ -261,12 +210,6 @@ _STREAM_RANGE = (-(2**63), _U64)
 _TIME_RANGE = (-(2**63), 2**63)
 _DEVICE_RANGE = (0, 2**15)
 _SIZE_RANGE = (0, _U64)
-_ENTRY_NUMBERS = (
-    ("addr", _SIZE_RANGE),
-    ("size", _SIZE_RANGE),
-    ("time_us", _TIME_RANGE),
-    ("stream", _STREAM_RANGE),
-)
 
 
 def _int_field(
@@ -369,13 +312,9 @@ def _repeated(where: str, items: list[Any], location: str) -> InputError:
 def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
     """Check every segment and block; return (number of blocks, whether blocks use ``history``).
 
-    :func:`_segments_pass` makes the checks field by field at C speed; only when some field
-    fails them does the walk below run, segment by segment and block by block, to name the
-    first wrong one (a block's location string is only built when it is wrong).
+    The per-block checks run on every block of every snapshot, so they are plain type tests
+    on locals; a block's location string is only built when it is wrong.
     """
-    passed = _segments_pass(segments)
-    if passed is not None:
-        return passed
     blocks_total = 0
     block_history = False
     histories_seen: set[int] = set()
@@ -476,81 +415,6 @@ def _check_segments(where: str, segments: list[Any]) -> tuple[int, bool]:
 
 
 _SEGMENT_TYPES = ("large", "small")
-_SEGMENT_NUMBERS = (
-    ("device", None, _DEVICE_RANGE),
-    ("total_size", None, _SIZE_RANGE),
-    ("address", 0, _SIZE_RANGE),
-    ("allocated_size", 0, _SIZE_RANGE),
-    ("active_size", 0, _SIZE_RANGE),
-    ("requested_size", 0, _SIZE_RANGE),
-    ("stream", 0, _STREAM_RANGE),
-)
-_BLOCK_NUMBERS = (
-    ("size", None, _SIZE_RANGE),
-    ("requested_size", 0, _SIZE_RANGE),
-    ("address", 0, _SIZE_RANGE),
-)
-
-
-def _segments_pass(segments: list[Any]) -> tuple[int, bool] | None:
-    """:func:`_check_segments`' result when every segment and block passes its checks, else
-    None: the same checks, made field by field over all segments, then over all blocks, at C
-    speed (a snapshot can hold a million of either)."""
-    get: Callable[..., Any] = dict.get
-    if not segments:
-        return 0, False
-    if set(map(type, segments)) != _DICT_ONLY:
-        return None
-    for key, default, (low, high) in _SEGMENT_NUMBERS:
-        if not _ints_within(list(map(get, segments, repeat(key), repeat(default))), low, high):
-            return None
-    types = list(map(get, segments, repeat("segment_type"), repeat("large")))
-    if set(map(type, types)) != _STR_ONLY or not set(types).issubset(_SEGMENT_TYPES):
-        return None
-    pools = list(map(get, segments, repeat("segment_pool_id"), repeat((0, 0))))
-    if set(map(type, pools)) != _TUPLE_ONLY or set(map(len, pools)) != {2}:
-        return None
-    for part in (0, 1):
-        if not _ints_within(list(map(itemgetter(part), pools)), 0, _U64):
-            return None
-    block_lists = list(map(get, segments, repeat("blocks")))
-    if set(map(type, block_lists)) != _LIST_ONLY:
-        return None
-    blocks = list(chain.from_iterable(block_lists))
-    if not blocks:
-        return 0, False
-    if set(map(type, blocks)) != _DICT_ONLY:
-        return None
-    for key, default, (low, high) in _BLOCK_NUMBERS:
-        if not _ints_within(list(map(get, blocks, repeat(key), repeat(default))), low, high):
-            return None
-    states = list(map(get, blocks, repeat("state")))
-    if set(map(type, states)) != _STR_ONLY or not KNOWN_BLOCK_STATES.issuperset(states):
-        return None
-    frames = list(map(get, blocks, repeat("frames")))
-    frame_types = set(map(type, frames))
-    if not frame_types <= _FRAMES_TYPES:
-        return None
-    block_history = False
-    if type(None) in frame_types:
-        # Blocks without frames: torch 2.0's, whose ``history`` holds them (checked once
-        # per list, as the walk does: a crafted file may share one list between blocks).
-        seen: set[int] = set()
-        for block in compress(blocks, map(is_, frames, repeat(None))):
-            history = block.get("history")
-            if history is None:
-                continue
-            block_history = True
-            if id(history) in seen:
-                continue
-            seen.add(id(history))
-            if type(history) is not list or not all(type(item) is dict for item in history):
-                return None
-            for key in ("addr", "real_size"):
-                values = [item[key] for item in history if key in item]
-                if not _ints_within(values, *_SIZE_RANGE):
-                    return None
-    return len(blocks), block_history
 
 
 def _check_segment_fields(where: str, segment: dict[Any, Any], location: str) -> None:
@@ -608,29 +472,22 @@ def _history_mode(device_traces: list[Any]) -> HistoryMode:
     return HistoryMode.STATE_ONLY
 
 
-def _stack_depth(segments: list[Any], device_traces: list[Any], block_history: bool) -> StackDepth:
-    """Which frames were recorded, judged from up to a few thousand frame lists
-    (``block_history``: some blocks carry torch 2.0's ``history`` instead of ``frames``)."""
+def _stack_depth(segments: list[Any], device_traces: list[Any]) -> StackDepth:
+    """Which frames were recorded, judged from up to a few thousand frame lists."""
     seen_python = False
     scanned = 0
 
     def frame_lists() -> Any:
-        # Empty lists and None are skipped below, so they are dropped here at C speed: with
-        # no stacks recorded, this meets every block and entry.
-        get: Callable[..., Any] = dict.get
         for segment in segments:
-            blocks = segment["blocks"]
-            if not block_history:
-                yield from filter(None, map(get, blocks, repeat("frames")))
-                continue
-            for block in blocks:
+            for block in segment["blocks"]:
                 frames = block.get("frames")
                 if frames is None:
                     history = block.get("history")
                     frames = history[0].get("frames") if history else None
                 yield frames
         for trace in device_traces:
-            yield from filter(None, map(get, trace, repeat("frames")))
+            for entry in trace:
+                yield entry.get("frames")
 
     seen: set[int] = set()
     seen_frames: set[int] = set()
