@@ -10,6 +10,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from oomlens.analysis.allocator_common import (
@@ -427,12 +428,23 @@ def _annotation_boundaries(
 
     marker, times = min(candidates, key=preference)
     times.sort()
+    try:
+        # Every entry holds an int time_us here (the layout check refuses any other type):
+        # the key runs at C speed, some 20 entries per boundary, thousands of boundaries.
+        indices = _trace_positions(trace, times, itemgetter("time_us"))
+    except (KeyError, TypeError):  # an entry without time_us: read as 0, as torch 2.0's
+        indices = _trace_positions(trace, times, _entry_time)
+    return marker, indices
+
+
+def _trace_positions(trace: list[Any], times: list[int], key: Callable[[Any], int]) -> list[int]:
+    """Where each of ``times`` falls in ``trace`` (sorted by time), past its end left out."""
     indices = []
     for time_us in times:
-        index = bisect_left(trace, time_us, key=_entry_time)
+        index = bisect_left(trace, time_us, key=key)
         if index < len(trace):
             indices.append(index)
-    return marker, indices
+    return indices
 
 
 STEP_MARKERS = ("Optimizer.step#", "ProfilerStep")

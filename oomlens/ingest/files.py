@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,6 +165,10 @@ def spooled_streams(
     larger than ``limit``, and a named pipe nobody writes to (opened without waiting: a FIFO
     without a writer never blocks).
     """
+    # Imported here: the loaders import this module, and a snapshot load needs neither.
+    import shutil
+    import tempfile
+
     spool = tempfile.mkdtemp(prefix="oomlens-stream-", dir=directory)
     try:
         out: list[str] = []

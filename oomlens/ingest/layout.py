@@ -21,27 +21,26 @@ Names are hints only: what a file *is* is decided by its content (``oomlens.inge
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
-import regex
-
-TORCHRUN_FILE = regex.compile(
+TORCHRUN_FILE = re.compile(
     r"(?:^|/)(?P<run>[^/]{1,200})/attempt_(?P<attempt>\d{1,6})/(?P<local>\d{1,6})/"
     r"(?P<name>stdout\.log|stderr\.log|error\.json)\Z"
 )
-TORCHRUN_ATTEMPT_DIR = regex.compile(r"attempt_\d{1,6}")
+TORCHRUN_ATTEMPT_DIR = re.compile(r"attempt_\d{1,6}")
 TORCHRUN_FILES = frozenset({"stdout.log", "stderr.log", "error.json"})
-DEEPSPEED_RANK_LOG = regex.compile(r"\d{14}_rank(?P<rank>\d{1,6})\.log")
+DEEPSPEED_RANK_LOG = re.compile(r"\d{14}_rank(?P<rank>\d{1,6})\.log")
 CAPTURE_DIR = "oomlens-capture"
 """Where ``python -m oomlens.capture`` writes, under the job's working directory."""
-CAPTURE_FILE = regex.compile(r"(?P<process>[^/]{1,200}?)\.(?P<file>events|series)\.jsonl")
+CAPTURE_FILE = re.compile(r"(?P<process>[^/]{1,200}?)\.(?P<file>events|series)\.jsonl")
 """A capture's per-process file (its name; what it is, its header line says)."""
-SLURM_OUTPUT = regex.compile(
+SLURM_OUTPUT = re.compile(
     r"(?P<stem>.{0,200}?)(?P<sep>[._-])(?P<job>\d{1,12}(?:_\d{1,9})?)\.(?:out|err)"
 )
 """SLURM's output files of one job (``slurm-<job>.out``, ``<name>.<job>_<task>.err``...)."""
-_RANK_IN_NAME = regex.compile(
-    r"(?:^|[_.-])rank[_-]?(?P<rank>\d{1,6})(?=[_.-][^/]*\Z|\Z)", regex.IGNORECASE
+_RANK_IN_NAME = re.compile(
+    r"(?:^|[_.-])rank[_-]?(?P<rank>\d{1,6})(?=[_.-][^/]*\Z|\Z)", re.IGNORECASE
 )
 
 SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "site-packages", "wandb"})

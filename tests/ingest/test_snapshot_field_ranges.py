@@ -64,6 +64,7 @@ _BAD_VALUES = {
     "digits": 7 * 10**4400,  # past str()'s 4,300-digit limit
     "past_64_bits": 2**64 + 5,
     "negative_huge": -(2**80),
+    "bool": True,  # an int to isinstance and to min/max: the column checks must refuse it too
 }
 
 

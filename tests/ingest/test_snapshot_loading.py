@@ -346,3 +346,35 @@ def test_unfrozen_objects_go_to_the_oldest_generation_without_a_walk() -> None:
         assert again.block_count == snapshot.block_count
     finally:
         gc.unfreeze()
+
+
+# What a fresh process holds after importing the snapshot path, and after loading and analyzing
+# a real snapshot: at 1 MB the imports are a third of the peak RSS (bench/snapshot_bench.py).
+_STARTUP_PROBE = """
+import sys
+from oomlens.ingest.snapshot import load_snapshot
+from oomlens.analysis.allocator import analyze_snapshot
+analyze_snapshot(load_snapshot(sys.argv[1]))
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_loading_a_snapshot_imports_nothing_only_other_inputs_need() -> None:
+    import subprocess
+    import sys
+
+    # WHEN a fresh process loads and analyzes a real snapshot
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTUP_PROBE, str(REAL["stacks_all"])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    loaded = set(done.stdout.split())
+
+    # THEN it never imported the log reader's pattern engine, the stream spooling, the
+    # opcode lister for refusals, or any reader of logs or configs
+    assert "oomlens.analysis.allocator" in loaded
+    assert not loaded & {"regex", "tempfile", "shutil", "pickletools"}
+    assert not {name for name in loaded if name.startswith(("oomlens.ingest.log", "pandas"))}

@@ -19,7 +19,7 @@ turns it into per-device facts; rules read those facts, never the raw data.
 from __future__ import annotations
 
 import gc
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oomlens.facts import SourceRef
 from oomlens.facts.snapshot import Snapshot
@@ -32,6 +32,9 @@ from oomlens.ingest.snapshot.unpickler import (
     looks_like_snapshot_pickle,
     restricted_load,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "FORBIDDEN_OPCODES",

@@ -44,21 +44,22 @@ import gzip
 import io
 import os
 import pickle
-import pickletools
 import resource
 import sys
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from oomlens.errors import InputError, ResourceLimitError
 from oomlens.gcpause import gc_paused
 from oomlens.ingest.files import open_regular
 from oomlens.ingest.snapshot.addrspace import AddressSpaceBound
 from oomlens.units import format_size
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MiB = 1024**2
 GiB = 1024**3
@@ -774,6 +775,8 @@ def _find_forbidden_opcode(where: str, compressed: bool, consumed: int) -> _Forb
             prefix = (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw).read(budget)
     except (InputError, OSError, EOFError, zlib.error):
         return None
+    import pickletools  # only to name what was refused: no load of a real snapshot needs it
+
     deadline = time.monotonic() + _DIAGNOSE_MAX_SECONDS
     recent_strings: list[str] = []
     try:
