@@ -55,6 +55,9 @@ UNBREAKABLE = {
         "20261201-111217-1163/rank0.kernel.log:3)",
         "(fixtures/crash_logs/pinned_memory_exhaustion_captured/oomlens-capture/"
         "20261201-111217-1163/rank0.events.jsonl:8",
+        # the host account's capacity: the cgroup limit the capture recorded, cited by path
+        "fixtures/crash_logs/pinned_memory_exhaustion_captured/oomlens-capture/"
+        "20261201-111217-1163/rank0.events.jsonl));",
     },
 }
 
