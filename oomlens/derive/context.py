@@ -13,11 +13,13 @@ from typing import Any
 
 import regex
 
+from oomlens.analysis.allocator_common import K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from oomlens.facts.config import EXPLICIT_ORIGINS, ConfigValue, Origin
 from oomlens.facts.context import Certainty, ContextKey, ContextValue, RunContext
 from oomlens.facts.run import RunFacts
 from oomlens.ingest.context_lines import model_size_params
 from oomlens.knowledge.allocation_sites import partition_elements_at_least, zero_stage_of
+from oomlens.units import printed_size_error
 
 K = ContextKey
 _STATED_ORIGINS = EXPLICIT_ORIGINS | {Origin.LOG_DUMP, Origin.AUTO_RESOLVED}
@@ -161,12 +163,11 @@ def _from_oom_message(facts: RunFacts) -> Iterator[ContextValue]:
 
 def _tensor_at_least(printed: int) -> int:
     """The least a failing tensor can have held when torch printed ``Tried to allocate
-    <printed>``: the figure has two decimals (``format_size``: bytes, KiB, MiB, GiB as the
-    size passes each) and is the block size, which ``get_allocation_size`` rounds up from the
-    tensor's (to 2 MiB above 10 MiB by default)."""
-    unit = next((u for u in (1024**3, 1024**2, 1024) if printed > u), 1)
-    low = printed if unit == 1 else printed - unit // 200
-    return max(0, low - (2 * 1024**2 if low >= 10 * 1024**2 else 0))
+    <printed>``: the figure is rounded (``printed_size_error``) and is the block size, which
+    ``get_allocation_size`` rounds up from the tensor's (to ``K_ROUND_LARGE`` from
+    ``K_MIN_LARGE_ALLOC`` on, by default)."""
+    low = printed - printed_size_error(printed)
+    return max(0, low - (K_ROUND_LARGE if low >= K_MIN_LARGE_ALLOC else 0))
 
 
 def _from_failing_frames(facts: RunFacts, stated: list[ContextValue]) -> Iterator[ContextValue]:
